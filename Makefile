@@ -1,0 +1,50 @@
+# rlonce: `make quickstart` trains the embedded agent; `make test` runs the test suite.
+# Both set everything up themselves: system packages (as root, via apt-get), .venv, the package.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+SYSPKGS := bubblewrap
+
+.PHONY: quickstart test test-slow bench system-deps venv venv-dev clean
+
+system-deps:
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing system packages: $$missing"; \
+	    (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null)) \
+	    || { echo "rlonce: could not install $$missing with apt-get" >&2; exit 1; }; \
+	  else \
+	    echo "rlonce: missing system package '$$missing'; install it with: sudo apt-get install $$missing" >&2; exit 1; \
+	  fi; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+venv-dev: $(VENV)/.installed-dev
+
+quickstart: system-deps venv
+	$(VENV)/bin/rlonce quickstart --out runs/quickstart
+
+test: system-deps venv-dev
+	$(PY) -m pytest -q
+
+test-slow: system-deps venv-dev
+	$(PY) -m pytest -q -m slow
+
+bench: system-deps venv
+	$(PY) benchmarks/throughput/run.py --out runs/bench/throughput
+
+clean:
+	rm -rf $(VENV) runs build src/*.egg-info

@@ -1,0 +1,195 @@
+"""The records that carry a rollout from the sandbox to the optimizer.
+
+The seed's four-level hierarchy, kept literally: a ``Sample`` (one dispatched task, a GRPO
+group) holds G ``Sequence``s (one agent-loop execution each); a sequence holds ``Context``s
+(dialogue branches); a context holds ``Segment``s (one turn each). Only model segments carry
+loss, and each of their tokens keeps the log-probability it was sampled with and the policy
+version that sampled it. ``TrainingRow`` is the flat form the trainer sees.
+
+Invariants are checked when a record is built, so a broken record fails where it is made,
+not three layers later inside a loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Role(str, Enum):
+    PROMPT = "prompt"
+    MODEL = "model"
+    OBSERVATION = "observation"
+
+
+class Status(str, Enum):
+    """How a sequence ended. Only ``INFRA`` is not the model's doing."""
+
+    SUBMITTED = "submitted"  # the agent submitted; the reward says whether it was right
+    LIMITS = "limits"  # turn, token or context budget exhausted (truncated)
+    FORMAT_ERROR = "format_error"  # unusable tool-call markup
+    INFRA = "infra"  # the system failed; never scored, never trained on
+
+
+class FailureCategory(str, Enum):
+    SETUP_FAILED = "setup_failed"
+    SANDBOX_TIMEOUT = "sandbox_timeout"
+    SANDBOX_ERROR = "sandbox_error"
+    ENGINE_ERROR = "engine_error"
+    GRADER_UNAVAILABLE = "grader_unavailable"
+    TESTBED_CORRUPTED = "testbed_corrupted"
+
+
+class RecordError(ValueError):
+    """A record violates one of its invariants."""
+
+
+@dataclass(slots=True)
+class Segment:
+    """One turn. Model segments hold, per token, the rollout log-prob and policy version."""
+
+    role: Role
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    versions: list[int] | None = None
+    finish_reason: str | None = None
+    flags: dict[str, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if self.role is Role.MODEL:
+            if self.logprobs is None or self.versions is None:
+                raise RecordError("a model segment needs a rollout log-prob and a version per token")
+            if len(self.logprobs) != n or len(self.versions) != n:
+                raise RecordError(
+                    f"model segment lengths differ: {n} tokens, {len(self.logprobs)} log-probs, "
+                    f"{len(self.versions)} versions"
+                )
+            if any(v < 0 for v in self.versions):
+                raise RecordError("policy versions must be >= 0")
+            if any(not math.isfinite(lp) or lp > 1e-6 for lp in self.logprobs):
+                raise RecordError("rollout log-probs must be finite and <= 0")
+        elif self.logprobs is not None or self.versions is not None:
+            raise RecordError(f"a {self.role.value} segment is never trained on; it carries no log-probs")
+
+    @property
+    def trainable(self) -> bool:
+        return self.role is Role.MODEL
+
+
+@dataclass(slots=True)
+class Context:
+    """One dialogue branch: its segments in order. Its token list is their concatenation."""
+
+    segments: list[Segment] = field(default_factory=list)
+    label: str = "main"
+
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    def __len__(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def model_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.trainable)
+
+
+@dataclass(slots=True)
+class Sequence:
+    """One agent-loop execution of a task under one harness arm."""
+
+    task_id: str
+    arm: str
+    contexts: list[Context] = field(default_factory=list)
+    status: Status = Status.SUBMITTED
+    failure: FailureCategory | None = None
+    reward: float | None = None
+    answer: str | None = None
+    turns: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.status is Status.INFRA) != (self.failure is not None):
+            raise RecordError("a failure category is given exactly when the status is infra")
+
+    @property
+    def infra_failed(self) -> bool:
+        return self.status is Status.INFRA
+
+    @property
+    def success(self) -> bool:
+        return self.reward is not None and self.reward >= 1.0
+
+
+@dataclass(slots=True)
+class Sample:
+    """One dispatched task and its G sequences: a GRPO group."""
+
+    task_id: str
+    source: str
+    dispatch_step: int
+    sequences: list[Sequence] = field(default_factory=list)
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task_id}@{self.dispatch_step}"
+
+
+@dataclass(slots=True)
+class TrainingRow:
+    """The flat per-sequence record the trainer consumes; all per-token lists have equal length.
+
+    ``rollout_logprobs`` and ``policy_versions`` are meaningful where ``loss_mask`` is 1; other
+    positions hold 0.0 and -1.
+    """
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    advantages: list[float]
+    policy_versions: list[int]
+    weight: float = 1.0
+    group_id: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        lens = {len(self.loss_mask), len(self.rollout_logprobs), len(self.advantages), len(self.policy_versions)}
+        if lens != {n}:
+            raise RecordError(f"training row lengths differ: {n} tokens vs per-token fields {sorted(lens)}")
+        if n < 2:
+            raise RecordError("a training row needs at least two tokens")
+        if self.loss_mask[0]:
+            raise RecordError("the first token has no context to predict it from; it cannot carry loss")
+        for m, lp, v in zip(self.loss_mask, self.rollout_logprobs, self.policy_versions):
+            if m and (v < 0 or not math.isfinite(lp)):
+                raise RecordError("every trained token needs a rollout log-prob and a policy version")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", weight: float = 1.0) -> list[TrainingRow]:
+    """Flatten each context of ``seq`` into a row; ``advantage`` is broadcast to its model tokens."""
+    if seq.infra_failed:
+        raise RecordError(f"sequence of {seq.task_id} failed in the infrastructure; it is never trained on")
+    rows = []
+    for ctx in seq.contexts:
+        ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        vers: list[int] = []
+        for seg in ctx.segments:
+            n = len(seg.token_ids)
+            ids += seg.token_ids
+            if seg.trainable:
+                mask += [1] * n
+                lps += seg.logprobs  # type: ignore[arg-type]
+                vers += seg.versions  # type: ignore[arg-type]
+            else:
+                mask += [0] * n
+                lps += [0.0] * n
+                vers += [-1] * n
+        adv = [advantage if m else 0.0 for m in mask]
+        rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id))
+    return rows

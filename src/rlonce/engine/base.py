@@ -1,0 +1,58 @@
+"""The Engine contract: token ids in, token ids out, with the log-probs that were sampled.
+
+An engine never sees text. Each generated token comes back with the log-probability under
+the distribution it was actually drawn from (after temperature, top-k and top-p) and the
+policy version of the weights that drew it, which is what makes an importance ratio mean
+what it says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    """Per-request seed; when set, the draw does not depend on which other requests share the batch."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (greedy decoding: use top_k=1)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 disables it)")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    """'stop' (end-of-turn token, included in token_ids), 'length' or 'abort' (engine paused)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """The engine failed to serve a request (an infrastructure failure, not a model one)."""
+
+
+class Engine(Protocol):
+    version: int
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
+
+    def load_weights(self, state: dict, version: int) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...

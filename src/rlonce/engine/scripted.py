@@ -1,0 +1,40 @@
+"""A scripted, deterministic engine: replays fixed assistant turns as token ids.
+
+It is the expert that writes SFT demonstrations and the deterministic model of the tests.
+It speaks the same Engine contract as the torch engine, so a demonstration goes through the
+very session, harness and sandbox code an RL rollout does. Its log-probs are 0.0 (each
+scripted token has probability 1 under the script) and its version is fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlonce.engine.base import EngineError, Generation, SamplingParams
+
+
+class ScriptedEngine:
+    def __init__(self, turns: list[str], encode: Callable[[str], list[int]], *, version: int = 0):
+        self._turns = list(turns)
+        self._encode = encode
+        self.version = version
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        if not self._turns:
+            raise EngineError("scripted engine has no turns left")
+        ids = self._encode(self._turns.pop(0))
+        reason = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, reason = ids[: sampling.max_tokens], "length"
+        return Generation(ids, [0.0] * len(ids), [self.version] * len(ids), reason)
+
+    def load_weights(self, state: dict, version: int) -> None:
+        self.version = version
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass

@@ -1,0 +1,234 @@
+"""Torch engine: batched, KV-cached token-in/token-out generation for Hugging Face models.
+
+Requests from many concurrent sessions are queued; a worker thread gathers them into a wave
+(up to ``max_batch_size``, waiting at most ``batch_wait_s`` for company), left-pads the
+prompts, prefills once and decodes step by step with a ``DynamicCache``. Rows that finish are
+dropped from the cache when at least half the wave is done, so one long reply does not keep
+paying for the finished ones. Sampling applies temperature, then top-k, then top-p; the
+log-prob returned per token is taken from that processed distribution — the one sampled from.
+
+It departs from vLLM-style continuous batching: requests arriving during a wave wait for the
+next one. With the short turns of agent loops on CPU this costs little and keeps the loop
+simple; GPU backends (vLLM/SGLang) are separate engines behind the same contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rlonce.engine.base import EngineError, Generation, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
+                   top_p_B: torch.Tensor) -> torch.Tensor:
+    """Log-probs of the sampling distribution: temperature, then top-k, then top-p (nucleus)."""
+    logits_BV = logits_BV.float() / temperature_B[:, None]
+    if bool((top_k_B > 0).any()) or bool((top_p_B < 1).any()):
+        sorted_BV, order_BV = logits_BV.sort(dim=-1, descending=True)
+        rank_V = torch.arange(logits_BV.shape[-1], device=logits_BV.device)
+        drop_BV = (top_k_B[:, None] > 0) & (rank_V[None, :] >= top_k_B[:, None])
+        probs_BV = sorted_BV.masked_fill(drop_BV, float("-inf")).softmax(-1)
+        before_BV = probs_BV.cumsum(-1) - probs_BV  # mass strictly above each candidate
+        drop_BV |= before_BV >= top_p_B[:, None]
+        drop_BV[:, 0] = False  # the most likely token always survives
+        sorted_BV = sorted_BV.masked_fill(drop_BV, float("-inf"))
+        logits_BV = torch.full_like(logits_BV, float("-inf")).scatter(-1, order_BV, sorted_BV)
+    return logits_BV.log_softmax(-1)
+
+
+class TorchEngine:
+    def __init__(self, model, *, eos_token_ids: list[int], pad_token_id: int, max_batch_size: int = 64,
+                 batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None):
+        self.model = model.eval()
+        self.eos = torch.tensor(sorted(set(eos_token_ids)))
+        self.pad = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.version = version
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", 1 << 30)
+        self._gen = torch.Generator().manual_seed(seed)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._lock = threading.Lock()  # held for a wave, and for a weight load
+        self._paused = threading.Event()
+        self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0}
+        self._worker = threading.Thread(target=self._serve, name="rlonce-torch-engine", daemon=True)
+        self._worker.start()
+
+    # ---- contract ------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if len(prompt_ids) + sampling.max_tokens > self.max_context:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
+                f"model's context of {self.max_context}"
+            )
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.put(_Request(list(prompt_ids), sampling, fut, loop))
+        return await fut
+
+    def load_weights(self, state: dict, version: int) -> None:
+        """Swap in new weights between waves; every later token is stamped ``version``."""
+        with self._lock:
+            self.model.load_state_dict(state)
+            self.version = version
+
+    def pause(self) -> None:
+        """Stop the running wave at its next token ('abort') and hold new ones until resume()."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=10)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    # ---- worker --------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            wave = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(wave) < self.max_batch_size:
+                try:
+                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                wave.append(nxt)
+            while self._paused.is_set():
+                time.sleep(0.005)
+            try:
+                with self._lock, torch.inference_mode():
+                    results = self._run_wave(wave)
+            except Exception as e:  # the retry boundary: the caller turns this into engine_error
+                err = EngineError(f"{type(e).__name__}: {e}")
+                for r in wave:
+                    r.loop.call_soon_threadsafe(_set_exception, r.future, err)
+                continue
+            for r, g in zip(wave, results):
+                r.loop.call_soon_threadsafe(_set_result, r.future, g)
+
+    def _run_wave(self, wave: list[_Request]) -> list[Generation]:
+        t0 = time.perf_counter()
+        B = len(wave)
+        lens = [len(r.prompt_ids) for r in wave]
+        L = max(lens)
+        ids_BL = torch.full((B, L), self.pad, dtype=torch.long)
+        attn_BL = torch.zeros((B, L), dtype=torch.long)
+        for i, r in enumerate(wave):
+            ids_BL[i, L - lens[i]:] = torch.tensor(r.prompt_ids)
+            attn_BL[i, L - lens[i]:] = 1
+        pos_BL = (attn_BL.cumsum(-1) - 1).clamp(min=0)
+        temp_B = torch.tensor([r.sampling.temperature for r in wave])
+        topk_B = torch.tensor([r.sampling.top_k for r in wave])
+        topp_B = torch.tensor([r.sampling.top_p for r in wave])
+        max_new_B = torch.tensor([r.sampling.max_tokens for r in wave])
+        gens = [torch.Generator().manual_seed(r.sampling.seed) if r.sampling.seed is not None else None
+                for r in wave]
+
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL,
+                         use_cache=True, **{self._cache_kw: cache})
+        logits_BV = out.logits[:, -1]
+        self._stats["prefill_tokens"] += sum(lens)
+        t_prefill = time.perf_counter() - t0
+
+        rows = list(range(B))  # cache row -> wave index
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        reasons: list[str | None] = [None] * B
+        last_pos_R = pos_BL[:, -1]
+        steps = 0
+        while True:
+            live = [r for r, i in enumerate(rows) if reasons[i] is None]
+            wave_idx = torch.tensor([rows[r] for r in live])
+            logp_AV = process_logits(logits_BV[torch.tensor(live)], temp_B[wave_idx], topk_B[wave_idx],
+                                     topp_B[wave_idx])
+            tok_A = self._draw(logp_AV, [gens[rows[r]] for r in live])
+            lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0]
+            next_R = torch.full((len(rows),), self.pad, dtype=torch.long)
+            for j, r in enumerate(live):
+                i, t = rows[r], int(tok_A[j])
+                tokens[i].append(t)
+                logps[i].append(float(lp_A[j]))
+                next_R[r] = t
+                if bool((self.eos == t).any()):
+                    reasons[i] = "stop"
+                elif len(tokens[i]) >= int(max_new_B[i]):
+                    reasons[i] = "length"
+                elif self._paused.is_set():
+                    reasons[i] = "abort"
+            steps += 1
+            keep = [r for r, i in enumerate(rows) if reasons[i] is None]
+            if not keep:
+                break
+            if len(keep) <= len(rows) // 2:  # compact: drop finished rows from the cache
+                sel = torch.tensor(keep)
+                cache.batch_select_indices(sel)
+                attn_BL, last_pos_R, next_R = attn_BL[sel], last_pos_R[sel], next_R[sel]
+                rows = [rows[r] for r in keep]
+            # finished rows not yet compacted away ride along on pad tokens; their output is ignored
+            attn_BL = torch.cat([attn_BL, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            last_pos_R = last_pos_R + 1
+            out = self.model(input_ids=next_R[:, None], attention_mask=attn_BL, position_ids=last_pos_R[:, None],
+                             use_cache=True, **{self._cache_kw: cache})
+            logits_BV = out.logits[:, -1]
+        n_gen = sum(len(t) for t in tokens)
+        self._stats["waves"] += 1
+        self._stats["decode_steps"] += steps
+        self._stats["generated_tokens"] += n_gen
+        wall = time.perf_counter() - t0
+        return [
+            Generation(tokens[i], logps[i], [self.version] * len(tokens[i]), reasons[i] or "length",
+                       metrics={"wave_size": B, "wave_seconds": wall, "prefill_seconds": t_prefill})
+            for i in range(B)
+        ]
+
+    def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
+        probs_AV = logp_AV.exp()
+        if all(g is None for g in gens):
+            return torch.multinomial(probs_AV, 1, generator=self._gen)[:, 0]
+        out = []
+        for j, g in enumerate(gens):
+            out.append(torch.multinomial(probs_AV[j], 1, generator=g or self._gen))
+        return torch.cat(out)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,63 @@
+"""Toolfind environment: a bubblewrap workspace holding the task's files, a bash tool, a grader."""
+
+from __future__ import annotations
+
+from rlonce.core.records import Sequence
+from rlonce.envs.base import function_tool
+from rlonce.envs.toolfind import verify
+from rlonce.envs.toolfind.tasks import ToolfindTask
+from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+
+SYSTEM_PROMPT = "Answer from the files in docs/: search them with bash, then submit."
+
+BASH_TOOL = function_tool("bash", "Run a shell command.",
+                          {"command": {"type": "string"}}, ["command"])
+SUBMIT_TOOL = function_tool("submit", "Submit the final answer.", {"answer": {"type": "string"}}, ["answer"])
+
+
+def format_exec(exit_code: int, output: str, timed_out: bool) -> str:
+    """What the agent sees of one command: its output, plus the exit code when it failed."""
+    text = output.rstrip("\n")
+    if timed_out:
+        return (text + "\n" if text else "") + "[command timed out]"
+    if exit_code != 0:
+        return (text + "\n" if text else "") + f"[exit code {exit_code}]"
+    return text if text else "[no output]"
+
+
+class ToolfindEnv:
+    def __init__(self, task: ToolfindTask, limits: Limits | None = None):
+        self.task = task
+        self.limits = limits or Limits(cpu_seconds=5, wall_seconds=5.0, output_bytes=8192)
+        self.sandbox: BwrapSandbox | None = None
+
+    async def setup(self) -> None:
+        self.sandbox = BwrapSandbox(self.limits)
+        for path, content in self.task.files:
+            self.sandbox.put_file(path, content)
+
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def user_prompt(self) -> str:
+        return self.task.question
+
+    def tools(self) -> list[dict]:
+        return [BASH_TOOL, SUBMIT_TOOL]
+
+    async def call_tool(self, name: str, arguments: dict) -> str:
+        if name != "bash":
+            raise KeyError(name)
+        command = arguments.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return "[error: bash needs a non-empty 'command' string]"
+        assert self.sandbox is not None, "setup() was not called"
+        r = await self.sandbox.exec(command)
+        return format_exec(r.exit_code, r.output, r.timed_out)
+
+    async def grade(self, sequence: Sequence) -> float:
+        return verify.score(self.task.answer, sequence.answer)
+
+    async def cleanup(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()

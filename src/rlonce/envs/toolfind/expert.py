@@ -1,0 +1,49 @@
+"""The scripted expert: knows each task's look-up chain and solves every task.
+
+Its demonstrations are imperfect on purpose. Before each look-up it may take a detour
+(list the directory, print a wrong file, grep too broadly) with probability ``detour_p``,
+up to ``max_detours`` in a row. Detours never make it wrong, only slower — so under the
+harness's turn budget an imitation of the expert sometimes runs out of turns, and RL has
+something real to improve: skip the detours.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rlonce.envs.toolfind.tasks import ToolfindTask
+from rlonce.model.chat import HermesFormat, ToolCall
+
+
+def optimal_calls(task: ToolfindTask) -> list[ToolCall]:
+    calls = [ToolCall("bash", {"command": f"grep -r {key} docs"}) for key, _ in task.chain]
+    return calls + [ToolCall("submit", {"answer": task.answer})]
+
+
+def _detour(task: ToolfindTask, hop: int, rng: random.Random) -> ToolCall:
+    files = [p for p, _ in task.files]
+    entity = task.chain[hop][0].split(".")[0]
+    kind = rng.choice(("ls", "cat", "grep"))
+    if kind == "ls":
+        return ToolCall("bash", {"command": "ls docs"})
+    if kind == "cat":
+        return ToolCall("bash", {"command": f"cat {rng.choice(files)}"})
+    return ToolCall("bash", {"command": f"grep -r {entity} docs"})
+
+
+def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.5,
+                 max_detours: int = 2) -> list[ToolCall]:
+    """The expert's tool calls for one demonstration, detours included."""
+    calls: list[ToolCall] = []
+    for hop, call in enumerate(optimal_calls(task)[:-1]):
+        n = 0
+        while n < max_detours and rng.random() < detour_p:
+            calls.append(_detour(task, hop, rng))
+            n += 1
+        calls.append(call)
+    return calls + [optimal_calls(task)[-1]]
+
+
+def expert_turns(task: ToolfindTask, rng: random.Random, fmt: HermesFormat, **kw) -> list[str]:
+    """The expert's assistant turns as text, one tool call each, ready for a scripted engine."""
+    return [fmt.assistant_text("", [c]) for c in expert_calls(task, rng, **kw)]

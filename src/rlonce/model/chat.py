@@ -1,0 +1,102 @@
+"""Chat formats: how a dialogue becomes text, one delta at a time, and how tool calls are parsed.
+
+A chat format renders the *increments* of a dialogue (the opening prompt, one observation,
+the generation prompt) so that a session can append tokens without ever re-encoding what the
+model already sampled. The same strings are what the model folder's Jinja chat template
+renders for the whole dialogue; ``tests/unit/test_chat.py`` checks that the two agree, which is
+what keeps training tokens identical to sampled tokens.
+
+Formats are looked up by name (``FORMATS``). ``hermes`` is the Qwen/Hermes style used by the
+embedded model: ``<tool_call>{json}</tool_call>`` inside an assistant turn, tool results as
+``<tool_response>`` blocks in a user turn.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+
+class ToolCallParseError(ValueError):
+    """The model's text holds no well-formed tool call."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+def tool_json(name: str, arguments: dict) -> str:
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class HermesFormat:
+    """Qwen2.5/Hermes chat markup with ``<tool_call>`` blocks."""
+
+    name: str = "hermes"
+    turn_end: str = "<|im_end|>"
+
+    def tools_block(self, tools: list[dict]) -> str:
+        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return (
+            "\n\n# Tools\n<tools>\n" + lines + "\n</tools>\n"
+            'Call a tool as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>'
+        )
+
+    def opening(self, system: str, user: str, tools: list[dict]) -> str:
+        """System and first user message, followed by the generation prompt."""
+        sys_text = system + (self.tools_block(tools) if tools else "")
+        return (
+            f"<|im_start|>system\n{sys_text}<|im_end|>\n"
+            f"<|im_start|>user\n{user}<|im_end|>\n" + self.generation_prompt()
+        )
+
+    def generation_prompt(self) -> str:
+        return "<|im_start|>assistant\n"
+
+    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
+        """What the model emits for one turn, up to and including the turn-end marker."""
+        parts = [content] if content else []
+        parts += [f"<tool_call>\n{tool_json(c.name, c.arguments)}\n</tool_call>" for c in calls]
+        return "\n".join(parts) + self.turn_end
+
+    def observation(self, results: list[str]) -> str:
+        """Tool results after a model turn: closes the turn's line, then reopens the assistant."""
+        body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+        return f"\n<|im_start|>user\n{body}<|im_end|>\n" + self.generation_prompt()
+
+    def user_turn(self, text: str) -> str:
+        return f"\n<|im_start|>user\n{text}<|im_end|>\n" + self.generation_prompt()
+
+    def parse_tool_calls(self, text: str) -> list[ToolCall]:
+        """Every ``<tool_call>`` block in ``text``; raises ``ToolCallParseError`` on bad markup."""
+        text = text.removesuffix(self.turn_end)
+        blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.S)
+        if not blocks:
+            raise ToolCallParseError("no <tool_call> block in the model's turn")
+        calls = []
+        for raw in blocks:
+            try:
+                obj = json.loads(raw.strip())
+            except json.JSONDecodeError as e:
+                raise ToolCallParseError(f"tool call is not valid JSON: {e.msg}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                raise ToolCallParseError("tool call lacks a string 'name'")
+            args = obj.get("arguments", {})
+            if not isinstance(args, dict):
+                raise ToolCallParseError("tool call 'arguments' is not an object")
+            calls.append(ToolCall(obj["name"], args))
+        return calls
+
+
+FORMATS = {"hermes": HermesFormat()}
+
+
+def get_format(name: str) -> HermesFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown chat format {name!r}; known: {sorted(FORMATS)}") from None

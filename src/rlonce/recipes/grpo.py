@@ -1,0 +1,338 @@
+"""The main job: SFT from expert demonstrations, then GRPO in real sandboxes, with held-out evals.
+
+    model ─► SFT on the scripted expert's demonstrations (run through the real harness)
+          ─► baseline eval on held-out tasks (the SFT checkpoint)
+          ─► RL steps: dispatch G sequences per task ─► grade ─► group advantages ─► filter
+                       ─► TrainingRows ─► PPO-clip update ─► weights to the engine (version+1)
+          ─► final eval on the same held-out tasks ─► summary.json, report.html
+
+Mode ``sync`` (colocated): each step's rollout finishes before its update, so every trained
+token's version lag is 0; the ledger and the per-token versions record that rather than
+assume it. Everything needed to resume is checkpointed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rlonce.config import RunConfig, save_config
+from rlonce.core.records import Status, sequence_to_rows
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
+from rlonce.engine.torch_engine import TorchEngine
+from rlonce.envs.toolfind.env import ToolfindEnv
+from rlonce.envs.toolfind.expert import expert_turns
+from rlonce.envs.toolfind.tasks import make_task
+from rlonce.harness.mini_bash import HarnessLimits
+from rlonce.model import loader
+from rlonce.model.chat import get_format
+from rlonce.rollout.grouping import rows_from_samples
+from rlonce.rollout.runner import RolloutSpec, collect
+from rlonce.sandbox.bwrap import find_bwrap
+from rlonce.telemetry.metrics import JsonlWriter
+from rlonce.telemetry.report import write_report
+from rlonce.train import checkpoint
+from rlonce.train.trainer import OptimSettings, Trainer
+
+SFT_TASK_OFFSET = 0
+RL_TASK_OFFSET = 1_000_000
+EVAL_SEED = 12345
+
+
+@dataclass
+class RunState:
+    phase: str = "sft"  # sft -> rl -> done
+    rl_step: int = 0
+    data_position: int = 0
+    version: int = 0
+    baseline_success: float | None = None
+    wall_seconds_before: float = 0.0
+
+
+class Job:
+    def __init__(self, cfg: RunConfig, *, progress: bool = True):
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.progress = progress
+        self.t0 = time.perf_counter()
+
+    # ---- set-up --------------------------------------------------------------------------
+    def _load(self, model_dir: Path) -> None:
+        cfg = self.cfg
+        self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format)
+        self.fmt = get_format(self.lm.chat_format)
+        pad = self.lm.tokenizer.pad_token_id
+        self.engine = TorchEngine(copy.deepcopy(self.lm.model), eos_token_ids=self.lm.eos_token_ids,
+                                  pad_token_id=pad if pad is not None else 0,
+                                  max_batch_size=cfg.engine.max_batch_size, batch_wait_s=cfg.engine.batch_wait_s,
+                                  seed=cfg.runtime.seed, version=self.state.version)
+        h = cfg.harness
+        self.spec = RolloutSpec(
+            self.lm.encode, self.lm.decode, self.fmt,
+            SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k),
+            HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools),
+            max_context=h.max_context,
+        )
+        r = cfg.rl
+        self.rl_trainer = Trainer(self.lm.model, OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps,
+                                                               weight_decay=r.weight_decay,
+                                                               max_grad_norm=r.max_grad_norm),
+                                  temperature=h.temperature)
+
+    def start(self, resume: bool) -> None:
+        find_bwrap()
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(self.cfg.runtime.seed)
+        random.seed(self.cfg.runtime.seed)
+        if resume:
+            ckpt = checkpoint.latest(self.out)
+            saved = checkpoint.load_state(ckpt)
+            self.state = RunState(**saved["run_state"])
+            self._load(ckpt)
+            if saved.get("rl_trainer") is not None:
+                self.rl_trainer.load_state_dict(saved["rl_trainer"])
+            checkpoint.restore_rng(saved["rng"])
+            keep = self.state.rl_step
+            self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
+        else:
+            self.state = RunState()
+            save_config(self.cfg, self.out / "config.json")
+            model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
+            self._load(model_dir)
+            keep = 0
+            for name in ("metrics.jsonl", "ledger.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+        self.metrics = JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep)
+        self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep)
+
+    def _say(self, msg: str) -> None:
+        if self.progress:
+            tqdm.write(f"[rlonce] {msg}")
+
+    def _threads(self, kind: str) -> None:
+        torch.set_num_threads(getattr(self.cfg.runtime, f"{kind}_threads"))
+
+    # ---- phases --------------------------------------------------------------------------
+    def sft(self) -> None:
+        cfg = self.cfg.sft
+        self._threads("rollout")
+        demos = asyncio.run(self._demos())
+        rows = [r for s in demos for r in sequence_to_rows(s, 1.0)]
+        self._threads("train")
+        steps = max(1, cfg.epochs * len(rows) // cfg.batch_rows)
+        trainer = Trainer(self.lm.model, OptimSettings(lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=steps,
+                                                       betas=(0.9, 0.95)))
+        rng = random.Random(self.cfg.runtime.seed)
+        bar = tqdm(total=steps, desc="sft", unit="step", disable=not self.progress, dynamic_ncols=True)
+        for batch in _length_bucketed(rows, cfg.batch_rows, steps, rng):
+            m = trainer.sft_step(batch)
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['sft_loss']:.3f}", lr=f"{m['lr']:.1e}", refresh=False)
+        bar.close()
+        self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
+        self.state.phase = "rl"
+        self._checkpoint()
+
+    async def _demos(self):
+        cfg = self.cfg
+        rng = random.Random(cfg.runtime.seed)
+        spec = copy.copy(self.spec)
+        spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
+                                    render_tools=cfg.harness.render_tools)
+        sem = asyncio.Semaphore(32)
+        from rlonce.rollout.runner import run_sequence
+
+        tasks = [make_task("train", SFT_TASK_OFFSET + i, two_hop_fraction=cfg.task.two_hop_fraction)
+                 for i in range(cfg.sft.demos)]
+        bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not self.progress, leave=False)
+
+        async def one(task):
+            turns = expert_turns(task, rng, self.fmt, detour_p=cfg.sft.detour_p, max_detours=cfg.sft.max_detours)
+            async with sem:
+                seq = await run_sequence(task, ToolfindEnv, ScriptedEngine(turns, self.lm.encode), spec)
+            bar.update(1)
+            return seq
+
+        seqs = await asyncio.gather(*(one(t) for t in tasks))
+        bar.close()
+        bad = [s for s in seqs if not s.success]
+        if bad:
+            raise RuntimeError(f"the scripted expert failed {len(bad)} tasks (first: {bad[0].task_id}, "
+                               f"status {bad[0].status.value}); the task generator or sandbox is broken")
+        return seqs
+
+    def evaluate(self, n: int, desc: str) -> dict[str, float]:
+        self._threads("rollout")
+        tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
+        samples = asyncio.run(collect(tasks, 1, ToolfindEnv, self.engine, self.spec, concurrency=self.cfg.eval.concurrency,
+                                      desc=desc, progress=self.progress, seed=EVAL_SEED))
+        seqs = [s for x in samples for s in x.sequences]
+        scored = [s for s in seqs if not s.infra_failed]
+        return {
+            "success": sum(s.success for s in scored) / max(len(scored), 1),
+            "tasks": len(scored),
+            "infra_failed": len(seqs) - len(scored),
+        }
+
+    def rl_step(self) -> dict:
+        cfg, st = self.cfg, self.state
+        step = st.rl_step + 1
+        tasks = [make_task("train", RL_TASK_OFFSET + st.data_position + i, two_hop_fraction=cfg.task.two_hop_fraction)
+                 for i in range(cfg.rl.tasks_per_step)]
+        t0 = time.perf_counter()
+        self._threads("rollout")
+        samples = asyncio.run(collect(tasks, cfg.rl.group_size, ToolfindEnv, self.engine, self.spec,
+                                      dispatch_step=step, concurrency=cfg.rl.concurrency, desc=f"rollout {step}",
+                                      progress=self.progress))
+        t_roll = time.perf_counter() - t0
+        rows, ledger = rows_from_samples(samples, step, norm_by_std=cfg.rl.norm_by_std,
+                                         filter_no_contrast=cfg.rl.filter_no_contrast)
+        lags = [st.version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m]
+        self._threads("train")
+        t1 = time.perf_counter()
+        train_m: dict = {}
+        if rows:
+            train_m = self.rl_trainer.rl_step(rows, objective=cfg.rl.objective, agg=cfg.rl.loss_agg,
+                                              minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
+                                              clip_low=cfg.rl.clip_low, clip_high=cfg.rl.clip_high, clip_c=cfg.rl.clip_c)
+            st.version += 1
+            self.engine.load_weights(self.lm.model.state_dict(), st.version)
+        t_train = time.perf_counter() - t1
+        st.rl_step, st.data_position = step, st.data_position + len(tasks)
+        seqs = [s for x in samples for s in x.sequences]
+        scored = [s for s in seqs if not s.infra_failed]
+        gen_tokens = sum(s.metrics["model_tokens"] for s in seqs)
+        rec = {
+            "step": step,
+            "reward_mean": sum(s.reward for s in scored) / max(len(scored), 1),
+            "success_rate": sum(s.success for s in scored) / max(len(scored), 1),
+            "response_tokens_mean": gen_tokens / max(len(seqs), 1),
+            "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
+            **{f"status_{k.value}": sum(s.status is k for s in seqs) / len(seqs) for k in Status},
+            "rollout_seconds": t_roll,
+            "train_seconds": t_train,
+            "step_seconds": t_roll + t_train,
+            "generated_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+            "retained_rows": len(rows),
+            "version": st.version,
+            "version_lag_max": max(lags) if lags else 0,
+            **train_m,
+        }
+        for e in ledger.values():
+            self.ledger.write(e.to_dict())
+        self._write_trajectories(step, samples[0].sequences)
+        return rec
+
+    def _write_trajectories(self, step: int, seqs) -> None:
+        d = self.out / "trajectories"
+        d.mkdir(exist_ok=True)
+        w = JsonlWriter(d / f"step-{step:04d}.jsonl")
+        for s in seqs:
+            w.write({"task_id": s.task_id, "arm": s.arm, "status": s.status.value, "reward": s.reward,
+                     "answer": s.answer, "turns": s.turns, "text": self.lm.decode(s.contexts[0].token_ids())})
+        w.close()
+
+    def _elapsed(self) -> float:
+        return self.state.wall_seconds_before + (time.perf_counter() - self.t0)
+
+    def _checkpoint(self) -> None:
+        self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
+        checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
+                        rl_trainer=self.rl_trainer.state_dict(), keep=self.cfg.checkpoint.keep)
+
+    # ---- the whole job -------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, st = self.cfg, self.state
+        if st.phase == "sft":
+            if cfg.sft.demos > 0 and cfg.sft.epochs > 0:
+                self._say(f"SFT on {cfg.sft.demos} expert demonstrations")
+                self.sft()
+            else:
+                st.phase = "rl"
+        if st.baseline_success is None:
+            ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
+            st.baseline_success = ev["success"]
+            self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
+            self._say(f"baseline (SFT) held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
+            self._checkpoint()
+        bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        while st.rl_step < cfg.rl.steps:
+            rec = self.rl_step()
+            if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
+                rec["heldout_success"] = self.evaluate(cfg.eval.during_tasks, f"eval {rec['step']}")["success"]
+            self.metrics.write(rec)
+            bar.update(1)
+            bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",
+                            ent=f"{rec.get('entropy', 0):.2f}", s=f"{rec['step_seconds']:.1f}", refresh=False)
+            if rec["step"] % cfg.checkpoint.every == 0 and rec["step"] < cfg.rl.steps:
+                self._checkpoint()
+        bar.close()
+        final = self.evaluate(cfg.eval.heldout_tasks, "final eval")
+        self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
+                            "final": True})
+        st.phase = "done"
+        self._checkpoint()
+        wall = self._elapsed()
+        summary = {
+            "baseline_success": st.baseline_success,
+            "final_success": final["success"],
+            "improvement": final["success"] - st.baseline_success,
+            "heldout_tasks": final["tasks"],
+            "heldout_infra_failed": final["infra_failed"],
+            "rl_steps": st.rl_step,
+            "policy_version": st.version,
+            "wall_seconds": wall,
+            "model": cfg.model.name,
+            "task": cfg.task.name,
+            "harness": cfg.harness.name,
+        }
+        checkpoint.write_json(self.out / "summary.json", summary)
+        write_report(self.out)
+        self.metrics.close()
+        self.ledger.close()
+        self.engine.close()
+        return summary
+
+
+def _length_bucketed(rows, batch_rows: int, steps: int, rng: random.Random):
+    """Batches of similar-length rows (less padding), in random order, for ``steps`` batches."""
+    made = 0
+    while True:
+        idx = list(range(len(rows)))
+        rng.shuffle(idx)
+        for start in range(0, len(idx), batch_rows * 8):
+            chunk = sorted(idx[start:start + batch_rows * 8], key=lambda i: len(rows[i]))
+            batches = [chunk[k:k + batch_rows] for k in range(0, len(chunk), batch_rows)]
+            rng.shuffle(batches)
+            for b in batches:
+                yield [rows[i] for i in b]
+                made += 1
+                if made >= steps:
+                    return
+
+
+def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True) -> dict[str, float]:
+    """Held-out success of ``model`` ('embedded' or a folder) under ``cfg``'s harness and sampling."""
+    find_bwrap()
+    job = Job(cfg, progress=progress)
+    job.state = RunState()
+    job._load(loader.resolve(model, Path(cfg.out) / "cache"))
+    try:
+        return job.evaluate(tasks, "eval")
+    finally:
+        job.engine.close()
+
+
+def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    job = Job(cfg, progress=progress)
+    job.start(resume)
+    return job.run()

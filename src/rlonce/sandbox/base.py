@@ -1,0 +1,34 @@
+"""The Sandbox contract: run commands in an isolated workspace, move files, snapshot it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    output: str
+    """stdout and stderr interleaved as the process wrote them, cut at the output cap."""
+    timed_out: bool = False
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the command run in it): an infrastructure failure."""
+
+
+class Sandbox(Protocol):
+    async def exec(self, cmd: str, timeout: float | None = None) -> ExecResult: ...
+
+    def put_file(self, path: str, data: bytes | str) -> None: ...
+
+    def get_file(self, path: str) -> bytes: ...
+
+    def snapshot(self) -> str: ...
+
+    def restore(self, snapshot_id: str) -> None: ...
+
+    def close(self) -> None: ...

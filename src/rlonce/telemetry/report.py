@@ -1,0 +1,85 @@
+"""``report.html``: a self-contained page of plots (PNG embedded) and the run's summary table."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from rlonce.telemetry.metrics import read_jsonl
+
+PLOTS = [
+    ("reward", "Training reward (mean over the step's sequences)", "reward_mean"),
+    ("heldout", "Held-out success", "heldout_success"),
+    ("entropy", "Policy entropy (nats / trained token)", "entropy"),
+    ("length", "Response length (model tokens / sequence)", "response_tokens_mean"),
+    ("step_time", "Step time (s): rollout and train", ("rollout_seconds", "train_seconds")),
+]
+
+
+def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.2), dpi=100)
+    keys = key if isinstance(key, tuple) else (key,)
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=k)
+    if baseline is not None and key == "heldout_success":
+        ax.axhline(baseline, color="gray", ls="--", lw=1, label="SFT baseline")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0] and (len(keys) > 1 or baseline is not None):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_report(run_dir: Path) -> Path:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    baseline = summary.get("baseline_success")
+    figs = "".join(
+        f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline)}" alt="{html.escape(title)}">'
+        f"<figcaption>{html.escape(title)}</figcaption></figure>"
+        for _, title, key in PLOTS
+    )
+    table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
+                    for k, v in summary.items())
+    ledger = read_jsonl(run_dir / "ledger.jsonl")
+    ledger_rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in LEDGER_COLUMNS) + "</tr>"
+        for r in ledger
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>rlonce run {html.escape(run_dir.name)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;color:#222}}figure{{display:inline-block;margin:0 1em 1em 0}}
+table{{border-collapse:collapse;margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}}</style>
+</head><body><h1>rlonce run: {html.escape(run_dir.name)}</h1>
+<h2>Summary</h2><table>{table}</table>
+<h2>Curves</h2>{figs}
+<h2>Ledger (sequences per step)</h2><table><tr>{"".join(f"<th>{c}</th>" for c in LEDGER_COLUMNS)}</tr>{ledger_rows}</table>
+</body></html>"""
+    out = run_dir / "report.html"
+    out.write_text(page)
+    return out
+
+
+LEDGER_COLUMNS = ["step", "dispatched", "finished", "infra_failed", "no_contrast_filtered", "retained"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)

@@ -1,0 +1,181 @@
+"""The trainer: recomputes log-probs, applies an objective, steps AdamW, saves what resume needs.
+
+It consumes ``TrainingRow``s only — token ids, loss mask, rollout log-probs, advantages —
+never raw rewards. Losses come from ``rlonce.algo`` by name; the trainer never branches on
+their names. Each mini-batch is split into micro-batches of at most ``micro_batch_tokens``
+padded tokens; aggregation weights are computed over the whole mini-batch first, so the
+accumulated gradient equals the full-batch one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from rlonce.algo.losses import aggregation_weights, policy_loss
+from rlonce.core.records import TrainingRow
+
+
+@dataclass
+class OptimSettings:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    total_steps: int = 0
+    """With total_steps > 0 the rate follows a cosine to 10% after warm-up; else it stays flat."""
+
+
+@dataclass
+class Batch:
+    ids_BT: torch.Tensor
+    attn_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    old_lp_BT: torch.Tensor
+    adv_BT: torch.Tensor
+    group_ids: list[str]
+
+
+def pad_rows(rows: list[TrainingRow]) -> Batch:
+    """Right-pad rows; per-token fields are shifted so position t describes token t+1."""
+    T = max(len(r) for r in rows) - 1
+    B = len(rows)
+    ids = torch.zeros((B, T + 1), dtype=torch.long)
+    attn = torch.zeros((B, T + 1), dtype=torch.long)
+    mask = torch.zeros((B, T))
+    old = torch.zeros((B, T))
+    adv = torch.zeros((B, T))
+    for b, r in enumerate(rows):
+        n = len(r)
+        ids[b, :n] = torch.tensor(r.token_ids)
+        attn[b, :n] = 1
+        mask[b, : n - 1] = torch.tensor(r.loss_mask[1:], dtype=torch.float32)
+        old[b, : n - 1] = torch.tensor(r.rollout_logprobs[1:])
+        adv[b, : n - 1] = torch.tensor(r.advantages[1:])
+    return Batch(ids, attn, mask, old, adv, [r.group_id for r in rows])
+
+
+def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False):
+    """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy."""
+    logits = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
+    logp_BTV = logits.log_softmax(-1)
+    lp_BT = logp_BTV.gather(-1, ids_BT[:, 1:, None])[..., 0]
+    ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
+    return lp_BT, ent_BT
+
+
+class Trainer:
+    def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 16384, temperature: float = 1.0):
+        self.model = model
+        self.settings = settings
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = temperature
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=settings.lr, betas=settings.betas, eps=settings.eps,
+        )
+        self.step = 0
+
+    def lr_at(self, step: int) -> float:
+        s = self.settings
+        if s.warmup_steps and step < s.warmup_steps:
+            return s.lr * (step + 1) / s.warmup_steps
+        if s.total_steps > 0:
+            frac = min(1.0, (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps))
+            return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return s.lr
+
+    def _micro_batches(self, rows: list[TrainingRow]) -> list[list[int]]:
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        chunks, cur, longest = [], [], 0
+        for i in order:
+            longest2 = max(longest, len(rows[i]))
+            if cur and longest2 * (len(cur) + 1) > self.micro_batch_tokens:
+                chunks.append(cur)
+                cur, longest2 = [], len(rows[i])
+            cur.append(i)
+            longest = longest2
+        if cur:
+            chunks.append(cur)
+        return chunks
+
+    def _optimizer_step(self) -> float:
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr_at(self.step)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return float(norm)
+
+    def sft_step(self, rows: list[TrainingRow]) -> dict[str, float]:
+        """One optimizer step of token-mean cross-entropy on the loss-masked tokens."""
+        self.model.train()
+        full = pad_rows(rows)
+        w_BT = aggregation_weights(full.mask_BT, "token-mean")
+        total = 0.0
+        for idx in self._micro_batches(rows):
+            b = pad_rows([rows[i] for i in idx])
+            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT)
+            w = _slice_weights(w_BT, idx, lp_BT.shape[1])
+            loss = -(w * lp_BT).sum()
+            loss.backward()
+            total += float(loss.detach())
+        norm = self._optimizer_step()
+        return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
+
+    def rl_step(self, rows: list[TrainingRow], *, objective: str = "ppo", agg: str = "token-mean",
+                minibatches: int = 1, seed: int = 0, **params) -> dict[str, float]:
+        """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``."""
+        self.model.train()
+        order = list(range(len(rows)))
+        random.Random(seed).shuffle(order)
+        splits = [order[k::minibatches] for k in range(minibatches)]
+        sums: dict[str, float] = {}
+        count = 0
+        for split in splits:
+            mb = [rows[i] for i in split]
+            full = pad_rows(mb)
+            w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids)
+            ntok = float(full.mask_BT.sum())
+            stats = {"loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "mismatch_kl": 0.0}
+            for idx in self._micro_batches(mb):
+                b = pad_rows([mb[i] for i in idx])
+                lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True)
+                w = _slice_weights(w_BT, idx, lp_BT.shape[1])
+                loss, m = policy_loss(objective, lp_BT, b.old_lp_BT, b.adv_BT, b.mask_BT, weights_BT=w, **params)
+                loss.backward()
+                share = float(b.mask_BT.sum()) / max(ntok, 1.0)
+                stats["loss"] += float(loss.detach())
+                stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
+                stats["clipfrac"] += m["clipfrac"] * share
+                stats["ppo_kl"] += m["ppo_kl"] * share
+            stats["grad_norm"] = self._optimizer_step()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+        out = {k: v / count for k, v in sums.items() if k != "mismatch_kl"}
+        out["lr"] = self.lr_at(self.step - 1)
+        out["trained_tokens"] = float(sum(sum(r.loss_mask) for r in rows))
+        return out
+
+    # ---- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+
+
+def _slice_weights(w_BT: torch.Tensor, idx: list[int], T: int) -> torch.Tensor:
+    return w_BT[torch.tensor(idx), :T]

@@ -1,0 +1,32 @@
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir(tmp_path_factory):
+    from rlonce.model.loader import materialize_embedded
+
+    return materialize_embedded(tmp_path_factory.mktemp("model") / "embedded")
+
+
+@pytest.fixture(scope="session")
+def lm(embedded_dir):
+    import torch
+
+    torch.set_num_threads(1)
+    from rlonce.model.loader import load
+
+    return load(embedded_dir)
+
+
+def pytest_collection_modifyitems(config, items):
+    if shutil.which("bwrap") is None:
+        skip = pytest.mark.skip(reason="bubblewrap is not installed (apt-get install bubblewrap)")
+        for item in items:
+            if "sandbox" in item.keywords:
+                item.add_marker(skip)

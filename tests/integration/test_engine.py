@@ -1,0 +1,108 @@
+"""The torch engine on the embedded model: batching, sampling, log-probs, versions, pause."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.torch_engine import TorchEngine, process_logits
+from rlonce.train.trainer import token_logprobs
+
+
+@pytest.fixture
+def engine(lm):
+    import copy
+
+    eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, max_batch_size=16,
+                      batch_wait_s=0.05)
+    yield eng
+    eng.close()
+
+
+def gen_many(engine, prompts, sampling):
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sampling)))
+
+    return asyncio.run(go())
+
+
+PROMPTS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93, 94, 95], [1, 100, 101]]
+
+
+def test_logprobs_match_the_trainers_recomputation(engine, lm):
+    """The engine's per-token log-probs are the trainer's log-probs of the same tokens (T=1)."""
+    gens = gen_many(engine, PROMPTS, [SamplingParams(max_tokens=12, seed=i) for i in range(4)])
+    assert engine.stats["waves"] == 1  # four concurrent requests, one batched wave
+    for p, g in zip(PROMPTS, gens):
+        ids = torch.tensor([p + g.token_ids])
+        lp, _ = token_logprobs(lm.model, ids, torch.ones_like(ids))
+        recomputed = lp[0, len(p) - 1:]
+        assert torch.allclose(recomputed, torch.tensor(g.logprobs), atol=2e-4), (recomputed, g.logprobs)
+        assert g.versions == [0] * len(g.token_ids)
+        assert g.finish_reason in {"stop", "length"}
+        assert len(g.token_ids) <= 12
+
+
+def test_seeded_requests_do_not_depend_on_batch_company(engine):
+    alone = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=10, seed=7)])[0]
+    crowd = gen_many(engine, PROMPTS, [SamplingParams(max_tokens=10, seed=s) for s in (7, 1, 2, 3)])[0]
+    assert alone.token_ids == crowd.token_ids
+
+
+def test_top_k_1_is_greedy_and_temperature_changes_logprobs(engine, lm):
+    g = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=6, top_k=1)])[0]
+    ids = PROMPTS[0] + g.token_ids
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids])).logits[0]
+    assert g.token_ids == logits[len(PROMPTS[0]) - 1:-1].argmax(-1).tolist()[: len(g.token_ids)]
+    assert all(lp == pytest.approx(0.0, abs=1e-6) for lp in g.logprobs)  # a one-candidate distribution
+
+
+def test_process_logits_hand_computed():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    one = torch.tensor([1.0])
+    lp = process_logits(logits, one, torch.tensor([0]), torch.tensor([0.7]))
+    # top-p 0.7 keeps 0.5 and 0.3 (mass before 0.3 is 0.5 < 0.7; before 0.15 is 0.8 >= 0.7)
+    assert lp.exp()[0].tolist() == pytest.approx([0.625, 0.375, 0, 0], abs=1e-6)
+    lp = process_logits(logits, one, torch.tensor([3]), torch.tensor([1.0]))
+    assert lp.exp()[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], abs=1e-6)
+    lp = process_logits(logits, torch.tensor([2.0]), torch.tensor([0]), torch.tensor([1.0]))
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt()
+    assert lp.exp()[0].tolist() == pytest.approx((p / p.sum()).tolist(), abs=1e-6)
+
+
+def test_load_weights_stamps_new_version(engine, lm):
+    import copy
+
+    other = copy.deepcopy(lm.model)
+    with torch.no_grad():
+        for p in other.parameters():  # tied embeddings stay tied
+            p.add_(0.01 * torch.randn_like(p))
+    state = other.state_dict()
+    engine.load_weights(state, 5)
+    g = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=4)])[0]
+    assert g.versions == [5] * len(g.token_ids)
+    assert torch.equal(engine.model.state_dict()["model.embed_tokens.weight"], state["model.embed_tokens.weight"])
+
+
+def test_pause_aborts_the_running_wave_and_holds_new_ones(engine):
+    async def go():
+        task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_tokens=500)))
+        await asyncio.sleep(0.3)
+        engine.pause()
+        first = await task
+        held = asyncio.ensure_future(engine.generate([1, 2], SamplingParams(max_tokens=3)))
+        await asyncio.sleep(0.2)
+        assert not held.done()
+        engine.resume()
+        return first, await held
+
+    first, second = asyncio.run(go())
+    assert first.finish_reason in {"abort", "stop"} and len(first.token_ids) < 500
+    assert len(second.token_ids) >= 1
+
+
+def test_prompt_longer_than_context_is_rejected(engine):
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        gen_many(engine, [[1] * 1020], [SamplingParams(max_tokens=10)])

@@ -1,0 +1,98 @@
+"""Harness + session + sandbox + grouping with a scripted deterministic model."""
+
+import asyncio
+import random
+
+import pytest
+
+from rlonce.core.records import FailureCategory, Role, Sample, Sequence, Status
+from rlonce.engine.base import EngineError, SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
+from rlonce.envs.toolfind.env import ToolfindEnv
+from rlonce.envs.toolfind.expert import expert_turns, optimal_calls
+from rlonce.envs.toolfind.tasks import make_task, make_tasks
+from rlonce.harness.mini_bash import HarnessLimits
+from rlonce.model.chat import get_format
+from rlonce.rollout.grouping import rows_from_samples
+from rlonce.rollout.ledger import LedgerEntry, LedgerImbalance
+from rlonce.rollout.runner import RolloutSpec, run_sequence
+
+pytestmark = pytest.mark.sandbox
+FMT = get_format("hermes")
+
+
+def spec(lm, turns=3):
+    return RolloutSpec(lm.encode, lm.decode, FMT, SamplingParams(max_tokens=64), HarnessLimits(max_turns=turns))
+
+
+def run(lm, task, turns_text, max_turns=3):
+    return asyncio.run(run_sequence(task, ToolfindEnv, ScriptedEngine(turns_text, lm.encode), spec(lm, max_turns)))
+
+
+def test_the_expert_solves_every_task_in_real_sandboxes(lm):
+    rng = random.Random(0)
+    for task in make_tasks("train", 0, 20):
+        seq = run(lm, task, expert_turns(task, rng, FMT), max_turns=20)
+        assert seq.status is Status.SUBMITTED and seq.reward == 1.0, task.task_id
+
+
+def test_tokens_are_recorded_exactly_and_observations_carry_no_loss(lm):
+    task = make_task("train", 3)
+    turns = [FMT.assistant_text("", [c]) for c in optimal_calls(task)]
+    engine = ScriptedEngine(list(turns), lm.encode)
+    seq = asyncio.run(run_sequence(task, ToolfindEnv, engine, spec(lm, 5)))
+    assert seq.success and seq.turns == len(turns)
+    segs = seq.contexts[0].segments
+    model = [s for s in segs if s.role is Role.MODEL]
+    assert [lm.decode(s.token_ids) for s in model] == turns  # exactly what was sampled
+    assert all(s.logprobs == [0.0] * len(s.token_ids) for s in model)
+    obs = [s for s in segs if s.role is Role.OBSERVATION]
+    assert len(obs) == len(turns) - 1 and all(s.logprobs is None for s in obs)
+    first_obs = lm.decode(obs[0].token_ids)
+    assert f"{task.chain[0][0]} = {task.chain[0][1]}" in first_obs  # real grep output from the sandbox
+    # each engine call saw exactly the context so far: the prefix never shifts
+    ids = seq.contexts[0].token_ids()
+    for prompt in engine.prompts:
+        assert ids[: len(prompt)] == prompt
+
+
+def test_limits_format_errors_and_wrong_answers(lm):
+    task = make_task("train", 5)
+    ls = FMT.assistant_text("", [optimal_calls(task)[0].__class__("bash", {"command": "ls docs"})])
+    assert run(lm, task, [ls] * 5).status is Status.LIMITS
+    bad = run(lm, task, ["<tool_call>\n{oops}\n</tool_call><|im_end|>"])
+    assert bad.status is Status.FORMAT_ERROR and bad.reward == 0.0
+    flagged = [s for s in bad.contexts[0].segments if s.role is Role.MODEL][0]
+    assert flagged.flags == {"malformed_tool_call": True}
+    wrong = run(lm, task, ['<tool_call>\n{"name": "submit", "arguments": {"answer": "nothing"}}\n</tool_call><|im_end|>'])
+    assert wrong.status is Status.SUBMITTED and wrong.reward == 0.0
+
+
+class BrokenEngine(ScriptedEngine):
+    async def generate(self, prompt_ids, sampling):
+        raise EngineError("engine died")
+
+
+def test_infrastructure_failures_are_never_scored(lm):
+    task = make_task("train", 7)
+    seq = asyncio.run(run_sequence(task, ToolfindEnv, BrokenEngine([], lm.encode), spec(lm)))
+    assert seq.status is Status.INFRA and seq.failure is FailureCategory.ENGINE_ERROR and seq.reward is None
+
+
+def _seq(reward, status=Status.SUBMITTED):
+    from rlonce.core.records import Context, Segment
+
+    ctx = Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [3, 4], [-0.1, -0.2], [0, 0])])
+    failure = FailureCategory.SANDBOX_ERROR if status is Status.INFRA else None
+    return Sequence("t", "mini-bash", [ctx], status, failure, reward=reward)
+
+
+def test_grouping_advantages_filter_and_ledger():
+    a = Sample("a", "toolfind", 1, [_seq(1.0), _seq(0.0), _seq(0.0), _seq(None, Status.INFRA)])
+    b = Sample("b", "toolfind", 1, [_seq(1.0), _seq(1.0)])  # no contrast
+    rows, ledger = rows_from_samples([a, b], step=1)
+    e = ledger["toolfind"]
+    assert (e.dispatched, e.finished, e.infra_failed, e.no_contrast_filtered, e.retained) == (6, 5, 1, 2, 3)
+    assert [r.advantages[-1] for r in rows] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    with pytest.raises(LedgerImbalance):
+        LedgerEntry(1, "x", dispatched=3, finished=2, infra_failed=0).check()

@@ -1,0 +1,82 @@
+"""The bubblewrap sandbox, for real: isolation, limits, snapshots."""
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from rlonce.sandbox.base import SandboxError
+from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+
+pytestmark = pytest.mark.sandbox
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(sb, cmd, **kw):
+    return asyncio.run(sb.exec(cmd, **kw))
+
+
+@pytest.fixture
+def sb():
+    box = BwrapSandbox(Limits(wall_seconds=3, output_bytes=1000, file_size_mb=1))
+    yield box
+    box.close()
+
+
+def test_workspace_files_and_commands(sb):
+    sb.put_file("docs/a.txt", "falcon.color = red\n")
+    r = run(sb, "grep -r falcon.color docs && echo made > out.txt")
+    assert r.exit_code == 0 and r.output == "docs/a.txt:falcon.color = red\n"
+    assert sb.get_file("out.txt") == b"made\n"
+    assert run(sb, "false").exit_code == 1
+    with pytest.raises(ValueError):
+        sb.put_file("../escape", "x")
+
+
+def test_host_home_project_and_runs_are_invisible(sb):
+    home = os.path.expanduser("~")
+    r = run(sb, f"ls {home} {REPO} /work/.. ; cat {REPO}/pyproject.toml; id -u")
+    assert "No such file" in r.output
+    assert "rlonce" not in r.output  # pyproject.toml content is unreachable
+    assert r.output.strip().endswith("1000")  # not root inside
+    assert sorted(run(sb, "ls /").output.split()) == sorted(
+        n for n in ["bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "sbin", "tmp", "usr", "work"]
+        if n in run(sb, "ls /").output.split())
+    assert "home" not in run(sb, "ls /").output.split()
+
+
+def test_no_network(sb):
+    r = run(sb, "cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net 2>/dev/null; "
+                "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)\"")
+    assert r.exit_code != 0
+    assert "Network is unreachable" in r.output or "OSError" in r.output
+
+
+def test_wall_clock_timeout_kills_the_tree(sb):
+    r = run(sb, "sleep 30 & sleep 30; echo never", timeout=1)
+    assert r.timed_out and "never" not in r.output
+    assert r.seconds < 5
+
+
+def test_output_cap_and_file_size_limit(sb):
+    r = run(sb, "yes | head -c 100000")
+    assert r.truncated and len(r.output) == 1000
+    r = run(sb, "head -c 3000000 /dev/zero > big; echo rc=$?; wc -c < big")
+    assert "rc=0" not in r.output  # SIGXFSZ / EFBIG at 1 MiB
+    assert int(r.output.strip().split()[-1]) <= 1 << 20
+
+
+def test_snapshot_restore(sb):
+    sb.put_file("f", "one")
+    sid = sb.snapshot()
+    run(sb, "echo two > f; touch g")
+    sb.restore(sid)
+    assert sb.get_file("f") == b"one"
+    assert run(sb, "ls").output.split() == ["f"]
+
+
+def test_closed_sandbox_refuses(sb):
+    sb.close()
+    with pytest.raises(SandboxError):
+        run(sb, "true")

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, SYSTEM_PROMPT
+from rlonce.model.chat import ToolCall, ToolCallParseError, get_format
+
+FMT = get_format("hermes")
+
+
+def _dialogue():
+    calls = [ToolCall("bash", {"command": "grep -r falcon.color docs"}), ToolCall("submit", {"answer": "red"})]
+    return calls, [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "What is the color of falcon?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": calls[0].name, "arguments": calls[0].arguments}}]},
+        {"role": "tool", "content": "docs/a.txt:falcon.color = red"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": calls[1].name, "arguments": calls[1].arguments}}]},
+    ]
+
+
+@pytest.mark.parametrize("tools", [[BASH_TOOL, SUBMIT_TOOL], []])
+def test_deltas_match_the_model_folders_chat_template(lm, tools):
+    """Session deltas concatenate to exactly what the HF chat template renders for the dialogue."""
+    calls, messages = _dialogue()
+    deltas = (FMT.opening(SYSTEM_PROMPT, messages[1]["content"], tools)
+              + FMT.assistant_text("", [calls[0]])
+              + FMT.observation([messages[3]["content"]])
+              + FMT.assistant_text("", [calls[1]]))
+    rendered = lm.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False)
+    assert rendered.rstrip("\n") == deltas
+
+
+def test_tokenizing_deltas_equals_tokenizing_the_whole(lm):
+    calls, messages = _dialogue()
+    parts = [FMT.opening(SYSTEM_PROMPT, messages[1]["content"], []), FMT.assistant_text("", [calls[0]]),
+             FMT.observation([messages[3]["content"]]), FMT.assistant_text("", [calls[1]])]
+    assert sum((lm.encode(p) for p in parts), []) == lm.encode("".join(parts))
+
+
+def test_copyable_words_are_single_tokens(lm):
+    from rlonce.envs.toolfind.tasks import ATTRIBUTES, ENTITIES, LINKS, VALUES
+
+    for w in [*ENTITIES, *LINKS, *ATTRIBUTES, *(v for vs in VALUES.values() for v in vs)]:
+        assert len(lm.encode(w)) == 1, w
+        assert lm.encode(w)[0] in lm.encode(f"grep -r {w}.x")  # the same token after a space
+
+
+def test_parse_tool_calls():
+    text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+    assert FMT.parse_tool_calls(text) == [ToolCall("bash", {"command": "ls"})]
+    for bad in ["no call here", "<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                '<tool_call>{"name": "x", "arguments": [1]}</tool_call>']:
+        with pytest.raises(ToolCallParseError):
+            FMT.parse_tool_calls(bad)
+    assert json.loads(FMT.assistant_text("", [ToolCall("submit", {"answer": "ré"})]).split("\n")[1])["arguments"] == {
+        "answer": "ré"}

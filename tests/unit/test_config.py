@@ -1,0 +1,61 @@
+import json
+
+import pytest
+
+from rlonce.config import ConfigError, RunConfig, load_config, read_saved_config, save_config
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg = load_config(None, ["rl.steps=7", "harness.temperature=0.5", "model.name=/some/dir", "rl.clip_c=2"])
+    assert cfg.rl.steps == 7 and cfg.harness.temperature == 0.5 and cfg.model.name == "/some/dir"
+    assert cfg.rl.clip_c == 2.0
+
+
+def test_toml_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('out = "x"\n[rl]\nsteps = 3\ngroup_size = 4\n')
+    cfg = load_config(p, ["rl.steps=5"])
+    assert (cfg.out, cfg.rl.steps, cfg.rl.group_size) == ("x", 5, 4)
+
+
+def test_unknown_key_is_one_clear_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rl.stepz=3"])
+    msg = str(e.value)
+    assert "rl.stepz" in msg and "steps" in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match="unknown config key 'nope'"):
+        load_config(None, ["nope=1"])
+
+
+def test_malformed_toml_and_bad_values(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("[rl\nsteps = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="rl.steps"):
+        load_config(None, ["rl.steps=many"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_saved_config_round_trip(tmp_path):
+    cfg = load_config(None, ["rl.steps=9"])
+    save_config(cfg, tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text())["rl"]["steps"] == 9
+    assert read_saved_config(tmp_path / "config.json") == cfg
+    assert read_saved_config(tmp_path / "config.json", ["rl.steps=10"]).rl.steps == 10
+
+
+def test_shipped_configs_validate():
+    from pathlib import Path
+
+    for p in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml")):
+        assert isinstance(load_config(p), RunConfig)
+
+
+def test_config_module_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, rlonce.config, rlonce.cli; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from rlonce.core.records import (Context, FailureCategory, RecordError, Role, Segment, Sequence, Status,
+                                 TrainingRow, sequence_to_rows)
+
+
+def _seq(status=Status.SUBMITTED, failure=None):
+    ctx = Context([
+        Segment(Role.PROMPT, [1, 2, 3]),
+        Segment(Role.MODEL, [4, 5], [-0.5, -0.25], [3, 3]),
+        Segment(Role.OBSERVATION, [6, 7, 8]),
+        Segment(Role.MODEL, [9], [-1.0], [4]),
+    ])
+    return Sequence("t/1", "mini-bash", [ctx], status, failure, reward=1.0)
+
+
+def test_model_segment_needs_logprob_and_version_per_token():
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [1, 2], [-0.1], [0, 0])
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [1, 2], [-0.1, -0.2], None)
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [1], [0.5], [0])  # a log-prob above 0 is not a log-prob
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [1], [-math.inf], [0])
+
+
+def test_observations_never_carry_loss_fields():
+    with pytest.raises(RecordError):
+        Segment(Role.OBSERVATION, [1, 2], [-0.1, -0.1], [0, 0])
+
+
+def test_sequence_to_rows_masks_only_model_tokens():
+    (row,) = sequence_to_rows(_seq(), 0.75, group_id="g")
+    assert row.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert row.loss_mask == [0, 0, 0, 1, 1, 0, 0, 0, 1]
+    assert row.rollout_logprobs == [0, 0, 0, -0.5, -0.25, 0, 0, 0, -1.0]
+    assert row.policy_versions == [-1, -1, -1, 3, 3, -1, -1, -1, 4]
+    assert row.advantages == [0, 0, 0, 0.75, 0.75, 0, 0, 0, 0.75]
+    assert row.group_id == "g"
+
+
+def test_infra_failures_are_never_trained_on():
+    seq = _seq(Status.INFRA, FailureCategory.SANDBOX_TIMEOUT)
+    with pytest.raises(RecordError):
+        sequence_to_rows(seq, 1.0)
+    with pytest.raises(RecordError):  # a failure category only with infra status
+        Sequence("t", "a", [], Status.SUBMITTED, FailureCategory.ENGINE_ERROR)
+
+
+def test_training_row_invariants():
+    with pytest.raises(RecordError):
+        TrainingRow([1, 2, 3], [0, 1], [0, 0, 0], [0, 0, 0], [-1, 0, 0])
+    with pytest.raises(RecordError):  # trained token without a version
+        TrainingRow([1, 2, 3], [0, 1, 1], [0, -1, -1], [0, 1, 1], [-1, 0, -1])
+    with pytest.raises(RecordError):  # the first token cannot be trained
+        TrainingRow([1, 2], [1, 1], [-1, -1], [1, 1], [0, 0])
+    row = TrainingRow([1, 2, 3], [0, 1, 1], [0, -1, -1], [0, 1, 1], [-1, 0, 0])
+    assert len(row) == 3
