@@ -1,10 +1,10 @@
 """The scripted expert: knows each task's look-up chain and solves every task.
 
 Its demonstrations are imperfect on purpose. Before each look-up it may take a detour
-(list the directory, print a wrong file, grep too broadly) with probability ``detour_p``,
-up to ``max_detours`` in a row. Detours never make it wrong, only slower — so under the
-harness's turn budget an imitation of the expert sometimes runs out of turns, and RL has
-something real to improve: skip the detours.
+(list the directory, print the working directory, or re-run its previous search to check
+it) with probability ``detour_p``, up to ``max_detours`` in a row. Detours never make it
+wrong, only slower — so under the harness's turn budget an imitation of the expert sometimes
+runs out of turns, and RL has something real to improve: skip the detours.
 """
 
 from __future__ import annotations
@@ -20,15 +20,11 @@ def optimal_calls(task: ToolfindTask) -> list[ToolCall]:
     return calls + [ToolCall("submit", {"answer": task.answer})]
 
 
-def _detour(task: ToolfindTask, hop: int, rng: random.Random) -> ToolCall:
-    files = [p for p, _ in task.files]
-    entity = task.chain[hop][0].split(".")[0]
-    kind = rng.choice(("ls", "cat", "grep"))
-    if kind == "ls":
-        return ToolCall("bash", {"command": "ls docs"})
-    if kind == "cat":
-        return ToolCall("bash", {"command": f"cat {rng.choice(files)}"})
-    return ToolCall("bash", {"command": f"grep -r {entity} docs"})
+def _detour(previous: list[ToolCall], rng: random.Random) -> ToolCall:
+    kind = rng.choice(("ls", "pwd", "again"))
+    if kind == "again" and previous:
+        return previous[-1]
+    return ToolCall("bash", {"command": "pwd" if kind == "pwd" else "ls docs"})
 
 
 def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.5,
@@ -38,7 +34,7 @@ def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.
     for hop, call in enumerate(optimal_calls(task)[:-1]):
         n = 0
         while n < max_detours and rng.random() < detour_p:
-            calls.append(_detour(task, hop, rng))
+            calls.append(_detour(calls, rng))
             n += 1
         calls.append(call)
     return calls + [optimal_calls(task)[-1]]

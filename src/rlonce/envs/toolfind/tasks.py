@@ -33,6 +33,7 @@ VALUES = {
 }
 FILE_NAMES = "alpha beta gamma delta omega sigma kappa lambda theta zeta notes index".split()
 
+FILES_PER_TASK = 5
 SPLIT_SEED_BASE = {"train": 0, "heldout": 1_000_000_007}
 
 
@@ -87,7 +88,7 @@ def make_task(split: str, index: int, *, two_hop_fraction: float = 0.6) -> Toolf
             chain = ((key, facts[key]),)
         break
 
-    names = rng.sample(FILE_NAMES, rng.randint(4, 6))
+    names = rng.sample(FILE_NAMES, FILES_PER_TASK)
     buckets: dict[str, list[str]] = {n: [] for n in names}
     keys = list(facts)
     rng.shuffle(keys)
