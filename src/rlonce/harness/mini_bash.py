@@ -8,6 +8,7 @@ is a typed exception (``Submitted``, ``LimitsExceeded``, ``FormatError``) caught
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 from rlonce.engine.base import SamplingParams
 from rlonce.gateway.session import BudgetExceeded, TokenSession
@@ -34,8 +35,8 @@ def truncate_observation(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[-tail:]}"
 
 
-async def run_episode(env, session: TokenSession, sampling: SamplingParams, limits: HarnessLimits) -> int:
-    """Run the agent loop; always ends by raising an ``EpisodeEnd``. Returns nothing normally."""
+async def run_episode(env, session: TokenSession, sampling: SamplingParams, limits: HarnessLimits) -> NoReturn:
+    """Run the agent loop; it always ends by raising an ``EpisodeEnd``."""
     session.open(env.system_prompt(), env.user_prompt(), env.tools() if limits.render_tools else [])
     for turn in range(1, limits.max_turns + 1):
         try:

@@ -35,7 +35,7 @@ from rlonce.harness.mini_bash import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.rollout.grouping import rows_from_samples
-from rlonce.rollout.runner import RolloutSpec, collect
+from rlonce.rollout.runner import RolloutSpec, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
@@ -148,8 +148,6 @@ class Job:
         spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
                                     render_tools=cfg.harness.render_tools)
         sem = asyncio.Semaphore(32)
-        from rlonce.rollout.runner import run_sequence
-
         tasks = [make_task("train", SFT_TASK_OFFSET + i, two_hop_fraction=cfg.task.two_hop_fraction)
                  for i in range(cfg.sft.demos)]
         bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not self.progress, leave=False)

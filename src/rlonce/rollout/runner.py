@@ -65,7 +65,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
     finally:
         await env.cleanup()
     seq = Sequence(task.task_id, ARM, [session.context], status, failure, answer=answer,
-                   turns=sum(1 for g in session.generations))
+                   turns=len(session.generations))
     if status is not Status.INFRA:
         try:
             reward = await env.grade(seq)

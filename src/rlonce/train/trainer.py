@@ -147,7 +147,7 @@ class Trainer:
             full = pad_rows(mb)
             w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids)
             ntok = float(full.mask_BT.sum())
-            stats = {"loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "mismatch_kl": 0.0}
+            stats = {"loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0}
             for idx in self._micro_batches(mb):
                 b = pad_rows([mb[i] for i in idx])
                 lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True)
@@ -163,7 +163,7 @@ class Trainer:
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
-        out = {k: v / count for k, v in sums.items() if k != "mismatch_kl"}
+        out = {k: v / count for k, v in sums.items()}
         out["lr"] = self.lr_at(self.step - 1)
         out["trained_tokens"] = float(sum(sum(r.loss_mask) for r in rows))
         return out
