@@ -57,3 +57,8 @@ def test_parse_tool_calls():
             FMT.parse_tool_calls(bad)
     assert json.loads(FMT.assistant_text("", [ToolCall("submit", {"answer": "ré"})]).split("\n")[1])["arguments"] == {
         "answer": "ré"}
+
+
+def test_tokenizer_fits_the_embedding(lm):
+    assert len(lm.tokenizer) <= lm.model.config.vocab_size
+    assert lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in lm.eos_token_ids

@@ -18,7 +18,7 @@ EMBEDDED_DIR = Path(__file__).parent / "embedded"
 EMBEDDED_ARCH = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "vocab_size": 832,
+    "vocab_size": 896,
     "hidden_size": 192,
     "intermediate_size": 512,
     "num_hidden_layers": 4,

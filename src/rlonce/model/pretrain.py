@@ -16,8 +16,14 @@ plain-text documents that are dense in exactly those generic skills:
 Only the look-up answers, rewrites and echoes carry loss: the fact tables are random, and
 training on them would only add noise to the gradient.
 
-None of it uses the chat template, tool calls or the toolfind question format; those are
-what SFT on the expert's demonstrations teaches. The documents are generated from the same
+  * short chat-formatted tool-use dialogues (the model's own chat template): requests in
+    several phrasings, a ``bash`` call that copies words from the request (``echo``, ``cat``,
+    ``grep``), the tool's answer, and a ``reply`` call that copies the value found — the kind
+    of tool-use data an instruct model is pre-trained on.
+
+What the base does not see is the toolfind environment itself: its system prompt, its
+question wording, its ``submit`` tool, its turn budget, or a real sandbox; those are what SFT
+on the expert's demonstrations teaches. The documents are generated from the same
 word lists the tokenizer was trained on, with seeds disjoint from every task split.
 """
 
@@ -97,8 +103,56 @@ def doc_rewrite(rng: random.Random) -> Doc:
     return doc
 
 
+PRE_SYSTEMS = (
+    "You are a helpful assistant with tools.",
+    "Use the tools to answer, then reply.",
+    "You can run shell commands.",
+)
+DIRS = ("data", "notes", "files")
+
+
+def _call(name: str, **arguments) -> str:
+    from rlonce.model.chat import HermesFormat, ToolCall
+
+    return HermesFormat().assistant_text("", [ToolCall(name, arguments)])
+
+
+def doc_chat(rng: random.Random) -> Doc:
+    """A short chat-formatted tool-use dialogue: copy words from the request into a shell
+    command, read the tool's answer, copy the value into a ``reply`` call."""
+    from rlonce.model.chat import HermesFormat
+
+    fmt = HermesFormat()
+    facts = _facts(rng, 6)
+    d = rng.choice(DIRS)
+    name = rng.choice(FILE_NAMES)
+    kind = rng.randrange(4)
+    k, f, v = rng.choice(facts)
+    if kind == 0:
+        ws = " ".join(rng.sample(WORDS, rng.randint(1, 3)))
+        user, cmds, outs, answer = f"Print {ws}.", [f"echo {ws}"], [ws], ws
+    elif kind == 1:
+        user = rng.choice([f"Show the {f} of {k}.", f"Look up {k}.{f} please.", f"Which {f} does {k} have?"])
+        cmds, outs, answer = [f"grep -r {k}.{f} {d}"], [f"{d}/{name}.txt:{k}.{f} = {v}"], v
+    elif kind == 2:
+        link = rng.choice(LINKS)
+        mid = rng.choice(ENTITIES)
+        user = rng.choice([f"Show the {f} of the {link} of {k}.", f"Find the {link} of {k}, then its {f}."])
+        cmds = [f"grep -r {k}.{link} {d}", f"grep -r {mid}.{f} {d}"]
+        outs = [f"{d}/{name}.txt:{k}.{link} = {mid}", f"{d}/{rng.choice(FILE_NAMES)}.txt:{mid}.{f} = {v}"]
+        answer = v
+    else:
+        lines = [f"{a}.{b} = {c}" for a, b, c in facts]
+        user, cmds, outs, answer = f"Read {name}.txt in {d}.", [f"cat {d}/{name}.txt"], ["\n".join(lines)], lines[0]
+    doc: Doc = [(fmt.opening(rng.choice(PRE_SYSTEMS), user, []), False)]
+    for cmd, out in zip(cmds, outs):
+        doc += [(_call("bash", command=cmd), True), (fmt.observation([out]), False)]
+    doc += [(_call("reply", text=answer), True)]
+    return doc
+
+
 def document(rng: random.Random) -> Doc:
-    return rng.choices([doc_lookup, doc_shell, doc_rewrite], weights=[3, 4, 2])[0](rng)
+    return rng.choices([doc_chat, doc_lookup, doc_shell, doc_rewrite], weights=[12, 2, 2, 1])[0](rng)
 
 
 def text_of(doc: Doc) -> str:
