@@ -12,7 +12,7 @@ def rlonce(*args, env=None, cwd=None):
                           env=env, cwd=cwd)
 
 
-def one_line_error(r, *needles):
+def check_one_line_error(r, *needles):
     assert r.returncode == 2, (r.returncode, r.stderr[-1500:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("rlonce: error: "), r.stderr
@@ -22,19 +22,19 @@ def one_line_error(r, *needles):
 
 
 def test_unknown_config_key(tmp_path):
-    one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "rl.stepz=3"), "rl.stepz", "steps")
+    check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "rl.stepz=3"), "rl.stepz", "steps")
 
 
 def test_malformed_toml(tmp_path):
     p = tmp_path / "bad.toml"
     p.write_text("[rl\nsteps=")
-    one_line_error(rlonce("train", "--config", str(p), "--out", str(tmp_path / "o")), "not valid TOML")
+    check_one_line_error(rlonce("train", "--config", str(p), "--out", str(tmp_path / "o")), "not valid TOML")
 
 
 def test_unwritable_output_directory(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    one_line_error(rlonce("quickstart", "--out", str(blocker / "sub")), "cannot write to output directory")
+    check_one_line_error(rlonce("quickstart", "--out", str(blocker / "sub")), "cannot write to output directory")
 
 
 def test_missing_bubblewrap(tmp_path):
@@ -42,7 +42,7 @@ def test_missing_bubblewrap(tmp_path):
     bindir.mkdir()
     os.symlink(sys.executable, bindir / "python")
     env = {**os.environ, "PATH": str(bindir)}
-    one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), env=env), "bubblewrap", "apt-get install")
+    check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), env=env), "bubblewrap", "apt-get install")
 
 
 @pytest.mark.parametrize("kind", ["empty", "garbage", "nonexistent"])
@@ -52,8 +52,8 @@ def test_model_folder_that_does_not_load(tmp_path, kind):
         model.mkdir()
     if kind == "garbage":
         (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    one_line_error(rlonce("eval", "--model", str(model), "--out", str(tmp_path / "o"), "--tasks", "2"), str(model))
+    check_one_line_error(rlonce("eval", "--model", str(model), "--out", str(tmp_path / "o"), "--tasks", "2"), str(model))
 
 
 def test_resume_without_a_run(tmp_path):
-    one_line_error(rlonce("train", "--resume", str(tmp_path)), "not a run directory")
+    check_one_line_error(rlonce("train", "--resume", str(tmp_path)), "not a run directory")

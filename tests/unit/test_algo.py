@@ -57,3 +57,37 @@ def test_ppo_gradient_direction():
     loss, _ = policy_loss("ppo", lp, lp.detach(), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
     loss.backward()
     assert lp.grad[0, 0] < 0 < lp.grad[0, 1]  # descent raises the good token, lowers the bad one
+
+
+def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
+    import copy
+
+    from rlonce.core.records import TrainingRow
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    from rlonce.train.trainer import token_logprobs
+
+    def rows(w0):
+        out = []
+        for b, n in enumerate((9, 14, 6, 11)):
+            ids = [(7 * b + 3 * t) % 700 + 10 for t in range(n)]
+            mask = [0, 0] + [1] * (n - 2)
+            with torch.no_grad():  # rollout log-probs from the same weights: ratio 1, unclipped
+                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]), torch.ones(1, n, dtype=torch.long))[0][0].tolist()
+            out.append(TrainingRow(ids, mask, [x * m for x, m in zip(lp, mask)],
+                                   [(1.0 - 2 * (b % 2)) * m for m in mask], [0 if m else -1 for m in mask],
+                                   weight=w0 if b == 0 else 1.0, group_id=str(b // 2)))
+        return out
+
+    grads = []
+    for micro, w0 in ((1 << 20, 1.0), (20, 1.0), (1 << 20, 0.0)):
+        model = copy.deepcopy(lm.model)
+        tr = Trainer(model, OptimSettings(lr=0.0), micro_batch_tokens=micro)
+        tr.optimizer.step = lambda: None  # keep the gradient for inspection
+        tr.optimizer.zero_grad = lambda set_to_none=True: None
+        tr.rl_step(rows(w0), agg="prompt-mean", clip_low=0.2, clip_high=0.2)
+        grads.append(model.model.embed_tokens.weight.grad.clone())
+    scale = grads[0].abs().max()
+    assert scale > 1e-4
+    assert (grads[0] - grads[1]).abs().max() < 1e-5 * scale  # micro-batching changes nothing
+    assert (grads[0] - grads[2]).abs().max() > 1e-2 * scale  # a zero-weight row contributes nothing

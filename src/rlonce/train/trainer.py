@@ -3,8 +3,8 @@
 It consumes ``TrainingRow``s only — token ids, loss mask, rollout log-probs, advantages —
 never raw rewards. Losses come from ``rlonce.algo`` by name; the trainer never branches on
 their names. Each mini-batch is split into micro-batches of at most ``micro_batch_tokens``
-padded tokens; aggregation weights are computed over the whole mini-batch first, so the
-accumulated gradient equals the full-batch one.
+padded tokens; aggregation weights are computed over the whole mini-batch first (and scaled by each row's ``weight``), so
+the accumulated gradient equals the full-batch one.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Batch:
     mask_BT: torch.Tensor
     old_lp_BT: torch.Tensor
     adv_BT: torch.Tensor
+    weight_B: torch.Tensor
     group_ids: list[str]
 
 
@@ -57,7 +58,8 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
         mask[b, : n - 1] = torch.tensor(r.loss_mask[1:], dtype=torch.float32)
         old[b, : n - 1] = torch.tensor(r.rollout_logprobs[1:])
         adv[b, : n - 1] = torch.tensor(r.advantages[1:])
-    return Batch(ids, attn, mask, old, adv, [r.group_id for r in rows])
+    weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
+    return Batch(ids, attn, mask, old, adv, weight, [r.group_id for r in rows])
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float = 1.0,
@@ -121,7 +123,7 @@ class Trainer:
         """One optimizer step of token-mean cross-entropy on the loss-masked tokens."""
         self.model.train()
         full = pad_rows(rows)
-        w_BT = aggregation_weights(full.mask_BT, "token-mean")
+        w_BT = aggregation_weights(full.mask_BT, "token-mean") * full.weight_B[:, None]
         total = 0.0
         for idx in self._micro_batches(rows):
             b = pad_rows([rows[i] for i in idx])
@@ -145,7 +147,7 @@ class Trainer:
         for split in splits:
             mb = [rows[i] for i in split]
             full = pad_rows(mb)
-            w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids)
+            w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids) * full.weight_B[:, None]
             ntok = float(full.mask_BT.sum())
             stats = {"loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0}
             for idx in self._micro_batches(mb):
