@@ -61,8 +61,12 @@ def test_parameters_changed_and_checkpoint_is_a_hf_model(tiny_run):
     model = AutoModelForCausalLM.from_pretrained(sorted((out / "checkpoints").glob("step-*"))[-1])
     assert sum(p.numel() for p in model.parameters()) > 1_000_000
     metrics = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
-    if any(r["retained_rows"] for r in metrics):  # some group had contrast: RL moved the weights too
+    summary = json.loads((out / "summary.json").read_text())
+    if any(r["retained_rows"] for r in metrics):  # some group had contrast: RL moved the weights
         assert any(not torch.equal(sft[k], final[k]) for k in sft)
+        assert summary["policy_version"] == sum(1 for r in metrics if r["retained_rows"])
+    else:  # nothing to learn from: no update, no new version
+        assert all(torch.equal(sft[k], final[k]) for k in sft) and summary["policy_version"] == 0
 
 
 def test_trajectories_are_recorded(tiny_run):
