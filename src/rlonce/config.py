@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -85,20 +83,115 @@ class RLConfig(Section):
     group_size: int = 8
     lr: float = 2e-4
     warmup_steps: int = 0
-    objective: Literal["ppo"] = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    clip_c: float | None = 3.0
-    """Dual-clip bound for negative advantages (None disables it)."""
-    norm_by_std: bool = False
-    loss_agg: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                      "seq-mean-token-sum-norm", "prompt-mean"] = "token-mean"
     minibatches: int = 2
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    filter_no_contrast: bool = True
-    """Drop groups whose valid rewards are all equal (they carry no group-relative signal)."""
     concurrency: int = 64
+
+
+class PPOObjective(Section):
+    """PPO clip with clip-higher and an optional dual clip (the public vanilla loss)."""
+
+    name: Literal["ppo"] = "ppo"
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.28, ge=0)
+    clip_c: float | None = Field(3.0, gt=1)
+    """Dual-clip bound for negative advantages (None disables it)."""
+
+
+class FourBoundObjective(Section):
+    """MiMo's production rule: tokens whose ratio leaves the interval for their advantage sign
+    are masked. Ratio intervals, not 1 ± ε."""
+
+    name: Literal["four_bound"] = "four_bound"
+    pos_low: float = 0.2
+    pos_high: float = 5.0
+    neg_low: float = 0.2
+    neg_high: float = 5.0
+    entropy_band: tuple[float, float] | None = None
+    """Target entropy band (nats/token); when set, the four bounds follow policy entropy."""
+    entropy_step: float = Field(0.05, gt=0, lt=1)
+
+
+class CISPOObjective(Section):
+    """MiniMax-M1's CISPO: the importance weight is clipped, no token is dropped."""
+
+    name: Literal["cispo"] = "cispo"
+    eps_low: float = Field(1.0, ge=0)
+    """1.0 puts the lower weight bound at 0: M1 imposes none."""
+    eps_high: float = Field(0.28, ge=0)
+
+
+class UnifiedObjective(Section):
+    """CISPO with M1's token mask (Eq. 7): mask_low/mask_high bound the PPO trust region."""
+
+    name: Literal["unified"] = "unified"
+    eps_low: float = Field(1.0, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    mask_low: float = Field(0.2, ge=0, lt=1)
+    mask_high: float = Field(0.28, ge=0)
+
+
+Objective = Annotated[PPOObjective | FourBoundObjective | CISPOObjective | UnifiedObjective,
+                      Field(discriminator="name")]
+
+
+class LengthConfig(Section):
+    """Group-relative length shaping; constants default to the public Cyber reference profile."""
+
+    enabled: bool = False
+    metrics: list[Literal["turns", "input_tokens", "output_tokens"]] = ["output_tokens"]
+    max_penalty: float = Field(0.2, ge=0)
+    deadzone: float = Field(0.0, ge=0)
+    saturation: float = Field(1.0, gt=0)
+    exponent: float = Field(1.5, gt=0)
+    anchor_quantile: float = Field(0.3, ge=0, le=1)
+    pass_rate_gate: float = Field(0.5, ge=0, le=1)
+    combine: Literal["max", "mean"] = "max"
+
+
+class PenaltyConfig(Section):
+    """One penalty rule paired with a strategy (see docs/algorithms.md for both tables)."""
+
+    rule: Literal["repetition", "confident_run", "tool_call", "garbled", "infra"]
+    strategy: Literal["monitor", "mask", "adv_set", "adv_reduction", "adv_signed"] = "monitor"
+    rule_params: dict[str, float | int] = {}
+    strategy_params: dict[str, float] = {}
+
+
+class AlgoConfig(Section):
+    objective: Objective = PPOObjective()
+    """By name (``algo.objective=cispo``) or as a table with the variant's parameters."""
+    aggregation: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                         "seq-mean-token-sum-norm", "prompt-mean"] = "token-mean"
+    norm_by_std: bool = False
+    """Divide group advantages by the group's std (the public Code recipe leaves it off)."""
+    filter_no_contrast: bool = True
+    """Dynamic filtering: drop groups whose valid rewards are all equal (no group-relative signal)."""
+    rollout_correction: Literal["none", "token", "sequence"] = "none"
+    """Truncated IS between trainer-recomputed and rollout log-probs (costs one extra forward)."""
+    correction_cap: float = Field(2.0, ge=1)
+    zero_confirmed_hacks: bool = True
+    grs: bool = False
+    """Reward = test · solution rubric · behaviour rubric, when the grader supplies them."""
+    gar: bool = False
+    """Redistribute advantages among passing rows by grader quality factors."""
+    gar_lambda_max: float = Field(2.0, ge=1)
+    length: LengthConfig = LengthConfig()
+    penalties: list[PenaltyConfig] = [PenaltyConfig(rule="repetition"), PenaltyConfig(rule="tool_call"),
+                                      PenaltyConfig(rule="garbled")]
+    """Rules and strategies; the default only monitors (counts appear in metrics.jsonl)."""
+    stop_confident_run: int = Field(3000, ge=0)
+    """Engine stop rule: end a turn after this many consecutive tokens with p > 0.99 (0: off)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_by_name(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("objective"), str):
+            data = {**data, "objective": {"name": data["objective"]}}
+        if isinstance(data, dict) and isinstance(data.get("objective"), dict) and "name" not in data["objective"]:
+            data = {**data, "objective": {"name": "ppo", **data["objective"]}}
+        return data
 
 
 class EvalConfig(Section):
@@ -123,6 +216,7 @@ class RunConfig(Section):
     harness: HarnessConfig = HarnessConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
+    algo: AlgoConfig = AlgoConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
 
@@ -142,6 +236,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         parts = key.strip().split(".")
         node = data
         for p in parts[:-1]:
+            if isinstance(node.get(p), str):  # a variant given by name, now given a parameter
+                node[p] = {"name": node[p]}
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {p!r} is not a section")
@@ -149,16 +245,26 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+_VARIANTS = {m.model_fields["name"].default: m for m in (PPOObjective, FourBoundObjective, CISPOObjective,
+                                                           UnifiedObjective)}
+
+
 def _explain(err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
+    loc = [str(p) for p in e["loc"] if not isinstance(p, int)]
     if e["type"] == "extra_forbidden":
         section: type[BaseModel] = RunConfig
-        for p in e["loc"][:-1]:
-            section = section.model_fields[str(p)].annotation  # type: ignore[assignment]
+        path = []
+        for p in loc[:-1]:
+            if p in _VARIANTS and section is AlgoConfig.model_fields["objective"].annotation:
+                section = _VARIANTS[p]
+                continue
+            path.append(p)
+            section = section.model_fields[p].annotation  # type: ignore[assignment]
+        key = ".".join([*path, loc[-1]])
         known = ", ".join(section.model_fields)
-        return f"unknown config key {loc!r}; known keys here: {known}"
-    return f"config key {loc!r}: {e['msg']}"
+        return f"unknown config key {key!r}; known keys here: {known}"
+    return f"config key {'.'.join(p for p in loc if p not in _VARIANTS)!r}: {e['msg']}"
 
 
 def validate(data: dict, overrides: list[str] | None = None) -> RunConfig:

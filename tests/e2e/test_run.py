@@ -47,7 +47,7 @@ def test_ledger_balances(tiny_run):
     for e in ledger:
         assert e["dispatched"] == cfg.rl.tasks_per_step * cfg.rl.group_size
         assert e["dispatched"] == e["finished"] + e["infra_failed"]
-        assert e["finished"] == e["no_contrast_filtered"] + e["retained"]
+        assert e["finished"] == e["no_contrast_filtered"] + e["penalty_rejected"] + e["retained"]
 
 
 def test_parameters_changed_and_checkpoint_is_a_hf_model(tiny_run):
@@ -90,3 +90,26 @@ def test_resume_continues_from_the_last_checkpoint(tiny_run, tmp_path):
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["rl_steps"] == 3
     assert (copy / "checkpoints" / "step-0003").is_dir()
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["algo.objective=four_bound", "algo.objective.entropy_band=[5.0, 6.0]", "algo.rollout_correction=token"],
+     ("clip_pos_high", "clip_neg_low", "bound_pos_high", "correction_capped_frac")),
+    (["algo.objective=cispo", "algo.aggregation=prompt-mean", "algo.length.enabled=true",
+      "algo.penalties=[{rule = 'tool_call', strategy = 'adv_signed'}]"],
+     ("clipfrac", "penalty_tool_call_segments", "length_deduction_sum")),
+])
+def test_other_objectives_train_from_the_sft_checkpoint(tiny_run, tmp_path, overrides, expect):
+    out, _, _ = tiny_run
+    sft = out / "checkpoints" / "step-0000"
+    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={tmp_path / 'run'}", f"model.name={sft}", "sft.demos=0",
+                                                       "rl.steps=2", "rl.tasks_per_step=6", *overrides])
+    summary = run(cfg, progress=False)
+    steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+    trained = [r for r in steps if r["retained_rows"]]
+    assert trained, "no group had contrast in 2 steps of 6 tasks × 4 sequences"
+    assert summary["policy_version"] == len(trained)
+    for r in trained:
+        assert all(k in r for k in expect), sorted(r)
+    if "bound_pos_high" in expect:  # entropy far below the band: positive interval widens
+        assert trained[0]["bound_pos_high"] > 5.0 and trained[0]["bound_neg_high"] < 5.0

@@ -1,11 +1,11 @@
-"""Harness + session + sandbox + grouping with a scripted deterministic model."""
+"""Harness + session + sandbox with a scripted deterministic model."""
 
 import asyncio
 import random
 
 import pytest
 
-from rlonce.core.records import FailureCategory, Role, Sample, Sequence, Status
+from rlonce.core.records import FailureCategory, Role, Status
 from rlonce.engine.base import EngineError, SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.toolfind.env import ToolfindEnv
@@ -13,8 +13,6 @@ from rlonce.envs.toolfind.expert import expert_turns, optimal_calls
 from rlonce.envs.toolfind.tasks import make_task, make_tasks
 from rlonce.harness.mini_bash import HarnessLimits
 from rlonce.model.chat import get_format
-from rlonce.rollout.grouping import rows_from_samples
-from rlonce.rollout.ledger import LedgerEntry, LedgerImbalance
 from rlonce.rollout.runner import RolloutSpec, run_sequence
 
 pytestmark = pytest.mark.sandbox
@@ -79,20 +77,3 @@ def test_infrastructure_failures_are_never_scored(lm):
     assert seq.status is Status.INFRA and seq.failure is FailureCategory.ENGINE_ERROR and seq.reward is None
 
 
-def _seq(reward, status=Status.SUBMITTED):
-    from rlonce.core.records import Context, Segment
-
-    ctx = Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [3, 4], [-0.1, -0.2], [0, 0])])
-    failure = FailureCategory.SANDBOX_ERROR if status is Status.INFRA else None
-    return Sequence("t", "mini-bash", [ctx], status, failure, reward=reward)
-
-
-def test_grouping_advantages_filter_and_ledger():
-    a = Sample("a", "toolfind", 1, [_seq(1.0), _seq(0.0), _seq(0.0), _seq(None, Status.INFRA)])
-    b = Sample("b", "toolfind", 1, [_seq(1.0), _seq(1.0)])  # no contrast
-    rows, ledger = rows_from_samples([a, b], step=1)
-    e = ledger["toolfind"]
-    assert (e.dispatched, e.finished, e.infra_failed, e.no_contrast_filtered, e.retained) == (6, 5, 1, 2, 3)
-    assert [r.advantages[-1] for r in rows] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
-    with pytest.raises(LedgerImbalance):
-        LedgerEntry(1, "x", dispatched=3, finished=2, infra_failed=0).check()

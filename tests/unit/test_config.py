@@ -6,9 +6,33 @@ from rlonce.config import ConfigError, RunConfig, load_config, read_saved_config
 
 
 def test_defaults_and_overrides(tmp_path):
-    cfg = load_config(None, ["rl.steps=7", "harness.temperature=0.5", "model.name=/some/dir", "rl.clip_c=2"])
+    cfg = load_config(None, ["rl.steps=7", "harness.temperature=0.5", "model.name=/some/dir", "algo.objective.clip_c=2"])
     assert cfg.rl.steps == 7 and cfg.harness.temperature == 0.5 and cfg.model.name == "/some/dir"
-    assert cfg.rl.clip_c == 2.0
+    assert cfg.algo.objective.name == "ppo" and cfg.algo.objective.clip_c == 2.0
+
+
+def test_objective_by_name_then_its_parameters():
+    cfg = load_config(None, ["algo.objective=cispo", "algo.objective.eps_high=0.5", "algo.aggregation=prompt-mean"])
+    assert (cfg.algo.objective.name, cfg.algo.objective.eps_high, cfg.algo.objective.eps_low) == ("cispo", 0.5, 1.0)
+    assert cfg.algo.aggregation == "prompt-mean"
+    cfg = load_config(None, ["algo.objective=four_bound", "algo.objective.entropy_band=[0.3, 0.8]"])
+    assert cfg.algo.objective.entropy_band == (0.3, 0.8) and cfg.algo.objective.pos_high == 5.0
+    with pytest.raises(ConfigError, match="unknown config key 'algo.objective.clip_low'; known keys here: name, eps_low"):
+        load_config(None, ["algo.objective=cispo", "algo.objective.clip_low=0.1"])
+    with pytest.raises(ConfigError, match="'ppo', 'four_bound', 'cispo', 'unified'"):
+        load_config(None, ["algo.objective=grpo"])
+
+
+def test_penalties_from_toml(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[[algo.penalties]]\nrule = "tool_call"\nstrategy = "adv_signed"\nstrategy_params = {kappa = 3.0}\n'
+                 '[algo.length]\nenabled = true\nmetrics = ["turns", "output_tokens"]\n')
+    cfg = load_config(p)
+    assert [(x.rule, x.strategy, x.strategy_params) for x in cfg.algo.penalties] == [("tool_call", "adv_signed",
+                                                                                      {"kappa": 3.0})]
+    assert cfg.algo.length.enabled and cfg.algo.length.metrics == ["turns", "output_tokens"]
+    with pytest.raises(ConfigError, match="algo.penalties.rule"):
+        load_config(None, ["algo.penalties=[{rule = 'nope'}]"])
 
 
 def test_toml_file(tmp_path):

@@ -1,9 +1,11 @@
-"""Group-relative advantages (GRPO).
+"""Group-relative advantages (GRPO) and their broadcast over a session's outputs.
 
 ``A_i = s_i - mean(group)``; with ``norm_by_std`` divided by ``std + eps`` (unbiased std, as
 ``torch.std``). Seed 001 ("The equation only works if the history is true"): the public Code
-recipe disables std normalisation, so it is off by default here. Rows marked invalid
-(infrastructure failures) are left out of their group's statistics and get advantage 0.
+recipe disables std normalisation, so it is off by default here. Rows marked invalid (an
+infrastructure failure, an unusable grade) are left out of their group's statistics and get
+advantage exactly 0. A singleton group uses mean 0 and std 1, so its lone score is its
+advantage (nothing to compare against; dynamic filtering normally drops such groups).
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from collections.abc import Sequence
 import torch
 
 
+def _groups(group_ids_N: Sequence) -> list[list[int]]:
+    groups: dict = {}
+    for i, g in enumerate(group_ids_N):
+        groups.setdefault(g, []).append(i)
+    return list(groups.values())
+
+
 def group_advantages(scores_N: torch.Tensor, group_ids_N: Sequence, *, norm_by_std: bool = False,
                      eps: float = 1e-6, valid_N: torch.Tensor | None = None) -> torch.Tensor:
     scores_N = torch.as_tensor(scores_N, dtype=torch.float32)
@@ -20,11 +29,10 @@ def group_advantages(scores_N: torch.Tensor, group_ids_N: Sequence, *, norm_by_s
     if len(group_ids_N) != n:
         raise ValueError(f"{n} scores but {len(group_ids_N)} group ids")
     valid_N = torch.ones(n, dtype=torch.bool) if valid_N is None else torch.as_tensor(valid_N, dtype=torch.bool)
+    if not torch.isfinite(scores_N[valid_N]).all():
+        raise ValueError("a valid score is NaN or infinite; mark unusable rewards invalid with valid_N")
     adv_N = torch.zeros(n)
-    groups: dict = {}
-    for i, g in enumerate(group_ids_N):
-        groups.setdefault(g, []).append(i)
-    for idx in groups.values():
+    for idx in _groups(group_ids_N):
         idx_t = torch.tensor(idx)
         ok = idx_t[valid_N[idx_t]]
         if len(ok) == 0:
@@ -37,3 +45,20 @@ def group_advantages(scores_N: torch.Tensor, group_ids_N: Sequence, *, norm_by_s
             a = a / (std + eps)
         adv_N[ok] = a
     return adv_N
+
+
+def broadcast_session_advantages(final_scores_S: torch.Tensor, group_ids_S: Sequence, session_of_R: Sequence[int],
+                                 mask_RT: torch.Tensor, *, norm_by_std: bool = False, eps: float = 1e-6,
+                                 valid_S: torch.Tensor | None = None) -> torch.Tensor:
+    """Advantages for sessions that produced several outputs (contexts: sub-agents, compaction).
+
+    The group advantage is computed once per session from its final output's score, then every
+    output row ``r`` of session ``session_of_R[r]`` gets that advantage on its masked tokens:
+    ``A_RT[r, t] = A_S[session_of_R[r]] · mask_RT[r, t]``. Sessions, not outputs, are the group
+    members, so a session with many contexts does not count many times in the baseline.
+    """
+    adv_S = group_advantages(final_scores_S, group_ids_S, norm_by_std=norm_by_std, eps=eps, valid_N=valid_S)
+    idx_R = torch.as_tensor(list(session_of_R), dtype=torch.long)
+    if len(idx_R) != mask_RT.shape[0]:
+        raise ValueError(f"{mask_RT.shape[0]} output rows but {len(idx_R)} session indices")
+    return adv_S[idx_R][:, None] * mask_RT.float()

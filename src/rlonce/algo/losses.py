@@ -78,12 +78,19 @@ def _masked_mean(x_BT, mask_BT):
     return (x_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
 
 
+def _ratio(logprobs_BT, old_logprobs_BT, mask_BT):
+    """``π/μ`` on valid tokens, 1 elsewhere — so padding can never overflow into a NaN."""
+    return torch.exp(torch.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT)))
+
+
 def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip_low: float = 0.2,
                    clip_high: float = 0.2, clip_c: float | None = None):
-    """Clipped surrogate ``-min(r·A, clip(r, 1-clip_low, 1+clip_high)·A)``; with ``clip_c``, the
-    dual clip bounds negative-advantage tokens at ``-clip_c·A``."""
+    """PPO clip (seed 001, "The equation only works if the history is true", the public vanilla
+    loss): ``-min(r·A, clip(r, 1-clip_low, 1+clip_high)·A)``. ``clip_high > clip_low`` is DAPO's
+    clip-higher. With ``clip_c`` (dual clip) a negative-advantage token's loss is at most
+    ``-clip_c·A``, so a huge ratio cannot blow up a penalty."""
     mask_BT = mask_BT.float()
-    ratio_BT = torch.exp(logprobs_BT - old_logprobs_BT)
+    ratio_BT = _ratio(logprobs_BT, old_logprobs_BT, mask_BT)
     unclipped_BT = -advantages_BT * ratio_BT
     clipped_BT = -advantages_BT * ratio_BT.clamp(1 - clip_low, 1 + clip_high)
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
@@ -93,6 +100,8 @@ def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip
             "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT),
         }
     if clip_c is not None:
+        if clip_c <= 1:
+            raise ValueError(f"dual clip needs clip_c > 1, got {clip_c}")
         dual_BT = -advantages_BT * clip_c
         bind_BT = (advantages_BT < 0) & (loss_BT > dual_BT)
         loss_BT = torch.where(advantages_BT < 0, torch.minimum(loss_BT, dual_BT), loss_BT)
@@ -100,13 +109,91 @@ def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip
     return loss_BT * mask_BT, {k: float(v) for k, v in metrics.items()}
 
 
-OBJECTIVES: dict[str, Callable] = {"ppo": ppo_token_loss}
+def four_bound_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, pos_low: float = 0.2,
+                          pos_high: float = 5.0, neg_low: float = 0.2, neg_high: float = 5.0):
+    """MiMo's production rule (seed 001, same section): ``-sg(r)·A·log π`` with ``r = π/μ``, and a
+    token is masked when its ratio leaves the interval for its advantage sign —
+    ``[pos_low, pos_high]`` for A > 0, ``[neg_low, neg_high]`` for A < 0. These are ratio
+    intervals (both start at [0.2, 5.0]), not ``1 ± ε``. Masked tokens pass no gradient."""
+    for lo, hi, side in ((pos_low, pos_high, "positive"), (neg_low, neg_high, "negative")):
+        if not 0 <= lo < 1 < hi:
+            raise ValueError(f"four_bound {side} interval [{lo}, {hi}] must satisfy 0 <= low < 1 < high")
+    mask_BT = mask_BT.float()
+    ratio_BT = _ratio(logprobs_BT, old_logprobs_BT, mask_BT).detach()
+    pos_BT, neg_BT = advantages_BT > 0, advantages_BT < 0
+    out = {
+        "pos_low": pos_BT & (ratio_BT < pos_low), "pos_high": pos_BT & (ratio_BT > pos_high),
+        "neg_low": neg_BT & (ratio_BT < neg_low), "neg_high": neg_BT & (ratio_BT > neg_high),
+    }
+    dropped_BT = out["pos_low"] | out["pos_high"] | out["neg_low"] | out["neg_high"]
+    keep_BT = mask_BT * (~dropped_BT).float()
+    loss_BT = -ratio_BT * advantages_BT * logprobs_BT * keep_BT
+    with torch.no_grad():
+        metrics = {"clipfrac": _masked_mean(dropped_BT.float(), mask_BT),
+                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+        for name, hit_BT in out.items():
+            sign_BT = mask_BT * (pos_BT if name.startswith("pos") else neg_BT).float()
+            metrics[f"clip_{name}"] = _masked_mean(hit_BT.float(), sign_BT)
+    return loss_BT, {k: float(v) for k, v in metrics.items()}
+
+
+def _cispo_weight(ratio_BT, eps_low: float, eps_high: float):
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"CISPO needs eps_low, eps_high >= 0, got {eps_low}, {eps_high}")
+    return ratio_BT.detach().clamp(min=1 - eps_low, max=1 + eps_high)
+
+
+def cispo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float = 1.0,
+                     eps_high: float = 0.28):
+    """CISPO (MiniMax-M1 §3.1, Eq. 4–5): ``-sg(clip(r, 1-eps_low, 1+eps_high))·A·log π``. The
+    importance weight is clipped, the token is never dropped: every token keeps a gradient.
+    M1 imposes no lower bound (``eps_low`` large; 1.0 puts it at 0) and tunes only
+    ``eps_high``; 0.28 matches DAPO's clip-higher so a comparison isolates clip-the-weight
+    against drop-the-token."""
+    mask_BT = mask_BT.float()
+    ratio_BT = _ratio(logprobs_BT, old_logprobs_BT, mask_BT)
+    w_BT = _cispo_weight(ratio_BT, eps_low, eps_high)
+    loss_BT = -w_BT * advantages_BT * logprobs_BT * mask_BT
+    with torch.no_grad():
+        clipped_BT = (ratio_BT < 1 - eps_low) | (ratio_BT > 1 + eps_high)
+        metrics = {"clipfrac": _masked_mean(clipped_BT.float(), mask_BT),
+                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+    return loss_BT, {k: float(v) for k, v in metrics.items()}
+
+
+def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float = 1.0,
+                       eps_high: float = 0.28, mask_low: float = 0.2, mask_high: float = 0.28):
+    """M1's unified form (Eq. 6–7): CISPO times a token mask ``M`` that is 0 where
+    ``A > 0 and r > 1 + mask_high`` or ``A < 0 and r < 1 - mask_low`` (the PPO trust region)."""
+    mask_BT = mask_BT.float()
+    ratio_BT = _ratio(logprobs_BT, old_logprobs_BT, mask_BT)
+    w_BT = _cispo_weight(ratio_BT, eps_low, eps_high)
+    with torch.no_grad():
+        out_BT = ((advantages_BT > 0) & (ratio_BT > 1 + mask_high)) | ((advantages_BT < 0) & (ratio_BT < 1 - mask_low))
+    keep_BT = mask_BT * (~out_BT).float()
+    loss_BT = -w_BT * advantages_BT * logprobs_BT * keep_BT
+    with torch.no_grad():
+        clipped_BT = (ratio_BT < 1 - eps_low) | (ratio_BT > 1 + eps_high)
+        metrics = {"clipfrac": _masked_mean(out_BT.float(), mask_BT),
+                   "weight_clipfrac": _masked_mean(clipped_BT.float(), mask_BT),
+                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+    return loss_BT, {k: float(v) for k, v in metrics.items()}
+
+
+OBJECTIVES: dict[str, Callable] = {
+    "ppo": ppo_token_loss,
+    "four_bound": four_bound_token_loss,
+    "cispo": cispo_token_loss,
+    "unified": unified_token_loss,
+}
 
 
 def policy_loss(name: str, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, agg: str = "token-mean",
                 group_ids_B: Sequence | None = None, weights_BT: torch.Tensor | None = None, **params):
     """Objective ``name`` per token, then aggregated. ``weights_BT`` overrides ``agg`` with
-    precomputed aggregation weights (used for micro-batches of a larger mini-batch)."""
+    precomputed aggregation weights (used for micro-batches of a larger mini-batch, and to fold
+    in rollout-correction weights). Returns ``(loss, metrics)``; every metric is a share or a
+    mean over valid tokens."""
     try:
         objective = OBJECTIVES[name]
     except KeyError:

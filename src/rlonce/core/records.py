@@ -108,6 +108,10 @@ class Sequence:
     answer: str | None = None
     turns: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    """Measurements, and the optional grader outputs the learning signal reads: ``grs_solution``,
+    ``grs_behavior`` (rubric scores in [0, 1]) and ``gar_quality`` (GAR quality factor f)."""
+    hack_confirmed: bool = False
+    """A grader confirmed this sequence obtained its reward by a hack; its reward becomes 0."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):

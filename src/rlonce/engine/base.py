@@ -20,6 +20,10 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     """Per-request seed; when set, the draw does not depend on which other requests share the batch."""
+    stop_confident_run: int = 0
+    """Stop rule (MiniMax-M1 §4): end the turn with finish reason 'repetition' once this many
+    consecutive tokens were each sampled with probability > ``confident_p``. 0 disables it."""
+    confident_p: float = 0.99
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -30,6 +34,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (0 disables it)")
+        if self.stop_confident_run < 0 or not 0 < self.confident_p < 1:
+            raise ValueError("stop_confident_run must be >= 0 and confident_p in (0, 1)")
 
 
 @dataclass
@@ -38,7 +44,8 @@ class Generation:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
-    """'stop' (end-of-turn token, included in token_ids), 'length' or 'abort' (engine paused)."""
+    """'stop' (end-of-turn token, included in token_ids), 'length', 'repetition' (the
+    confident-run stop rule) or 'abort' (engine paused)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import queue
 import threading
 import time
@@ -151,6 +152,9 @@ class TorchEngine:
         topk_B = torch.tensor([r.sampling.top_k for r in wave])
         topp_B = torch.tensor([r.sampling.top_p for r in wave])
         max_new_B = torch.tensor([r.sampling.max_tokens for r in wave])
+        run_limit = [r.sampling.stop_confident_run for r in wave]
+        run_thr = [math.log(r.sampling.confident_p) for r in wave]
+        runs = [0] * B
         gens = [torch.Generator().manual_seed(r.sampling.seed) if r.sampling.seed is not None else None
                 for r in wave]
 
@@ -182,8 +186,11 @@ class TorchEngine:
                 tokens[i].append(t)
                 logps[i].append(float(lp_A[j]))
                 next_R[r] = t
+                runs[i] = runs[i] + 1 if logps[i][-1] > run_thr[i] else 0
                 if bool((self.eos == t).any()):
                     reasons[i] = "stop"
+                elif run_limit[i] and runs[i] >= run_limit[i]:
+                    reasons[i] = "repetition"
                 elif len(tokens[i]) >= int(max_new_B[i]):
                     reasons[i] = "length"
                 elif self._paused.is_set():

@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rlonce.config import RunConfig, save_config
+from rlonce.algo.correction import EntropyBoundController
+from rlonce.algo.penalties import PenaltySpec
+from rlonce.algo.signal import LengthShaping, SignalSettings, learning_signal
+from rlonce.config import AlgoConfig, RunConfig, save_config
 from rlonce.core.records import Status, sequence_to_rows
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
@@ -34,7 +37,6 @@ from rlonce.envs.toolfind.tasks import make_task
 from rlonce.harness.mini_bash import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
-from rlonce.rollout.grouping import rows_from_samples
 from rlonce.rollout.runner import RolloutSpec, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
@@ -55,6 +57,38 @@ class RunState:
     version: int = 0
     baseline_success: float | None = None
     wall_seconds_before: float = 0.0
+    bounds: dict | None = None
+    """State of the entropy-driven four-bound controller, when one is configured."""
+
+
+def signal_settings(algo: AlgoConfig) -> SignalSettings:
+    """The rollout-side half of ``algo``: shaping, filtering, penalties."""
+    length = None
+    if algo.length.enabled:
+        L = algo.length
+        length = LengthShaping(tuple(L.metrics), L.max_penalty, L.deadzone, L.saturation, L.exponent,
+                               L.anchor_quantile, L.pass_rate_gate, L.combine)
+    return SignalSettings(
+        norm_by_std=algo.norm_by_std, filter_no_contrast=algo.filter_no_contrast,
+        zero_hacks=algo.zero_confirmed_hacks, grs=algo.grs, gar=algo.gar, gar_lambda_max=algo.gar_lambda_max,
+        length=length,
+        penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
+                   for p in algo.penalties],
+    )
+
+
+def objective_params(algo: AlgoConfig) -> dict:
+    """The objective's own parameters (everything in its table but its name and controller knobs)."""
+    return algo.objective.model_dump(exclude={"name", "entropy_band", "entropy_step"})
+
+
+def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:
+    obj = algo.objective
+    band = getattr(obj, "entropy_band", None)
+    if band is None:
+        return None
+    return EntropyBoundController(band[0], band[1], obj.entropy_step, obj.pos_low, obj.pos_high,
+                                  obj.neg_low, obj.neg_high)
 
 
 class Job:
@@ -77,10 +111,15 @@ class Job:
         h = cfg.harness
         self.spec = RolloutSpec(
             self.lm.encode, self.lm.decode, self.fmt,
-            SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k),
+            SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
+                           stop_confident_run=cfg.algo.stop_confident_run),
             HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools),
             max_context=h.max_context,
         )
+        self.signal = signal_settings(cfg.algo)
+        self.controller = bound_controller(cfg.algo)
+        if self.controller is not None and self.state.bounds:
+            self.controller.load_state_dict(self.state.bounds)
         r = cfg.rl
         self.rl_trainer = Trainer(self.lm.model, OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps,
                                                                weight_decay=r.weight_decay,
@@ -191,16 +230,23 @@ class Job:
                                       dispatch_step=step, concurrency=cfg.rl.concurrency, desc=f"rollout {step}",
                                       progress=self.progress))
         t_roll = time.perf_counter() - t0
-        rows, ledger = rows_from_samples(samples, step, norm_by_std=cfg.rl.norm_by_std,
-                                         filter_no_contrast=cfg.rl.filter_no_contrast)
+        rows, ledger, signal_m = learning_signal(samples, step, self.signal, decode=self.lm.decode)
         lags = [st.version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m]
         self._threads("train")
         t1 = time.perf_counter()
         train_m: dict = {}
         if rows:
-            train_m = self.rl_trainer.rl_step(rows, objective=cfg.rl.objective, agg=cfg.rl.loss_agg,
+            a = cfg.algo
+            params = objective_params(a)
+            if self.controller is not None:
+                params.update(self.controller.bounds())
+            train_m = self.rl_trainer.rl_step(rows, objective=a.objective.name, agg=a.aggregation,
                                               minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
-                                              clip_low=cfg.rl.clip_low, clip_high=cfg.rl.clip_high, clip_c=cfg.rl.clip_c)
+                                              correction=a.rollout_correction, correction_cap=a.correction_cap,
+                                              **params)
+            if self.controller is not None:
+                train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
+                st.bounds = self.controller.state_dict()
             st.version += 1
             self.engine.load_weights(self.lm.model.state_dict(), st.version)
         t_train = time.perf_counter() - t1
@@ -222,6 +268,7 @@ class Job:
             "retained_rows": len(rows),
             "version": st.version,
             "version_lag_max": max(lags) if lags else 0,
+            **signal_m,
             **train_m,
         }
         for e in ledger.values():

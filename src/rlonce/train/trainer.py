@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlonce.algo.correction import rollout_correction
 from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
 
@@ -136,9 +137,18 @@ class Trainer:
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
     def rl_step(self, rows: list[TrainingRow], *, objective: str = "ppo", agg: str = "token-mean",
-                minibatches: int = 1, seed: int = 0, **params) -> dict[str, float]:
-        """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``."""
+                minibatches: int = 1, seed: int = 0, correction: str = "none", correction_cap: float = 2.0,
+                **params) -> dict[str, float]:
+        """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``.
+
+        The ratio's denominator is the rollout log-prob. With ``correction`` ('token' or
+        'sequence'), the trainer first recomputes every row's log-probs under the weights it
+        holds before the update (π_old) and multiplies each token's loss by the truncated IS
+        weight ``min(π_old/μ, correction_cap)`` (``rlonce.algo.rollout_correction``); the ratio is
+        then taken against π_old. Metrics are token-weighted means over the step.
+        """
         self.model.train()
+        old_lp = self._recompute(rows) if correction != "none" else None
         order = list(range(len(rows)))
         random.Random(seed).shuffle(order)
         splits = [order[k::minibatches] for k in range(minibatches)]
@@ -149,18 +159,26 @@ class Trainer:
             full = pad_rows(mb)
             w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids) * full.weight_B[:, None]
             ntok = float(full.mask_BT.sum())
-            stats = {"loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0}
+            stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
             for idx in self._micro_batches(mb):
                 b = pad_rows([mb[i] for i in idx])
                 lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True)
                 w = _slice_weights(w_BT, idx, lp_BT.shape[1])
-                loss, m = policy_loss(objective, lp_BT, b.old_lp_BT, b.adv_BT, b.mask_BT, weights_BT=w, **params)
+                denom_BT = b.old_lp_BT
+                if old_lp is not None:
+                    denom_BT = _pad_like(b.mask_BT, [old_lp[split[i]] for i in idx])
+                    corr_BT, cm = rollout_correction(denom_BT, b.old_lp_BT, b.mask_BT, mode=correction,
+                                                     cap=correction_cap)
+                    w = w * corr_BT
+                else:
+                    cm = {}
+                loss, m = policy_loss(objective, lp_BT, denom_BT, b.adv_BT, b.mask_BT, weights_BT=w, **params)
                 loss.backward()
                 share = float(b.mask_BT.sum()) / max(ntok, 1.0)
                 stats["loss"] += float(loss.detach())
                 stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
-                stats["clipfrac"] += m["clipfrac"] * share
-                stats["ppo_kl"] += m["ppo_kl"] * share
+                for k, v in {**m, **cm}.items():
+                    stats[k] = stats.get(k, 0.0) + v * share
             stats["grad_norm"] = self._optimizer_step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -170,6 +188,17 @@ class Trainer:
         out["trained_tokens"] = float(sum(sum(r.loss_mask) for r in rows))
         return out
 
+    @torch.no_grad()
+    def _recompute(self, rows: list[TrainingRow]) -> list[torch.Tensor]:
+        """Per row, the log-prob of each next token under the current weights (length len-1)."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+        for idx in self._micro_batches(rows):
+            b = pad_rows([rows[i] for i in idx])
+            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature)
+            for j, i in enumerate(idx):
+                out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
+        return out
+
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "step": self.step}
@@ -177,6 +206,13 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
+
+
+def _pad_like(mask_BT: torch.Tensor, rows_T: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros_like(mask_BT)
+    for b, r in enumerate(rows_T):
+        out[b, : len(r)] = r
+    return out
 
 
 def _slice_weights(w_BT: torch.Tensor, idx: list[int], T: int) -> torch.Tensor:

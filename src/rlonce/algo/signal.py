@@ -1,0 +1,184 @@
+"""The order of operations that turns graded Samples into TrainingRows — written once, here.
+
+Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one GRPO group):
+
+ 0. penalty rules detect on every model segment (flags written onto the segments)
+ 1. infrastructure failures leave the group: never scored, never in its statistics
+ 2. confirmed hacks → reward 0                          (before any group statistic)
+ 3. GRS: reward = R_test · S_sol · S_beh                (rubric scores; fallback R_test)
+ 4. length shaping: deduction on passing rows            (gate on the group's pass rate)
+ 5. dynamic filtering on the shaped scores               (no contrast → whole group dropped)
+ 6. group-relative advantages (optional std normalisation)
+ 7. GAR redistribution among passing rows                (quality factors; fallback: unchanged)
+ 8. broadcast to tokens: each context of a sequence becomes a row, the sequence's advantage
+    on its model tokens only
+ 9. penalty strategies on flagged tokens: row strategies (mask, adv_set, adv_reduction) in the
+    order configured, then the group strategy (adv_signed) over the group's rows
+10. escalation: rows without surviving model tokens are dropped; a sequence with none left has
+    zero advantage; a sample with none left is rejected
+
+Every drop and rewrite is counted in the step's ledger, whose sums are checked.
+Trainer-side corrections (rollout correction, the objective, aggregation) come after this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from rlonce.algo import penalties
+from rlonce.algo.advantages import group_advantages
+from rlonce.algo.shaping import gar_redistribute, grs_reward, keep_groups, length_penalty, zero_confirmed_hacks
+from rlonce.core.ledger import LedgerEntry
+from rlonce.core.records import Sample, Sequence, TrainingRow, sequence_to_rows
+
+
+@dataclass
+class LengthShaping:
+    metrics: tuple[str, ...] = ("output_tokens",)
+    """Any of 'turns', 'input_tokens' (observations and prompts), 'output_tokens' (model tokens)."""
+    max_penalty: float = 0.2
+    deadzone: float = 0.0
+    saturation: float = 1.0
+    exponent: float = 1.5
+    anchor_quantile: float = 0.3
+    pass_rate_gate: float = 0.5
+    combine: str = "max"
+
+
+@dataclass
+class SignalSettings:
+    norm_by_std: bool = False
+    filter_no_contrast: bool = True
+    zero_hacks: bool = True
+    grs: bool = False
+    gar: bool = False
+    gar_lambda_max: float = 2.0
+    length: LengthShaping | None = None
+    penalties: list[penalties.PenaltySpec] = field(default_factory=list)
+
+
+def length_metric(seq: Sequence, name: str) -> float:
+    ctx_tokens = sum(len(c) for c in seq.contexts)
+    out_tokens = sum(c.model_tokens() for c in seq.contexts)
+    table = {"turns": float(seq.turns), "output_tokens": float(out_tokens),
+             "input_tokens": float(ctx_tokens - out_tokens)}
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown length metric {name!r}; known: {sorted(table)}") from None
+
+
+def _metric_or(seq: Sequence, key: str, default: float) -> float:
+    v = seq.metrics.get(key)
+    return default if v is None or not math.isfinite(v) else float(v)
+
+
+def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, stats: dict):
+    """Steps 2–4 over the valid sequences of one group: returns shaped scores and pass flags."""
+    raw = torch.tensor([float(s.reward) for s in seqs])
+    passed = torch.tensor([s.success for s in seqs], dtype=torch.bool)
+    if settings.zero_hacks:
+        hacks = torch.tensor([s.hack_confirmed for s in seqs], dtype=torch.bool)
+        raw, n = zero_confirmed_hacks(raw, hacks)
+        passed &= ~hacks
+        entry.hack_zeroed += n
+    scores = raw
+    if settings.grs:
+        sol = torch.tensor([_metric_or(s, "grs_solution", 1.0) for s in seqs])
+        beh = torch.tensor([_metric_or(s, "grs_behavior", 1.0) for s in seqs])
+        stats["grs_fallback"] += sum("grs_solution" not in s.metrics or "grs_behavior" not in s.metrics
+                                     for s, p in zip(seqs, passed) if p)
+        scores = grs_reward(scores, sol, beh)
+    if settings.length is not None and len(seqs) > 0:
+        ls = settings.length
+        lengths = {m: torch.tensor([length_metric(s, m) for s in seqs]) for m in ls.metrics}
+        ded = length_penalty(lengths, passed, max_penalty=ls.max_penalty, deadzone=ls.deadzone,
+                             saturation=ls.saturation, exponent=ls.exponent, anchor_quantile=ls.anchor_quantile,
+                             pass_rate_gate=ls.pass_rate_gate, combine=ls.combine)
+        entry.length_penalized += int((ded > 0).sum())
+        stats["length_deduction_sum"] += float(ded.sum())
+        scores = scores - ded
+    return scores, passed
+
+
+def _apply_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]], settings: SignalSettings,
+                      stats: dict) -> None:
+    """Step 9 on one group's rows, in place."""
+    for row, row_flags in zip(rows, flags):
+        adv_T = torch.tensor(row.advantages, dtype=torch.float64)
+        mask_T = torch.tensor(row.loss_mask, dtype=torch.bool)
+        for spec in settings.penalties:
+            fn = penalties.ROW_STRATEGIES.get(spec.strategy)
+            if fn is not None:
+                adv_T, mask_T = fn(adv_T, mask_T, torch.tensor(row_flags[spec.rule]) & mask_T,
+                                   **spec.strategy_params)
+        row.loss_mask = [int(m) for m in mask_T.tolist()]
+        row.advantages = [a if m else 0.0 for a, m in zip(adv_T.tolist(), row.loss_mask)]
+    for spec in settings.penalties:
+        fn = penalties.GROUP_STRATEGIES.get(spec.strategy)
+        if fn is None or not rows:
+            continue
+        lens = [len(r) for r in rows]
+        adv = torch.tensor([a for r in rows for a in r.advantages], dtype=torch.float64)
+        live = torch.tensor([m for r in rows for m in r.loss_mask], dtype=torch.bool)
+        hit = torch.tensor([f for rf in flags for f in rf[spec.rule]], dtype=torch.bool) & live
+        new, m = fn(adv, hit, **spec.strategy_params)
+        stats["rebalance_clamped"] += int(m["alpha_clamped"] or m["beta_clamped"])
+        stats["rebalance_groups"] += int(bool(hit.any()))
+        for r, chunk in zip(rows, torch.split(new, lens)):
+            r.advantages = chunk.tolist()
+
+
+def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, *, decode=None
+                    ) -> tuple[list[TrainingRow], dict[str, LedgerEntry], dict[str, float]]:
+    """Rows to train on, the ledger per source, and step metrics (see the module docstring)."""
+    stats: dict[str, float] = {k: 0 for k in ("grs_fallback", "length_deduction_sum", "gar_groups",
+                                              "rebalance_clamped", "rebalance_groups")}
+    stats.update(penalties.detect(samples, settings.penalties, decode))
+    ledger: dict[str, LedgerEntry] = {}
+    out: list[TrainingRow] = []
+    for sample in samples:
+        entry = ledger.setdefault(sample.source, LedgerEntry(step, sample.source))
+        seqs = [s for s in sample.sequences if not s.infra_failed]
+        entry.dispatched += len(sample.sequences)
+        entry.infra_failed += len(sample.sequences) - len(seqs)
+        entry.finished += len(seqs)
+        if not seqs:
+            continue
+        gid = [sample.group_id] * len(seqs)
+        scores, passed = _scores(seqs, settings, entry, stats)
+        if settings.filter_no_contrast and not keep_groups(scores, gid, torch.zeros(len(seqs), dtype=torch.bool)).any():
+            entry.no_contrast_filtered += len(seqs)
+            continue
+        adv = group_advantages(scores, gid, norm_by_std=settings.norm_by_std)
+        if settings.gar:
+            quality = torch.tensor([_metric_or(s, "gar_quality", float("nan")) for s in seqs])
+            new = gar_redistribute(adv, passed, quality, lambda_max=settings.gar_lambda_max)
+            stats["gar_groups"] += int(not torch.equal(new, adv))
+            adv = new
+        rows: list[TrainingRow] = []
+        flags: list[dict[str, list[bool]]] = []
+        owner: list[int] = []
+        for i, (seq, a) in enumerate(zip(seqs, adv.tolist())):
+            seq_rows = sequence_to_rows(seq, a, group_id=sample.group_id)
+            per_rule = {spec.rule: penalties.flagged_tokens(seq, spec.rule) for spec in settings.penalties}
+            for c, row in enumerate(seq_rows):
+                rows.append(row)
+                flags.append({rule: f[c] for rule, f in per_rule.items()})
+                owner.append(i)
+        _apply_strategies(rows, flags, settings, stats)
+        alive = [sum(r.loss_mask) > 0 for r in rows]
+        entry.contexts_dropped += alive.count(False)
+        survivors = {owner[k] for k, ok in enumerate(alive) if ok}
+        if not survivors:
+            entry.penalty_rejected += len(seqs)
+            continue
+        entry.zero_advantage += len(seqs) - len(survivors)
+        entry.retained += len(seqs)
+        out += [r for r, ok in zip(rows, alive) if ok]
+    for e in ledger.values():
+        e.check()
+    return out, ledger, stats

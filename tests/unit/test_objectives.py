@@ -1,0 +1,103 @@
+"""Hand-computed values and gradients for every objective, rollout correction and the bound controller."""
+
+import math
+
+import pytest
+import torch
+
+from rlonce.algo import EntropyBoundController, policy_loss, rollout_correction
+
+
+def _grad(name, ratios, adv, mask=None, **params):
+    """Loss and d loss / d log π for one row whose rollout log-probs are log(0.5)."""
+    old = torch.full((1, len(ratios)), math.log(0.5))
+    lp = (old + torch.log(torch.tensor([ratios]))).clone().requires_grad_()
+    mask = torch.ones(1, len(ratios)) if mask is None else torch.tensor([mask], dtype=torch.float32)
+    loss, m = policy_loss(name, lp, old, torch.tensor([adv]), mask, **params)
+    loss.backward()
+    return loss.detach(), lp.grad[0], m, lp.detach()[0]
+
+
+def test_cispo_clips_the_weight_and_keeps_every_token():
+    # ratios 3.0 (above 1+0.28), 1.1, 0.5 (no lower bound with eps_low = 1): token-mean over 3
+    loss, g, m, lp = _grad("cispo", [3.0, 1.1, 0.5], [1.0, -2.0, 1.0], eps_low=1.0, eps_high=0.28)
+    w = torch.tensor([1.28, 1.1, 0.5])
+    a = torch.tensor([1.0, -2.0, 1.0])
+    assert float(loss) == pytest.approx(float(-(w * a * lp).sum() / 3), rel=1e-6)
+    # d/d log π of -w·A·log π / 3 = -w·A/3 — the ratio-3 token still gets gradient 1.28/3
+    assert g.tolist() == pytest.approx((-w * a / 3).tolist(), rel=1e-6)
+    assert m["clipfrac"] == pytest.approx(1 / 3)
+    # a finite lower bound clips low ratios too
+    _, g, m, _ = _grad("cispo", [3.0, 1.1, 0.5], [1.0, -2.0, 1.0], eps_low=0.2, eps_high=0.28)
+    assert g.tolist() == pytest.approx([-1.28 / 3, 2 * 1.1 / 3, -0.8 / 3], rel=1e-6)
+    assert m["clipfrac"] == pytest.approx(2 / 3)
+
+
+def test_four_bound_masks_out_of_interval_tokens_per_sign():
+    ratios = [6.0, 0.1, 2.0, 6.0, 0.1, 0.7]
+    adv = [1.0, 1.0, 1.0, -1.0, -1.0, -1.0]
+    loss, g, m, lp = _grad("four_bound", ratios, adv, pos_low=0.2, pos_high=5.0, neg_low=0.2, neg_high=5.0)
+    # kept: token 2 (A>0, r=2) and token 5 (A<0, r=0.7); loss -sg(r)·A·log π, token-mean over 6 valid
+    assert float(loss) == pytest.approx(float(-(2.0 * lp[2]) + 0.7 * lp[5]) / 6, rel=1e-6)
+    assert g.tolist() == pytest.approx([0, 0, -2.0 / 6, 0, 0, 0.7 / 6], abs=1e-7)
+    assert (m["clip_pos_high"], m["clip_pos_low"], m["clip_neg_high"], m["clip_neg_low"]) == pytest.approx(
+        (1 / 3, 1 / 3, 1 / 3, 1 / 3))
+    assert m["clipfrac"] == pytest.approx(4 / 6)
+    # asymmetric intervals: [0.5, 1.5] for positives drops token 2 as well
+    _, g, m, _ = _grad("four_bound", ratios, adv, pos_low=0.5, pos_high=1.5, neg_low=0.2, neg_high=5.0)
+    assert g[2] == 0 and m["clip_pos_high"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="interval"):
+        _grad("four_bound", ratios, adv, pos_low=1.2)
+
+
+def test_unified_is_cispo_with_the_trust_region_mask():
+    ratios, adv = [1.5, 1.5, 0.7, 0.7], [1.0, -1.0, 1.0, -1.0]
+    _, g, m, _ = _grad("unified", ratios, adv, eps_low=1.0, eps_high=0.28, mask_low=0.2, mask_high=0.28)
+    # M = 0 for (A>0, r=1.5 > 1.28) and (A<0, r=0.7 < 0.8); others keep the clipped weight
+    assert g.tolist() == pytest.approx([0.0, 1.28 / 4, -0.7 / 4, 0.0], abs=1e-7)
+    assert m["clipfrac"] == pytest.approx(2 / 4) and m["weight_clipfrac"] == pytest.approx(2 / 4)
+
+
+def test_ppo_gradient_zero_on_clipped_tokens_and_masked_positions():
+    _, g, _, _ = _grad("ppo", [1.5, 1.1, 0.5, 0.9], [1.0, 1.0, -1.0, -1.0], mask=[1, 1, 1, 0],
+                       clip_low=0.2, clip_high=0.2)
+    # token 0: r > 1.2 with A > 0 → clipped, no gradient; token 2: r < 0.8 with A < 0 → clipped
+    # token 1: d(-A·r)/d log π = -r·A / 3; token 3 masked
+    assert g.tolist() == pytest.approx([0.0, -1.1 / 3, 0.0, 0.0], abs=1e-7)
+
+
+@pytest.mark.parametrize("name", ["ppo", "four_bound", "cispo", "unified"])
+def test_every_objective_descends_the_right_way(name):
+    _, g, _, _ = _grad(name, [1.0, 1.0], [1.0, -1.0])
+    assert g[0] < 0 < g[1]
+
+
+def test_rollout_correction_token_and_sequence():
+    old = torch.log(torch.tensor([[0.5, 0.9, 0.2], [0.4, 0.4, 0.4]]))
+    roll = torch.log(torch.tensor([[0.25, 0.9, 0.4], [0.1, 0.4, 0.4]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    w, m = rollout_correction(old, roll, mask, mode="token", cap=3.0)
+    assert w.flatten().tolist() == pytest.approx([2.0, 1.0, 0.5, 3.0, 1.0, 0.0], rel=1e-5)  # 4.0 capped at 3
+    assert m["correction_capped_frac"] == pytest.approx(1 / 5)
+    assert m["correction_weight_mean"] == pytest.approx(7.5 / 5, rel=1e-5)
+    w, m = rollout_correction(old, roll, mask, mode="sequence", cap=3.0)
+    # row 0: 2·1·0.5 = 1; row 1: 4·1 = 4 → capped at 3
+    assert w.flatten().tolist() == pytest.approx([1.0, 1.0, 1.0, 3.0, 3.0, 0.0], rel=1e-5)
+    assert m["correction_capped_frac"] == pytest.approx(1 / 2)
+    with pytest.raises(ValueError, match="unknown rollout correction"):
+        rollout_correction(old, roll, mask, mode="nope")
+
+
+def test_entropy_controller_moves_bounds_and_checkpoints():
+    c = EntropyBoundController(0.5, 1.0, step=0.25)
+    assert c.update(0.7) == {"pos_low": 0.2, "pos_high": 5.0, "neg_low": 0.2, "neg_high": 5.0}
+    b = c.update(0.1)  # too low: positive interval widens, negative narrows
+    assert b == pytest.approx({"pos_low": 0.16, "pos_high": 6.25, "neg_low": 0.25, "neg_high": 4.0})
+    for _ in range(50):
+        b = c.update(0.1)
+    assert b == pytest.approx({"pos_low": 0.05, "pos_high": 20.0, "neg_low": 0.9, "neg_high": 1.1})  # limits
+    saved = c.state_dict()
+    c2 = EntropyBoundController(0.5, 1.0)
+    c2.load_state_dict(saved)
+    assert c2.update(2.0) == c.update(2.0)  # too high: the opposite move, identically after a reload
+    assert c2.pos_high < 20.0 and c2.neg_high > 1.1

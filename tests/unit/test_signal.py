@@ -1,0 +1,117 @@
+"""The order of operations, end to end on hand-built Samples: scores → filter → advantages → rows → penalties."""
+
+import pytest
+
+from rlonce.algo import LengthShaping, PenaltySpec, SignalSettings, learning_signal
+from rlonce.core.ledger import LedgerEntry, LedgerImbalance
+from rlonce.core.records import Context, FailureCategory, Role, Sample, Segment, Sequence, Status
+
+
+def _seq(reward, status=Status.SUBMITTED, *, model_turns=1, tokens=2, flags=None, **kw):
+    segs = [Segment(Role.PROMPT, [1, 2])]
+    for k in range(model_turns):
+        segs.append(Segment(Role.MODEL, [3 + k] * tokens, [-0.1] * tokens, [0] * tokens,
+                            flags=dict(flags or {}) if k == model_turns - 1 else {}))
+        segs.append(Segment(Role.OBSERVATION, [9]))
+    failure = FailureCategory.SANDBOX_ERROR if status is Status.INFRA else None
+    return Sequence("t", "mini-bash", [Context(segs)], status, failure, reward=reward, turns=model_turns, **kw)
+
+
+def test_advantages_filter_and_ledger():
+    a = Sample("a", "toolfind", 1, [_seq(1.0), _seq(0.0), _seq(0.0), _seq(None, Status.INFRA)])
+    b = Sample("b", "toolfind", 1, [_seq(1.0), _seq(1.0)])  # no contrast
+    rows, ledger, _ = learning_signal([a, b], 1, SignalSettings())
+    e = ledger["toolfind"]
+    assert (e.dispatched, e.finished, e.infra_failed, e.no_contrast_filtered, e.retained) == (6, 5, 1, 2, 3)
+    assert [r.advantages[3] for r in rows] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert all(r.advantages[:2] == [0.0, 0.0] and r.advantages[4] == 0.0 for r in rows)  # prompt tokens carry no signal
+    with pytest.raises(LedgerImbalance):
+        LedgerEntry(1, "x", dispatched=3, finished=2, infra_failed=0).check()
+
+
+def test_hack_zeroed_before_statistics_and_counted():
+    s = Sample("a", "code", 3, [_seq(1.0, hack_confirmed=True), _seq(1.0), _seq(0.0)])
+    rows, ledger, _ = learning_signal([s], 3, SignalSettings())
+    assert [r.advantages[3] for r in rows] == pytest.approx([-1 / 3, 2 / 3, -1 / 3])
+    assert ledger["code"].hack_zeroed == 1
+    # all-pass group made of one hack and one clean pass gains contrast only through the zeroing
+    s = Sample("b", "code", 3, [_seq(1.0, hack_confirmed=True), _seq(1.0)])
+    rows, ledger, _ = learning_signal([s], 3, SignalSettings(zero_hacks=False))
+    assert rows == [] and ledger["code"].no_contrast_filtered == 2
+
+
+def test_length_shaping_gives_an_all_pass_group_contrast():
+    # all pass, output tokens (2, 2, 2, 3): anchor 2, the 3-token row has excess 0.5 → -0.0707
+    seqs = [_seq(1.0, tokens=2), _seq(1.0, tokens=2), _seq(1.0, tokens=2), _seq(1.0, tokens=3)]
+    rows, ledger, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(length=LengthShaping()))
+    d = 0.2 * 0.5 ** 1.5
+    assert ledger["s"].length_penalized == 1 and m["length_deduction_sum"] == pytest.approx(d, abs=1e-6)
+    assert [r.advantages[3] for r in rows] == pytest.approx([d / 4, d / 4, d / 4, -3 * d / 4], abs=1e-6)
+
+
+def test_grs_and_gar_read_grader_outputs_with_fallback():
+    seqs = [_seq(1.0, metrics={"grs_solution": 0.5, "grs_behavior": 1.0}), _seq(1.0), _seq(0.0)]
+    rows, _, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(grs=True))
+    assert [r.advantages[3] for r in rows] == pytest.approx([0.0, 0.5, -0.5])  # scores (0.5, 1, 0)
+    assert m["grs_fallback"] == 1  # the second pass had no rubric scores: it kept its test reward
+    seqs = [_seq(1.0, metrics={"gar_quality": 0.5}), _seq(1.0, metrics={"gar_quality": 1.0}), _seq(0.0), _seq(0.0)]
+    rows, _, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(gar=True, gar_lambda_max=10))
+    assert [r.advantages[3] for r in rows] == pytest.approx([1 / 3, 2 / 3, -0.5, -0.5])
+    assert m["gar_groups"] == 1
+
+
+def test_penalty_rules_strategies_and_escalation():
+    bad = {"malformed_tool_call": True}
+    # sample a: the flagged failing sequence has one model turn → masking drops its only context
+    a = Sample("a", "s", 1, [_seq(1.0), _seq(0.0, flags=bad)])
+    # sample b: every sequence's only model turn is flagged → nothing survives → rejected
+    b = Sample("b", "s", 1, [_seq(1.0, flags=bad), _seq(0.0, flags=bad)])
+    # sample c: two model turns, the last flagged → the context survives with the flagged turn masked
+    c = Sample("c", "s", 1, [_seq(1.0, model_turns=2, flags=bad), _seq(0.0)])
+    settings = SignalSettings(penalties=[PenaltySpec("tool_call", "mask")])
+    rows, ledger, m = learning_signal([a, b, c], 1, settings)
+    e = ledger["s"]
+    assert (e.finished, e.penalty_rejected, e.retained, e.zero_advantage, e.contexts_dropped) == (6, 2, 4, 1, 3)
+    assert m["penalty_tool_call_segments"] == 4 and m["penalty_tool_call_sequences"] == 4
+    c_row = rows[1]
+    assert c_row.loss_mask == [0, 0, 1, 1, 0, 0, 0, 0] and c_row.advantages[2:4] == [0.5, 0.5]
+    assert c_row.advantages[5:7] == [0.0, 0.0]  # masked tokens carry no advantage either
+
+
+def test_penalty_advantage_strategies():
+    bad = {"unknown_tool": True}
+    s = Sample("a", "s", 1, [_seq(1.0, model_turns=2, flags=bad), _seq(0.0, model_turns=2, flags=bad)])
+    rows, _, _ = learning_signal([s], 1, SignalSettings(
+        penalties=[PenaltySpec("tool_call", "adv_reduction", strategy_params={"amount": 0.25})]))
+    assert rows[0].advantages[2:8] == pytest.approx([0.5, 0.5, 0, 0.25, 0.25, 0])
+    assert rows[1].advantages[2:8] == pytest.approx([-0.5, -0.5, 0, -0.75, -0.75, 0])
+    rows, _, m = learning_signal([s], 1, SignalSettings(penalties=[PenaltySpec("tool_call", "adv_signed")]))
+    # positive row: flagged pair → 0, clean pair ×2 (α = 2); negative row: flagged ×κ=2, clean ×β = 0 → floor 0.5
+    assert rows[0].advantages[2:8] == pytest.approx([1.0, 1.0, 0, 0, 0, 0])
+    assert rows[1].advantages[2:8] == pytest.approx([-0.25, -0.25, 0, -1.0, -1.0, 0])
+    assert m["rebalance_groups"] == 1 and m["rebalance_clamped"] == 1
+
+
+def test_repetition_and_confident_run_rules_flag_segments():
+    rep = _seq(0.0, tokens=40)
+    rep.contexts[0].segments[1].token_ids = [5, 6, 7, 8] * 10
+    conf = _seq(1.0, tokens=5)
+    conf.contexts[0].segments[1].logprobs = [-0.001] * 5
+    s = Sample("a", "s", 1, [rep, conf])
+    specs = [PenaltySpec("repetition", rule_params={"n": 4, "min_repeats": 4}),
+             PenaltySpec("confident_run", rule_params={"run": 5})]
+    _, _, m = learning_signal([s], 1, SignalSettings(penalties=specs))
+    assert m["penalty_repetition_segments"] == 1 and m["penalty_confident_run_segments"] == 1
+    assert rep.contexts[0].segments[1].flags == {"repetition": True}
+    assert conf.contexts[0].segments[1].flags == {"confident_run": True}
+
+
+def test_garbled_rule_uses_decoded_text():
+    s = Sample("a", "s", 1, [_seq(1.0), _seq(0.0)])
+    decode = lambda ids: "\ufffd\x07x"  # noqa: E731
+    _, _, m = learning_signal([s], 1, SignalSettings(penalties=[PenaltySpec("garbled")]), decode=decode)
+    assert m["penalty_garbled_segments"] == 2
+    with pytest.raises(ValueError, match="decode"):
+        learning_signal([s], 1, SignalSettings(penalties=[PenaltySpec("garbled")]))
+    with pytest.raises(ValueError, match="unknown penalty rule"):
+        PenaltySpec("nope")
