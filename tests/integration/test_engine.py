@@ -106,3 +106,17 @@ def test_pause_aborts_the_running_wave_and_holds_new_ones(engine):
 def test_prompt_longer_than_context_is_rejected(engine):
     with pytest.raises(ValueError, match="exceeds the model's context"):
         gen_many(engine, [[1] * 1020], [SamplingParams(max_tokens=10)])
+
+
+def test_confident_run_stop_rule(engine):
+    """M1's stop rule: greedy decoding samples every token with p = 1 > 0.99, so a run limit of 5
+    ends the turn after exactly 5 tokens with finish reason "repetition"."""
+    from rlonce.algo.penalties import longest_confident_run
+
+    g, free = gen_many(engine, PROMPTS[:2], [SamplingParams(max_tokens=40, top_k=1, stop_confident_run=5),
+                                             SamplingParams(max_tokens=40, top_k=1, seed=1)])
+    assert (g.finish_reason, len(g.token_ids)) == ("repetition", 5)
+    assert longest_confident_run(g.logprobs) == len(g.token_ids)
+    assert free.finish_reason in {"stop", "length"}  # the other request of the wave is unaffected
+    with pytest.raises(ValueError, match="confident_p"):
+        SamplingParams(stop_confident_run=-1)

@@ -65,9 +65,8 @@ def signal_settings(algo: AlgoConfig) -> SignalSettings:
     """The rollout-side half of ``algo``: shaping, filtering, penalties."""
     length = None
     if algo.length.enabled:
-        L = algo.length
-        length = LengthShaping(tuple(L.metrics), L.max_penalty, L.deadzone, L.saturation, L.exponent,
-                               L.anchor_quantile, L.pass_rate_gate, L.combine)
+        fields = algo.length.model_dump(exclude={"enabled", "metrics"})
+        length = LengthShaping(metrics=tuple(algo.length.metrics), **fields)
     return SignalSettings(
         norm_by_std=algo.norm_by_std, filter_no_contrast=algo.filter_no_contrast,
         zero_hacks=algo.zero_confirmed_hacks, grs=algo.grs, gar=algo.gar, gar_lambda_max=algo.gar_lambda_max,
