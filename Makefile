@@ -45,6 +45,7 @@ test-slow: system-deps venv-dev
 
 bench: system-deps venv
 	$(PY) benchmarks/throughput/run.py --out runs/bench/throughput
+	$(PY) benchmarks/objectives/run.py --out runs/bench/objectives
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

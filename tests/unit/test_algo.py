@@ -91,3 +91,42 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
     assert scale > 1e-4
     assert (grads[0] - grads[1]).abs().max() < 1e-5 * scale  # micro-batching changes nothing
     assert (grads[0] - grads[2]).abs().max() > 1e-2 * scale  # a zero-weight row contributes nothing
+
+
+def test_trainer_rollout_correction_and_objectives_by_name(lm):
+    import copy
+
+    from rlonce.core.records import TrainingRow
+    from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
+
+    def rows(shift):
+        out = []
+        for b, n in enumerate((9, 12)):
+            ids = [(5 * b + 3 * t) % 700 + 10 for t in range(n)]
+            mask = [0, 0] + [1] * (n - 2)
+            with torch.no_grad():
+                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]), torch.ones(1, n, dtype=torch.long))[0][0].tolist()
+            out.append(TrainingRow(ids, mask, [(x - shift) * m for x, m in zip(lp, mask)],
+                                   [(1.0 - 2 * b) * m for m in mask], [0 if m else -1 for m in mask], group_id="g"))
+        return out
+
+    def grad(rs, **kw):
+        model = copy.deepcopy(lm.model)
+        tr = Trainer(model, OptimSettings(lr=0.0))
+        tr.optimizer.step = lambda: None
+        tr.optimizer.zero_grad = lambda set_to_none=True: None
+        m = tr.rl_step(rs, **kw)
+        return model.model.embed_tokens.weight.grad.clone(), m
+
+    plain, _ = grad(rows(0.0))
+    same, m = grad(rows(0.0), correction="token", correction_cap=2.0)
+    # rollout log-probs equal the trainer's: every IS weight is 1, the update is unchanged
+    assert m["correction_weight_mean"] == pytest.approx(1.0, abs=1e-4) and m["correction_capped_frac"] == 0.0
+    assert (plain - same).abs().max() < 1e-4 * plain.abs().max()
+    # the rollout engine thought every token 2× less likely: weights e^0.69 = 2 hit the cap of 1.5
+    _, m = grad(rows(0.6931), correction="token", correction_cap=1.5)
+    assert m["correction_capped_frac"] == pytest.approx(1.0) and m["correction_weight_mean"] == pytest.approx(1.5)
+    for name in ("four_bound", "cispo", "unified"):
+        g, m = grad(rows(0.0), objective=name)
+        assert (g - plain).abs().max() < 1e-4 * plain.abs().max(), name  # ratio 1: all equal PPO's gradient
+        assert m["clipfrac"] == 0.0

@@ -16,6 +16,8 @@ PLOTS = [
     ("entropy", "Policy entropy (nats / trained token)", "entropy"),
     ("length", "Response length (model tokens / sequence)", "response_tokens_mean"),
     ("step_time", "Step time (s): rollout and train", ("rollout_seconds", "train_seconds")),
+    ("clipping", "Clipped or masked share of trained tokens (by objective)",
+     ("clipfrac", "clip_pos_low", "clip_pos_high", "clip_neg_low", "clip_neg_high", "correction_capped_frac")),
 ]
 
 
@@ -76,7 +78,8 @@ table{{border-collapse:collapse;margin-bottom:1.5em}}td,th{{border:1px solid #cc
     return out
 
 
-LEDGER_COLUMNS = ["step", "dispatched", "finished", "infra_failed", "no_contrast_filtered", "retained"]
+LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered", "penalty_rejected",
+                  "retained", "hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped"]
 
 
 def _fmt(v) -> str:
