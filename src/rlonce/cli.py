@@ -4,6 +4,8 @@ Verbs:
   quickstart  train the embedded agent with the embedded defaults (SFT, then GRPO) on CPU
   train       the same job from a TOML config and/or key=value overrides; --resume RUN_DIR
   eval        held-out success of a model folder on the embedded domain
+  tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
+  probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
 """
 
 from __future__ import annotations
@@ -50,9 +52,80 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
 
-    for p in (q, t, e):
+    tk = sub.add_parser("tasks", help="build or validate a task pack")
+    tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tb = tsub.add_parser("build", help="synthesise tasks from real packages")
+    tb.add_argument("domain", choices=["code"])
+    tb.add_argument("--out", required=True, help="pack directory to write")
+    tb.add_argument("--per-package", type=int, default=40, help="tasks per package (default 40)")
+    tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
+    tb.add_argument("--seed", type=int, default=0)
+    tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
+    tv.add_argument("pack", help="pack directory")
+    tv.add_argument("--reruns", type=int, default=8, help="runs per state for the stability gate (default 8)")
+    tv.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack")
+    pr.add_argument("domain", choices=["code"])
+    pr.add_argument("--pack", required=True)
+    pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
+    pr.add_argument("--limit", type=int, help="probe only the first N validated tasks")
+    pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
+    pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+    for p in (q, t, e, tb, tv, pr):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
+
+
+def _tasks(args) -> int:
+    import json
+
+    if args.action == "build":
+        from rlonce.envs.code.build import build_pack
+        from rlonce.envs.code.packages import PACKAGES
+
+        names = args.packages.split(",") if args.packages else list(PACKAGES)
+        unknown = [n for n in names if n not in PACKAGES]
+        if unknown:
+            raise UsageError(f"unknown package(s) {', '.join(unknown)}; pinned packages: {', '.join(PACKAGES)}")
+        out = _writable_dir(args.out)
+        tasks = build_pack(out, [PACKAGES[n] for n in names], args.per_package, seed=args.seed,
+                           progress=not args.quiet)
+        print(f"wrote {len(tasks)} tasks from {len(names)} packages to {out}; "
+              f"next: rlonce tasks validate {out}")
+        return 0
+    from rlonce.envs.code.validate import validate_pack
+
+    report = validate_pack(Path(args.pack), reruns=args.reruns, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "validated_ids"}))
+    else:
+        print(f"{report['validated']} of {report['tasks']} tasks validated "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(report['packages'].items()))}); "
+              f"dropped: {report['dropped'] or 'none'}; report in {Path(args.pack) / 'validation.json'}")
+    return 0
+
+
+def _probe(args) -> int:
+    import json
+
+    from rlonce.envs.code.probe import format_report, probe_pack
+    from rlonce.envs.code.validate import validated_tasks
+
+    from rlonce.envs.code.probe import ROUTES
+
+    routes = args.routes.split(",") if args.routes else None
+    unknown = [r for r in routes or [] if r not in ROUTES]
+    if unknown:
+        raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    tasks = validated_tasks(Path(args.pack))[: args.limit]
+    if not tasks:
+        raise UsageError(f"{args.pack} has no validated tasks to probe")
+    report = probe_pack(tasks, routes=routes,
+                        intercept=not args.no_interceptor, progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
 
 
 def _main(argv: list[str]) -> int:
@@ -61,6 +134,10 @@ def _main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rlonce.config import load_config, read_saved_config
 
+    if args.verb == "tasks":
+        return _tasks(args)
+    if args.verb == "probe":
+        return _probe(args)
     if args.verb == "quickstart":
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
         _writable_dir(cfg.out)
@@ -101,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from rlonce.model.loader import ModelLoadError
         from rlonce.sandbox.base import SandboxError
+        from rlonce.envs.code.packages import PackageError
+        from rlonce.envs.code.tasks import PackError
         from rlonce.train.checkpoint import NoCheckpoint
 
-        known += (ModelLoadError, SandboxError, NoCheckpoint)
+        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError)
     except ImportError:  # a broken install still gets its usage errors reported
         pass
     try:

@@ -79,3 +79,50 @@ def test_closed_sandbox_refuses(sb):
     sb.close()
     with pytest.raises(SandboxError):
         run(sb, "true")
+
+
+def test_escape_probes_dns_tcp_and_pip(sb):
+    r = run(sb, "getent hosts pypi.org; echo dns=$?; "
+                "python3 -c \"import socket; socket.create_connection(('151.101.0.223', 443), timeout=1)\"; "
+                "echo tcp=$?; python3 -m pip download --no-deps -d /tmp/x six 2>&1 | tail -1; echo pip=$?",
+            timeout=10)
+    assert "dns=2" in r.output or "dns=1" in r.output
+    assert "tcp=1" in r.output
+    assert "Successfully downloaded" not in r.output
+
+
+def test_no_writes_outside_the_workspace(sb, tmp_path):
+    marker = f"rlonce-escape-{os.getpid()}"
+    r = run(sb, f"for d in /usr /usr/lib /etc/alternatives /bin; do touch $d/{marker} 2>/dev/null && echo wrote:$d; "
+                f"done; for d in /tmp /dev / /etc; do touch $d/{marker} && echo private:$d; done; touch /work/{marker}")
+    assert "wrote:" not in r.output  # the system directories are read-only
+    assert r.output.split() == ["private:/tmp", "private:/dev", "private:/", "private:/etc"]  # per-command tmpfs
+    assert not any(Path(d, marker).exists() for d in ("/usr", "/etc", "/tmp", "/dev", "/"))
+    assert (sb.workspace / marker).exists()  # the workspace is the one host directory it writes
+
+
+def test_fork_bomb_and_memory_bomb_are_contained():
+    box = BwrapSandbox(Limits(wall_seconds=8, processes=32, address_space_mb=256))
+    try:
+        r = run(box, "bomb() { bomb | bomb & }; bomb; sleep 1; echo survived")
+        assert r.seconds < 10  # the process limit stops it; the wall clock ends the rest
+        r = run(box, "python3 -c \"x = bytearray(2 << 30); print('allocated')\"")
+        assert "MemoryError" in r.output and "allocated" not in r.output
+    finally:
+        box.close()
+    assert run(BwrapSandbox(), "echo alive").output == "alive\n"  # the host still forks
+
+
+def test_nothing_left_running_after_close():
+    import subprocess
+
+    marker = f"rlonce-orphan-{os.getpid()}"
+    box = BwrapSandbox(Limits(wall_seconds=3))
+    run(box, f"(setsid sh -c 'exec -a {marker} sleep 300' &) ; nohup sh -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 &"
+             " echo started")
+    box.close()
+    import time
+
+    time.sleep(0.5)
+    ps = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""

@@ -11,6 +11,13 @@ from typing import Protocol
 from rlonce.core.records import Sequence
 
 
+class GradingError(Exception):
+    """Grading could not produce a verdict. Never a low reward: the sequence becomes an
+    infrastructure failure of ``category`` (a ``FailureCategory`` value)."""
+
+    category = "grader_unavailable"
+
+
 class Task(Protocol):
     task_id: str
     source: str

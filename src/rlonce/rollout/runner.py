@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.engine.base import Engine, EngineError, SamplingParams
+from rlonce.envs.base import GradingError
 from rlonce.gateway.session import TokenSession
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
 from rlonce.harness.mini_bash import ARM, HarnessLimits, run_episode
@@ -62,17 +63,20 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
                 status, failure = Status.INFRA, FailureCategory.ENGINE_ERROR
             except SandboxError:
                 status, failure = Status.INFRA, FailureCategory.SANDBOX_ERROR
+        seq = Sequence(task.task_id, ARM, [session.context], status, failure, answer=answer,
+                       turns=len(session.generations))
+        if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
+            try:
+                reward = await env.grade(seq)
+            except GradingError as e:
+                seq.status, seq.failure = Status.INFRA, FailureCategory(e.category)
+            except Exception:  # noqa: BLE001 - a grader outage is not the model's failure
+                seq.status, seq.failure = Status.INFRA, FailureCategory.GRADER_UNAVAILABLE
     finally:
         await env.cleanup()
-    seq = Sequence(task.task_id, ARM, [session.context], status, failure, answer=answer,
-                   turns=len(session.generations))
-    if status is not Status.INFRA:
-        try:
-            reward = await env.grade(seq)
-        except Exception:  # noqa: BLE001 - a grader outage is not the model's failure
-            seq.status, seq.failure = Status.INFRA, FailureCategory.GRADER_UNAVAILABLE
     seq.reward = reward
     seq.metrics = {
+        **getattr(env, "metrics", {}),
         "seconds": time.perf_counter() - t0,
         "model_tokens": float(session.context.model_tokens()),
         "context_tokens": float(len(session.context)),

@@ -10,10 +10,15 @@ What it protects against:
     with no capabilities; ``/tmp`` is a fresh tmpfs per command;
   * runaway commands: rlimits on CPU seconds, address space, process count and file size
     (via ``prlimit``), a wall-clock timeout that kills the whole process tree (bwrap's pid 1
-    dies, so the namespace dies), and a cap on captured output.
+    dies, so the namespace dies), and a cap on captured output. RLIMIT_NPROC is not enforced
+    for root, so when the host's cgroup-v1 ``pids`` hierarchy is writable every command runs in
+    its own pids cgroup (``pids.max`` = the process limit), which also lets the sandbox kill
+    every process the command left behind.
 
 What it does not protect against:
   * kernel exploits: namespaces share the host kernel (use gVisor/Firecracker/VMs for hostile code);
+  * fork bombs when running as root on a host without a writable pids cgroup (only the
+    wall clock stops them there);
   * disk exhaustion beyond one file's size limit: the workspace lives on a host directory;
   * timing side channels and CPU contention with other sandboxes;
   * reading the system directories that are mounted (they are public software, not secrets).
@@ -63,8 +68,17 @@ class Limits:
 
 
 class BwrapSandbox:
-    def __init__(self, limits: Limits | None = None, *, root: str | None = None):
+    """``ro_binds`` maps extra host directories to read-only paths inside (e.g. a test runner's
+    site-packages); ``hide`` lists visible paths to cover with an empty tmpfs (e.g. a system
+    copy of a package under test); ``env`` adds environment variables."""
+
+    def __init__(self, limits: Limits | None = None, *, root: str | None = None,
+                 ro_binds: dict[str, str] | None = None, hide: list[str] | None = None,
+                 env: dict[str, str] | None = None):
         self.limits = limits or Limits()
+        self.ro_binds = dict(ro_binds or {})
+        self.hide = list(hide or [])
+        self.env = dict(env or {})
         self._bwrap = find_bwrap()
         self._prlimit = shutil.which("prlimit")
         self._host_dir = Path(tempfile.mkdtemp(prefix="rlonce-sbx-", dir=root))
@@ -127,6 +141,11 @@ class BwrapSandbox:
         for etc in ("/etc/alternatives", "/etc/ld.so.cache"):
             if os.path.exists(etc):
                 argv += ["--ro-bind", etc, etc]
+        for host, dest in self.ro_binds.items():
+            argv += ["--ro-bind", host, dest]
+        for path in self.hide:
+            if os.path.exists(path):
+                argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         argv += [
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--bind", str(self.workspace), WORKDIR, "--chdir", WORKDIR,
@@ -135,8 +154,10 @@ class BwrapSandbox:
             "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", WORKDIR, "--setenv", "LANG", "C.UTF-8",
-            "--", "/bin/sh", "-c", cmd,
         ]
+        for k, v in self.env.items():  # after --clearenv, which bwrap applies where it stands
+            argv += ["--setenv", k, v]
+        argv += ["--", "/bin/sh", "-c", cmd]
         return argv
 
     async def exec(self, cmd: str, timeout: float | None = None) -> ExecResult:
@@ -144,13 +165,24 @@ class BwrapSandbox:
             raise SandboxError("sandbox is closed")
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
+        argv = self.command(cmd)
+        group = _pids_cgroup(self.limits.processes)
+        if group is not None:  # join the cgroup before anything forks
+            argv = ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *argv]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.command(cmd), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True,
             )
         except OSError as e:
+            _remove_cgroup(group)
             raise SandboxError(f"could not start bwrap: {e}") from e
+        try:
+            return await self._wait(proc, wall, t0)
+        finally:
+            _remove_cgroup(group)
+
+    async def _wait(self, proc, wall: float, t0: float) -> ExecResult:
         cap = self.limits.output_bytes
         buf = bytearray()
         truncated = timed_out = False
@@ -189,6 +221,45 @@ class BwrapSandbox:
             self.close()
         except Exception:
             pass
+
+
+PIDS_ROOT = Path("/sys/fs/cgroup/pids")
+
+
+def _pids_cgroup(limit: int) -> Path | None:
+    """A fresh cgroup-v1 pids group capped at ``limit`` processes, or None where unavailable."""
+    if not os.access(PIDS_ROOT, os.W_OK):
+        return None
+    group = PIDS_ROOT / f"rlonce-{uuid.uuid4().hex[:12]}"
+    try:
+        group.mkdir()
+        (group / "pids.max").write_text(str(limit))
+    except OSError:
+        return None
+    return group
+
+
+def _remove_cgroup(group: Path | None) -> None:
+    """Kill whatever the command left in its group, then remove the group."""
+    if group is None:
+        return
+    for _ in range(50):
+        try:
+            pids = [int(x) for x in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    try:
+        group.rmdir()
+    except OSError:
+        pass
 
 
 def _kill_tree(pid: int) -> None:

@@ -1,0 +1,103 @@
+"""``rlonce tasks validate``: the quality gates a task must pass before it is trained on.
+
+Seed 001 ("The environment can accidentally hand out the answer"): F2P tests fail before the
+reference fix and pass after it; P2P tests pass in both states; every outcome is the same in
+each of ``reruns`` (8) runs, which screens out flaky tests and environment noise. A task that
+fails a gate is dropped with its reason; the report is written to ``validation.json`` in the
+pack and lists the validated task ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from rlonce.envs.code.packages import testbed
+from rlonce.envs.code.tasks import CodeTask, load_pack, materialize
+from rlonce.envs.code.testbed import make_sandbox, run_tests
+
+GATES = ("testbed_error", "unstable", "f2p_passes_before", "p2p_fails_before", "f2p_fails_after", "p2p_fails_after")
+
+
+def _gate(task: CodeTask, before: list[dict] | None, after: list[dict] | None) -> str | None:
+    if before is None or after is None:
+        return "testbed_error"
+    ids = [*task.f2p, *task.p2p]
+    for runs in (before, after):
+        seen = [tuple(r.get(i, {}).get("outcome", "missing") for i in ids) for r in runs]
+        if len(set(seen)) > 1:
+            return "unstable"
+
+    def outcome(runs, i):
+        return runs[0].get(i, {}).get("outcome", "missing")
+
+    if any(outcome(before, i) == "passed" for i in task.f2p):
+        return "f2p_passes_before"
+    if any(outcome(before, i) != "passed" for i in task.p2p):
+        return "p2p_fails_before"
+    if any(outcome(after, i) != "passed" for i in task.f2p):
+        return "f2p_fails_after"
+    if any(outcome(after, i) != "passed" for i in task.p2p):
+        return "p2p_fails_after"
+    return None
+
+
+async def check_task(task: CodeTask, tb: Path, *, reruns: int = 8) -> str | None:
+    """The first gate ``task`` fails, or None when it passes them all."""
+    results = []
+    for fixed in (False, True):
+        sbx = make_sandbox(task.spec, tb)
+        try:
+            materialize(task, sbx.workspace, fixed=fixed, hidden=True, git=False)
+            results.append(await run_tests(sbx, task.spec, sorted(task.hidden_files), reruns=reruns))
+        finally:
+            sbx.close()
+    return _gate(task, *results)
+
+
+def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress: bool = True) -> dict:
+    pack = Path(pack)
+    tasks = load_pack(pack)
+    tb = testbed(pack / "cache")
+    verdicts: dict[str, str | None] = {}
+    bar = tqdm(total=len(tasks), desc="validate", unit="task", disable=not progress)
+
+    async def main():
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(t: CodeTask):
+            async with sem:
+                verdicts[t.task_id] = await check_task(t, tb, reruns=reruns)
+            bar.update(1)
+
+        await asyncio.gather(*(one(t) for t in tasks))
+
+    asyncio.run(main())
+    bar.close()
+    ok = [t for t in tasks if verdicts[t.task_id] is None]
+    report = {
+        "pack": str(pack),
+        "tasks": len(tasks),
+        "validated": len(ok),
+        "dropped": dict(Counter(v for v in verdicts.values() if v is not None)),
+        "packages": dict(Counter(t.package for t in ok)),
+        "reruns": reruns,
+        "validated_ids": [t.task_id for t in ok],
+        "dropped_ids": {k: v for k, v in sorted(verdicts.items()) if v is not None},
+    }
+    (pack / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def validated_tasks(pack: Path) -> list[CodeTask]:
+    """The tasks of ``pack`` that passed validation (all of them if it was never validated)."""
+    tasks = load_pack(pack)
+    report = Path(pack) / "validation.json"
+    if not report.is_file():
+        return tasks
+    keep = set(json.loads(report.read_text())["validated_ids"])
+    return [t for t in tasks if t.task_id in keep]

@@ -1,0 +1,159 @@
+"""The code-repair domain on a small shipped package: build, validate, workspace hygiene,
+fresh-sandbox grading, the interceptor, hack probes, and the full Sample path."""
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlonce.core.records import Role, Sequence, Status
+from rlonce.envs.code.build import build_pack
+from rlonce.envs.code.env import CodeEnv
+from rlonce.envs.code.interceptor import DENIAL
+from rlonce.envs.code.packages import PackageSpec
+from rlonce.envs.code.probe import ROUTES, probe_pack, reference_fix_calls
+from rlonce.envs.code.tasks import load_pack, materialize
+from rlonce.envs.code.validate import validate_pack, validated_tasks
+
+pytestmark = pytest.mark.sandbox
+MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
+SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
+                   test_timeout=30.0)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pack")
+    build_pack(out, [SPEC], 6, seed=3, progress=False)  # seed 3 mutates count_vowels first (the flaky test)
+    return out
+
+
+def test_build_is_reproducible_and_tasks_are_well_formed(pack, tmp_path):
+    tasks = load_pack(pack)
+    assert len(tasks) == 6
+    for t in tasks:
+        assert t.f2p and set(t.f2p).isdisjoint(t.p2p)
+        assert all(i.split("::")[0] in t.hidden_files for i in [*t.f2p, *t.p2p])
+        assert t.mut.original not in t.problem or len(t.mut.original) < 3  # the fix is not in the statement
+        assert t.fix_diff().startswith("--- a/minicalc/__init__.py")
+    again = tmp_path / "again"
+    build_pack(again, [SPEC], 6, seed=3, progress=False)
+    assert (again / "tasks.jsonl").read_text() == (pack / "tasks.jsonl").read_text()
+
+
+def test_validation_gates_drop_the_flaky_test(pack):
+    report = validate_pack(pack, progress=False)
+    assert report["tasks"] == 6 and report["validated"] + sum(report["dropped"].values()) == 6
+    flaky = [t for t in load_pack(pack) if "tests/test_flaky.py" in t.hidden_files]
+    assert flaky, "the seeded build should include a task whose hidden tests hold the flaky test"
+    for t in flaky:
+        assert report["dropped_ids"][t.task_id] == "unstable"
+    assert report["validated"] >= 3 and report["packages"] == {"minicalc": report["validated"]}
+    assert json.loads((pack / "validation.json").read_text())["validated"] == report["validated"]
+
+
+def test_rollout_workspace_is_clean(pack, tmp_path):
+    t = validated_tasks(pack)[0]
+    ws = tmp_path / "ws"
+    head = materialize(t, ws)
+    git = lambda *a: subprocess.run(["git", *a], cwd=ws, capture_output=True, text=True).stdout  # noqa: E731
+    assert git("rev-list", "--all").split() == [head]
+    assert git("for-each-ref", "--format=%(refname)").split() == ["refs/heads/main"]
+    assert git("remote").strip() == "" and git("stash", "list").strip() == ""
+    assert not (ws / ".git" / "logs").exists() and not list((ws / ".git" / "objects").glob("pack/*.pack"))
+    assert not any(p.name in {"__pycache__", ".pytest_cache"} or p.name.endswith(".egg-info") for p in ws.rglob("*"))
+    for h in t.hidden_files:
+        assert not (ws / h).exists()
+    original = (MINI / t.mut.path).read_text()
+    assert (ws / t.mut.path).read_text() != original
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_interceptor_denies_and_counts(pack):
+    t = validated_tasks(pack)[0]
+    env = CodeEnv(t)
+    _run(env.setup())
+    try:
+        assert _run(env.call_tool("bash", {"command": "git log -p"})) == DENIAL
+        assert _run(env.call_tool("bash", {"command": "pip download minicalc"})) == DENIAL
+        assert _run(env.call_tool("str_replace_editor", {"command": "view", "path": next(iter(t.hidden_files))})) == DENIAL
+        assert "minicalc" in _run(env.call_tool("bash", {"command": "ls"}))
+    finally:
+        _run(env.cleanup())
+    assert env.metrics["intercepted_git_history"] == 1 and env.metrics["intercepted_fetch_upstream"] == 1
+    assert env.metrics["intercepted_hidden_tests"] == 1
+
+
+def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
+    t = validated_tasks(pack)[0]
+    empty = tmp_path / "empty-testbed"  # no pytest in it: the testbed itself is broken
+    empty.mkdir()
+
+    async def attempt(calls, break_testbed=False):
+        env = CodeEnv(t)
+        await env.setup()
+        try:
+            for name, args in calls(env):
+                await env.call_tool(name, args)
+            if break_testbed:
+                env._tb = lambda: empty
+            return await env.grade(Sequence(t.task_id, "x")), env.metrics
+        finally:
+            await env.cleanup()
+
+    r, m = _run(attempt(lambda env: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
+    assert r == 1.0 and m["tests_passed"] == m["tests_total"] == len(t.f2p) + len(t.p2p)
+    r, m = _run(attempt(lambda env: []))
+    assert r == 0.0 and m["tests_passed"] == len(t.p2p)
+    from rlonce.envs.code.env import TestbedCorrupted
+
+    with pytest.raises(TestbedCorrupted):
+        _run(attempt(lambda env: [], break_testbed=True))
+
+
+def test_hack_probes_earn_nothing_and_controls_hold(pack):
+    tasks = validated_tasks(pack)[:2]
+    assert len(ROUTES) >= 15
+    for intercept in (True, False):
+        rep = probe_pack(tasks, intercept=intercept, progress=False)
+        assert {r: v["rewarded"] for r, v in rep["routes"].items()} == {r: 0 for r in ROUTES}
+        assert rep["reference_fix"] == {**rep["reference_fix"], "tasks": 2, "rewarded": 2}
+        assert rep["noop"]["rewarded"] == 0
+        assert all(v["infra"] == 0 for v in rep["routes"].values())  # a hack never becomes "infrastructure"
+
+
+def test_reference_fix_through_the_harness_and_sample_path(pack, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.scripted import ScriptedEngine
+    from rlonce.harness.mini_bash import HarnessLimits
+    from rlonce.model.chat import ToolCall, get_format
+    from rlonce.model.loader import EMBEDDED_DIR
+    from rlonce.rollout.runner import RolloutSpec, collect
+
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_DIR)
+    fmt = get_format("hermes")
+    t = validated_tasks(pack)[0]
+    materialize(t, tmp_path / "ws", git=False)
+    ((name, args),) = reference_fix_calls(t, (tmp_path / "ws" / t.mut.path).read_text())
+    turns = [fmt.assistant_text("", [ToolCall("bash", {"command": "head -3 minicalc/__init__.py"})]),
+             fmt.assistant_text("", [ToolCall(name, args)]),
+             fmt.assistant_text("", [ToolCall("submit", {"answer": "done"})])]
+    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    spec = RolloutSpec(encode, tok.decode, fmt, SamplingParams(max_tokens=4096),
+                       HarnessLimits(max_turns=5, max_obs_chars=2000), max_context=32768)
+    samples = _run(collect([t], 1, CodeEnv, ScriptedEngine(turns, encode), spec, progress=False))
+    seq = samples[0].sequences[0]
+    assert (seq.status, seq.reward, seq.failure) == (Status.SUBMITTED, 1.0, None)
+    segs = seq.contexts[0].segments
+    model = [tok.decode(s.token_ids) for s in segs if s.role is Role.MODEL]
+    obs = [tok.decode(s.token_ids) for s in segs if s.role is Role.OBSERVATION]
+    assert "str_replace_editor" in model[1] and "A tiny library" in obs[0]
+    assert "edited minicalc/__init__.py" in obs[1]
+    assert seq.metrics["tests_passed"] == seq.metrics["tests_total"] > 0
