@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 SYSPKGS := bubblewrap
 
-.PHONY: quickstart test test-slow bench system-deps venv venv-dev clean
+.PHONY: quickstart test test-slow bench pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -46,6 +46,13 @@ test-slow: system-deps venv-dev
 bench: system-deps venv
 	$(PY) benchmarks/throughput/run.py --out runs/bench/throughput
 	$(PY) benchmarks/objectives/run.py --out runs/bench/objectives
+	test -f runs/packs/bench/validation.json || ($(PY) -m rlonce.cli tasks build code --out runs/packs/bench \
+	    --per-package 3 && $(PY) -m rlonce.cli tasks validate runs/packs/bench)
+	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
+
+pack: system-deps venv
+	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32
+	$(PY) -m rlonce.cli tasks validate runs/packs/code
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

@@ -146,31 +146,16 @@ def main() -> None:
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = ["| measurement | torch threads | raw model | rlonce | rlonce / raw |", "|---|---|---|---|---|"]
-    lines += [f"| {r['what']} | {r['threads']} | {r['raw']:.0f} | {r['rlonce']:.0f} | {r['ratio']:.2f} |"
-              for r in results.values()]
-    table = "\n".join(lines)
-    (out / "results.md").write_text(table + "\n")
+    from rlonce.telemetry.bench import paired_bars, write_table
+
+    table = write_table(out / "results.md", ["measurement", "torch threads", "raw model", "rlonce", "rlonce / raw"],
+                        [[r["what"], str(r["threads"]), f"{r['raw']:.0f}", f"{r['rlonce']:.0f}", f"{r['ratio']:.2f}"]
+                         for r in results.values()])
     print(table)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.2), dpi=100)
     names = list(results)
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [results[n]["raw"] for n in names], 0.4, label="raw model")
-    ax.bar([x + 0.2 for x in xs], [results[n]["rlonce"] for n in names], 0.4, label="rlonce")
-    ax.set_xticks(list(xs), names)
-    ax.set_ylabel("tokens / s")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("Embedded model throughput (median of repeats)")
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png")
-
+    paired_bars(out / "throughput.png", names, {"raw model": [results[n]["raw"] for n in names],
+                                                "rlonce": [results[n]["rlonce"] for n in names]},
+                ylabel="tokens / s", title="Embedded model throughput (median of repeats)")
 
 if __name__ == "__main__":
     main()

@@ -70,6 +70,23 @@ def test_rollout_workspace_is_clean(pack, tmp_path):
     assert (ws / t.mut.path).read_text() != original
 
 
+def test_original_code_is_nowhere_in_the_rollout_sandbox(pack):
+    t = load_pack(pack)[0]
+    assert t.mut.function == "count_vowels"
+    original = (MINI / t.mut.path).read_bytes()
+    start = original.rfind(b"\n", 0, t.mut.start) + 1
+    line = original[start:original.index(b"\n", t.mut.end)].decode().strip()  # the unmutated line
+    env = CodeEnv(t)
+    _run(env.setup())
+    try:
+        env.sandbox.limits = type(env.sandbox.limits)(wall_seconds=120, output_bytes=100000)
+        r = _run(env.sandbox.exec(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {json.dumps(line)} / "
+                                  "2>/dev/null; echo scanned"))
+    finally:
+        _run(env.cleanup())
+    assert r.output.strip() == "scanned", r.output
+
+
 def _run(coro):
     return asyncio.run(coro)
 

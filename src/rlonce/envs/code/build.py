@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,14 +47,15 @@ def problem_statement(spec: PackageSpec, m: Mutation, failures: dict[str, dict])
     return "\n".join(lines)
 
 
-async def _outcomes(spec: PackageSpec, tree: Path, tb: Path, mutation: Mutation | None) -> dict[str, dict] | None:
-    sbx = make_sandbox(spec, tb)
+async def _outcomes(spec: PackageSpec, tree: Path, tb: Path, mutation: Mutation | None,
+                    timeout: float | None = None) -> dict[str, dict] | None:
+    sbx = make_sandbox(spec, tb, timeout=timeout)
     try:
         copy_tree(tree, sbx.workspace)
         if mutation is not None:
             f = sbx.workspace / mutation.path
             f.write_bytes(mutation.apply(f.read_bytes()))
-        res = await run_tests(sbx, spec, list(spec.tests))
+        res = await run_tests(sbx, spec, list(spec.tests), timeout=timeout)
         return res[0] if res else None
     finally:
         sbx.close()
@@ -62,7 +64,10 @@ async def _outcomes(spec: PackageSpec, tree: Path, tb: Path, mutation: Mutation 
 async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb: Path, max_f2p: int = 25,
                         max_tries: int | None = None, concurrency: int = 2, bar=None) -> list[CodeTask]:
     tree = fetch(spec, cache)
+    t0 = time.perf_counter()
     base = await _outcomes(spec, tree, tb, None)
+    # a mutation that makes the suite hang or balloon is not a useful task: cut it off early
+    mutated_timeout = min(spec.test_timeout, max(10.0, 4 * (time.perf_counter() - t0)))
     if not base:
         raise RuntimeError(f"{spec.name}: the test suite produced no report on the unmodified package")
     passing = {k for k, v in base.items() if v["outcome"] == "passed"}
@@ -74,7 +79,7 @@ async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb
 
     async def attempt(m: Mutation):
         async with sem:
-            return await _outcomes(spec, tree, tb, m)
+            return await _outcomes(spec, tree, tb, m, mutated_timeout)
 
     chunk = 2 * concurrency
     for lo in range(0, len(sites), chunk):  # concurrent within a chunk, accepted in site order

@@ -79,7 +79,7 @@ def pytest_command(spec: PackageSpec, targets: list[str], report: str) -> str:
 def copy_tree(src: Path, dest: Path) -> None:
     """Copy a package tree into a workspace, leaving out caches and build products."""
     ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.egg-info", "*.pyc", ".rlonce-ok", "build",
-                                    "dist", ".git", ".tox", ".mypy_cache")
+                                    "dist", ".git", ".tox", ".mypy_cache", "*.log")
     shutil.copytree(src, dest, symlinks=True, ignore=ignore, dirs_exist_ok=True)
 
 

@@ -1,0 +1,137 @@
+"""Sandbox and grading overhead, each next to the same work done without a sandbox, in one run.
+
+    python benchmarks/sandbox/run.py --out DIR [--pack runs/packs/code] [--tasks 20]
+
+* lifecycle: ``BwrapSandbox()`` + ``exec("true")`` + ``close()`` vs ``sh -c true`` in a subprocess;
+* restore: ``snapshot()``/``restore()`` of a code-task workspace vs copying the same tree with
+  ``shutil.copytree``;
+* grading: ``CodeEnv.grade`` of an untouched workspace (diff, fresh sandbox, test patch, the
+  hidden tests) vs running the same pytest command on the same files directly on the host.
+
+Each pair is measured interleaved; p50/p95 and the ratios (sandboxed / bare) go to
+``results.json``, ``results.md`` and ``sandbox.png``. Needs a built task pack
+(``rlonce tasks build code --out runs/packs/code``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def lifecycle(n: int) -> tuple[list[float], list[float]]:
+    from rlonce.sandbox.bwrap import BwrapSandbox
+
+    sb, bare = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        box = BwrapSandbox()
+        asyncio.run(box.exec("true"))
+        box.close()
+        sb.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/sh", "-c", "true"], check=True)
+        bare.append(time.perf_counter() - t0)
+    return sb, bare
+
+
+def restore(tasks, n: int) -> tuple[list[float], list[float]]:
+    from rlonce.envs.code.tasks import materialize
+    from rlonce.sandbox.bwrap import BwrapSandbox
+
+    sb, bare = [], []
+    for k in range(n):
+        t = tasks[k % len(tasks)]
+        box = BwrapSandbox()
+        materialize(t, box.workspace)
+        sid = box.snapshot()
+        t0 = time.perf_counter()
+        box.restore(sid)
+        sb.append(time.perf_counter() - t0)
+        dest = Path(tempfile.mkdtemp()) / "copy"
+        t0 = time.perf_counter()
+        shutil.copytree(box.workspace, dest, symlinks=True)
+        bare.append(time.perf_counter() - t0)
+        shutil.rmtree(dest.parent)
+        box.close()
+    return sb, bare
+
+
+def grading(tasks) -> tuple[list[float], list[float]]:
+    from rlonce.core.records import Sequence
+    from rlonce.envs.code.env import CodeEnv
+    from rlonce.envs.code.tasks import materialize
+
+    sb, bare = [], []
+    for t in tasks:
+        env = CodeEnv(t)
+        asyncio.run(env.setup())
+        t0 = time.perf_counter()
+        asyncio.run(env.grade(Sequence(t.task_id, "bench")))
+        sb.append(time.perf_counter() - t0)
+        asyncio.run(env.cleanup())
+        d = Path(tempfile.mkdtemp())
+        materialize(t, d, hidden=True, git=False)
+        root = d if t.spec.import_root in ("", ".") else d / t.spec.import_root
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sorted(t.hidden_files)],
+                       cwd=d, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+                       capture_output=True)
+        bare.append(time.perf_counter() - t0)
+        shutil.rmtree(d)
+    return sb, bare
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="sandbox and grading overhead vs no sandbox")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pack", default="runs/packs/code")
+    ap.add_argument("--tasks", type=int, default=20, help="tasks sampled for restore and grading")
+    ap.add_argument("--repeats", type=int, default=30, help="sandbox lifecycles measured")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from rlonce.envs.code.validate import validated_tasks
+
+    tasks = validated_tasks(Path(args.pack))
+    step = max(1, len(tasks) // args.tasks)
+    tasks = tasks[::step][: args.tasks]
+    rows = {}
+    for name, what, (sb, bare) in (
+        ("lifecycle", "create + exec(true) + destroy vs sh -c true", lifecycle(args.repeats)),
+        ("restore", "workspace restore vs copytree of the same tree", restore(tasks, len(tasks))),
+        ("grading", "grade one task (fresh sandbox) vs the same pytest on the host", grading(tasks)),
+    ):
+        rows[name] = {"what": what, "n": len(sb), "sandbox_p50_s": pct(sb, 0.5), "sandbox_p95_s": pct(sb, 0.95),
+                      "bare_p50_s": pct(bare, 0.5), "bare_p95_s": pct(bare, 0.95),
+                      "ratio_p50": pct(sb, 0.5) / pct(bare, 0.5), "ratio_p95": pct(sb, 0.95) / pct(bare, 0.95),
+                      "mean_sandbox_s": statistics.mean(sb), "mean_bare_s": statistics.mean(bare)}
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    from rlonce.telemetry.bench import paired_bars, write_table
+
+    table = write_table(out / "results.md", ["measurement", "n", "sandboxed p50 / p95 (s)", "bare p50 / p95 (s)",
+                                             "ratio p50", "ratio p95"],
+                        [[r["what"], str(r["n"]), f"{r['sandbox_p50_s']:.3f} / {r['sandbox_p95_s']:.3f}",
+                          f"{r['bare_p50_s']:.3f} / {r['bare_p95_s']:.3f}", f"{r['ratio_p50']:.2f}",
+                          f"{r['ratio_p95']:.2f}"] for r in rows.values()])
+    print(table)
+    names = list(rows)
+    paired_bars(out / "sandbox.png", names, {"sandboxed (p50)": [rows[n]["sandbox_p50_s"] for n in names],
+                                             "bare (p50)": [rows[n]["bare_p50_s"] for n in names]},
+                ylabel="seconds", title="Sandbox and grading overhead")
+
+if __name__ == "__main__":
+    main()
