@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlonce.core.records import Role, Sequence, Status
+from rlonce.core.records import FailureCategory, Role, Sequence, Status
 from rlonce.envs.code.build import build_pack
 from rlonce.envs.code.env import CodeEnv
 from rlonce.envs.code.interceptor import DENIAL
@@ -174,3 +174,14 @@ def test_reference_fix_through_the_harness_and_sample_path(pack, tmp_path):
     assert "str_replace_editor" in model[1] and "A tiny library" in obs[0]
     assert "edited minicalc/__init__.py" in obs[1]
     assert seq.metrics["tests_passed"] == seq.metrics["tests_total"] > 0
+    # the same episode on a broken testbed is an infrastructure failure, never a reward of 0
+    empty = tmp_path / "empty-testbed"
+    empty.mkdir()
+
+    class BrokenTestbed(CodeEnv):
+        def _tb(self):
+            return empty
+
+    samples = _run(collect([t], 1, BrokenTestbed, ScriptedEngine(turns, encode), spec, progress=False))
+    seq = samples[0].sequences[0]
+    assert (seq.status, seq.failure, seq.reward) == (Status.INFRA, FailureCategory.TESTBED_CORRUPTED, None)

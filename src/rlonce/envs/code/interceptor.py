@@ -39,8 +39,10 @@ class Interceptor:
         self._compiled = {k: re.compile(v) for k, v in self.patterns.items()}
 
     def check(self, tool: str, arguments: dict) -> str | None:
-        """The name of the first pattern the call matches (counted), or None."""
-        text = " ".join(str(v) for v in arguments.values())
+        """The name of the first pattern the call matches (counted), or None. What is matched:
+        a shell command, or the path of an editor call — never the text a file is given, which
+        runs nothing (and code under repair may well mention ``socket`` or ``urllib``)."""
+        text = str(arguments.get("command", "")) if tool == "bash" else str(arguments.get("path", ""))
         for name, rx in self._compiled.items():
             if rx.search(text):
                 self.hits[name] += 1
