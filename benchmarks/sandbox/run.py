@@ -6,7 +6,8 @@
 * restore: ``snapshot()``/``restore()`` of a code-task workspace vs copying the same tree with
   ``shutil.copytree``;
 * grading: ``CodeEnv.grade`` of an untouched workspace (diff, fresh sandbox, test patch, the
-  hidden tests) vs running the same pytest command on the same files directly on the host.
+  hidden tests) vs running the same pytest command (same interpreter, testbed and report plugin)
+  on the same files directly on the host.
 
 Each pair is measured interleaved; p50/p95 and the ratios (sandboxed / bare) go to
 ``results.json``, ``results.md`` and ``sandbox.png``. Needs a built task pack
@@ -21,7 +22,6 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -73,6 +73,7 @@ def restore(tasks, n: int) -> tuple[list[float], list[float]]:
 def grading(tasks) -> tuple[list[float], list[float]]:
     from rlonce.core.records import Sequence
     from rlonce.envs.code.env import CodeEnv
+    from rlonce.envs.code.packages import testbed
     from rlonce.envs.code.tasks import materialize
 
     sb, bare = [], []
@@ -86,10 +87,12 @@ def grading(tasks) -> tuple[list[float], list[float]]:
         d = Path(tempfile.mkdtemp())
         materialize(t, d, hidden=True, git=False)
         root = d if t.spec.import_root in ("", ".") else d / t.spec.import_root
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sorted(t.hidden_files)],
-                       cwd=d, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
-                       capture_output=True)
+        tb = testbed(Path(t.pack_dir) / "cache")
+        t0 = time.perf_counter()  # the same interpreter, testbed and report plugin, without bwrap
+        subprocess.run(["/usr/bin/python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rlonce_report",
+                        "--tb=line", *t.spec.pytest_args, *sorted(t.hidden_files)], cwd=d,
+                       env={"PYTHONPATH": f"{tb}:{root}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+                            "PYTHONHASHSEED": "0", "RLONCE_REPORT": str(d / "report.json")}, capture_output=True)
         bare.append(time.perf_counter() - t0)
         shutil.rmtree(d)
     return sb, bare

@@ -185,3 +185,22 @@ def test_reference_fix_through_the_harness_and_sample_path(pack, tmp_path):
     samples = _run(collect([t], 1, BrokenTestbed, ScriptedEngine(turns, encode), spec, progress=False))
     seq = samples[0].sequences[0]
     assert (seq.status, seq.failure, seq.reward) == (Status.INFRA, FailureCategory.TESTBED_CORRUPTED, None)
+
+
+def test_cli_json_reports(pack):
+    import sys
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "rlonce.cli", *args], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    rep = cli("tasks", "validate", str(pack), "--json", "--reruns", "2")
+    assert {"validated", "dropped", "packages"} <= set(rep) and rep["tasks"] == 6
+    rep = cli("probe", "code", "--pack", str(pack), "--limit", "1", "--routes", "plant_conftest,git_reflog", "--json")
+    assert set(rep["routes"]) == {"plant_conftest", "git_reflog"}
+    assert all(v["tasks"] == 1 and v["rewarded"] == 0 for v in rep["routes"].values())
+    assert rep["reference_fix"]["rewarded"] == 1 and rep["noop"]["rewarded"] == 0
+    r = subprocess.run([sys.executable, "-m", "rlonce.cli", "probe", "code", "--pack", str(pack), "--routes", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown probe route" in r.stderr
