@@ -5,12 +5,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
-SYSPKGS := bubblewrap
 
 .PHONY: quickstart test test-slow bench pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
+	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	test -x /usr/bin/python3 || missing="$$missing python3"; \
+	missing="$${missing# }"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing system packages: $$missing"; \
