@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("domain", choices=["code"])
     pr.add_argument("--pack", required=True)
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
-    pr.add_argument("--limit", type=int, help="probe only the first N validated tasks")
+    pr.add_argument("--limit", type=int, help="probe N validated tasks spread evenly over the pack")
     pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -119,7 +119,9 @@ def _probe(args) -> int:
     unknown = [r for r in routes or [] if r not in ROUTES]
     if unknown:
         raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
-    tasks = validated_tasks(Path(args.pack))[: args.limit]
+    tasks = validated_tasks(Path(args.pack))
+    if args.limit:
+        tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
     if not tasks:
         raise UsageError(f"{args.pack} has no validated tasks to probe")
     report = probe_pack(tasks, routes=routes,
