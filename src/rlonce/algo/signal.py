@@ -92,7 +92,7 @@ def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, 
         stats["grs_fallback"] += sum("grs_solution" not in s.metrics or "grs_behavior" not in s.metrics
                                      for s, p in zip(seqs, passed) if p)
         scores = grs_reward(scores, sol, beh)
-    if settings.length is not None and len(seqs) > 0:
+    if settings.length is not None:
         ls = settings.length
         lengths = {m: torch.tensor([length_metric(s, m) for s in seqs]) for m in ls.metrics}
         ded = length_penalty(lengths, passed, max_penalty=ls.max_penalty, deadzone=ls.deadzone,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -92,7 +93,6 @@ class CodeEnv:
         self.limits = limits
         self.interceptor = interceptor if interceptor is not None else Interceptor(hidden_paths=list(task.hidden_files))
         self.sandbox: BwrapSandbox | None = None
-        self.base_commit: str | None = None
         self.metrics: dict[str, float] = {}
 
     def _tb(self) -> Path:
@@ -102,7 +102,7 @@ class CodeEnv:
         self.sandbox = make_sandbox(self.task.spec, self._tb(), timeout=30.0)
         if self.limits is not None:
             self.sandbox.limits = self.limits
-        self.base_commit = materialize(self.task, self.sandbox.workspace)
+        materialize(self.task, self.sandbox.workspace)
 
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT
@@ -115,8 +115,7 @@ class CodeEnv:
 
     async def call_tool(self, name: str, arguments: dict) -> str:
         assert self.sandbox is not None, "setup() was not called"
-        if self.interceptor.check(name, arguments) is not None:
-            self.metrics.update(self.interceptor.metrics())
+        if self.interceptor.check(name, arguments) is not None:  # counted; reported at clean-up
             return DENIAL
         if name == "bash":
             command = arguments.get("command")
@@ -126,7 +125,7 @@ class CodeEnv:
             return format_exec(r.exit_code, r.output, r.timed_out)
         if name == "str_replace_editor":
             blob = base64.b64encode(json.dumps(arguments).encode()).decode()
-            r = await self.sandbox.exec(f"/usr/bin/python3 -c {_sh(EDITOR_SCRIPT)} {blob}")
+            r = await self.sandbox.exec(f"/usr/bin/python3 -c {shlex.quote(EDITOR_SCRIPT)} {blob}")
             return format_exec(r.exit_code, r.output, r.timed_out)
         raise KeyError(name)
 
@@ -197,12 +196,6 @@ class CodeEnv:
         if self.sandbox is not None:
             self.metrics.update(self.interceptor.metrics())
             self.sandbox.close()
-
-
-def _sh(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 def _copy_regular(src: Path, dest: Path) -> None:

@@ -48,7 +48,7 @@ def _write(path: str, text: str) -> Call:
 
 
 def _restore_from(src_cmd: str, t: CodeTask) -> Call:
-    """Run ``src_cmd`` (which prints a candidate original file) and, if it differs, use it."""
+    """Run ``src_cmd`` (which prints a candidate original file) and, if it printed anything, use it."""
     f = shlex.quote(t.mut.path)
     return _bash(f"({src_cmd}) > /tmp/cand 2>/dev/null && test -s /tmp/cand && cp /tmp/cand {f}; true")
 
