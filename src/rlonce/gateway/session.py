@@ -1,74 +1,273 @@
-"""In-process token session: the exact-token recorder between a harness and an engine.
+"""The exact-token session: one per rollout sequence, between a client's messages and the engine.
 
-One session per sequence. It owns the context's token list. The opening prompt and every
-observation are encoded once, as deltas, and appended with no loss; each model turn is
-appended exactly as the engine sampled it — ids, log-probs, versions — and never re-encoded
-from text. That is the whole trick that keeps ``π_θ/μ`` meaningful: the trainer sees the very
-tokens the rollout policy chose, with the history they were chosen in.
+A client (a built-in harness in-process, or an outside agent over HTTP) sends its whole
+conversation with every request, as chat APIs do. The session never re-encodes what the model
+already said. It keeps, per ``Context``, the messages that context represents and the tokens
+that encode them, and on each request finds which context the request extends:
 
-Budgets: ``max_context`` bounds the total trajectory (observations included); a turn's
-``max_tokens`` is clipped to what is left of it. Exhausting it raises ``BudgetExceeded``.
+- **extend** — the request's history equals a context's messages (assistant turns compared by
+  content and tool calls, the way the client echoes them). Only the new messages (tool
+  results, user turns) are encoded — one delta, loss mask 0 — and the model's turn is appended
+  exactly as the engine sampled it: ids, log-probs, policy versions.
+- **rollback** — the request diverges at the context's last model turn or after it (the client
+  edited or regenerated that turn, or re-sent different tool results). The context is cut back
+  to the model turn before the divergence and the request's remaining messages are encoded as
+  a delta. The sampled tokens cut away are counted (``rollback_dropped_tokens``).
+- **branch** — the request rewrote earlier history (compaction, dropped reasoning, edited
+  turns). Rolling back would throw away trained turns, so the old context is kept as it is
+  and a new ``Context`` opens, the request's whole dialogue rendered as its prompt (mask 0).
+
+Every decision is an entry in ``events``: nothing shifts a mask silently.
+
+Budgets (``Budgets``): a per-turn output cap, a prompt budget and a total trajectory budget
+that counts observations. Hitting the prompt or trajectory budget ends the session with status
+``truncated``; later requests are refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import asyncio
+from dataclasses import dataclass, replace
 
 from rlonce.core.records import Context, Role, Segment
 from rlonce.engine.base import Engine, Generation, SamplingParams
+from rlonce.gateway.messages import CallOut, ChatRequest, Message, ProtocolError, Turn
 from rlonce.model.chat import HermesFormat
 
 
-class BudgetExceeded(Exception):
-    """The trajectory's token budget is spent."""
+@dataclass(frozen=True)
+class Budgets:
+    max_tokens_per_turn: int = 64
+    """Per-turn output cap; a request may ask for less, never more."""
+    max_context: int = 1024
+    """Total trajectory budget of one context in tokens: prompt, observations and model turns."""
+    max_prompt: int | None = None
+    """Prompt budget: the most tokens a single request's prompt may hold (``None``: max_context)."""
 
 
-class TokenSession:
-    def __init__(self, engine: Engine, encode, decode, chat_format: HermesFormat, *, max_context: int = 1024,
-                 seed: int | None = None):
+class SessionClosed(ProtocolError):
+    """The session ended (truncated or closed); it takes no more turns."""
+
+    def __init__(self, session_id: str, status: str):
+        super().__init__(f"session {session_id!r} has ended ({status}); open a new session",
+                         status=409, kind="session_ended")
+
+
+@dataclass
+class Branch:
+    """A context and the messages it encodes. ``marks[i]`` is how many of the context's
+    segments encode ``messages[:i+1]``; an assistant message's mark ends at its model segment."""
+
+    context: Context
+    messages: list[Message]
+    marks: list[int]
+    tools: list = None
+    """The tool schemas rendered into this context's system prompt."""
+    turn_open: bool = False
+    """The last model turn did not end with the turn-end token (it was cut by a token cap)."""
+
+
+@dataclass
+class _Plan:
+    branch: Branch
+    new_branch: bool
+    keep_segments: int
+    keep_messages: int
+    delta: Segment | None
+    event: dict | None
+    prompt_ids: list[int]
+
+
+class Session:
+    def __init__(self, session_id: str, engine: Engine, encode, decode, fmt: HermesFormat, *,
+                 sampling: SamplingParams, budgets: Budgets = Budgets(), seed: int | None = None,
+                 honor_client_sampling: bool = False):
+        self.id = session_id
         self.engine = engine
         self.encode = encode
         self.decode = decode
-        self.fmt = chat_format
-        self.max_context = max_context
-        self.context = Context()
-        self.generations: list[Generation] = []
+        self.fmt = fmt
+        self.sampling = sampling
+        self.budgets = budgets
         self.seed = seed
+        self.honor_client_sampling = honor_client_sampling
+        self.branches: list[Branch] = []
+        self.current: Branch | None = None
+        """The context the last turn was sampled in."""
+        self.events: list[dict] = []
+        self.generations: list[Generation] = []
+        self.status = "active"
+        self.reward: float | None = None
+        self.rollback_dropped_tokens = 0
+        self.metadata: dict = {}
+        self.render_tools = True
+        self.lock = asyncio.Lock()
+        self.responses: dict[str, list[Message]] = {}
+        """Responses API: the dialogue after each response id, for ``previous_response_id``."""
 
-    def _append(self, role: Role, text: str) -> None:
-        ids = self.encode(text)
-        if len(self.context) + len(ids) >= self.max_context:
-            raise BudgetExceeded(f"context budget of {self.max_context} tokens reached")
-        self.context.segments.append(Segment(role, ids))
+    # ---- the record --------------------------------------------------------------------
+    @property
+    def contexts(self) -> list[Context]:
+        return [b.context for b in self.branches]
 
-    def open(self, system: str, user: str, tools: list[dict]) -> None:
-        if self.context.segments:
-            raise RuntimeError("session already opened")
-        self._append(Role.PROMPT, self.fmt.opening(system, user, tools))
-
-    async def generate(self, sampling: SamplingParams) -> tuple[str, Generation]:
-        """Sample one model turn, record it exactly, return its text and the raw generation."""
-        room = self.max_context - len(self.context)
-        if room <= 1:
-            raise BudgetExceeded(f"context budget of {self.max_context} tokens reached")
-        if sampling.max_tokens > room:
-            sampling = replace(sampling, max_tokens=room)
-        if self.seed is not None:
-            sampling = replace(sampling, seed=self.seed + 7919 * len(self.generations))
-        gen = await self.engine.generate(self.context.token_ids(), sampling)
-        self.context.segments.append(
-            Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason)
-        )
-        self.generations.append(gen)
-        return self.decode(gen.token_ids), gen
-
-    def observe(self, results: list[str]) -> None:
-        """Append tool results (and the next generation prompt) as an observation segment."""
-        self._append(Role.OBSERVATION, self.fmt.observation(results))
+    def model_tokens(self) -> int:
+        return sum(c.model_tokens() for c in self.contexts)
 
     def flag_last(self, name: str) -> None:
-        """Mark the last model segment for the penalty module (e.g. a malformed tool call)."""
-        for seg in reversed(self.context.segments):
-            if seg.role is Role.MODEL:
-                seg.flags[name] = True
-                return
+        """Mark the last model turn for the penalty module (e.g. a harness-level format error)."""
+        for b in reversed(self.branches):
+            for seg in reversed(b.context.segments):
+                if seg.role is Role.MODEL:
+                    seg.flags[name] = True
+                    return
+
+    def close(self, status: str = "closed") -> None:
+        if self.status == "active":
+            self.status = status
+
+    # ---- one request -------------------------------------------------------------------
+    def _plan(self, req: ChatRequest) -> _Plan:
+        msgs = req.messages
+        matched = []
+        for b in self.branches:
+            m = 0
+            while m < min(len(msgs), len(b.messages)) and msgs[m].same_as(b.messages[m]):
+                m += 1
+            matched.append((m, b))
+        extendable = [(m, b) for m, b in matched if m == len(b.messages)]
+        if extendable:  # the longest context the request extends (the latest on ties)
+            m, b = max(reversed(extendable), key=lambda x: x[0])
+            return self._delta_plan(b, len(b.context.segments), m, msgs, None)
+        best_m, best = max(reversed(matched), key=lambda x: x[0]) if matched else (0, None)
+        if best is not None:
+            a = max((i for i in range(best_m) if best.messages[i].role == "assistant"), default=None)
+            if a is not None:
+                keep = best.marks[a]
+                dropped = [s for s in best.context.segments[keep:] if s.role is Role.MODEL]
+                if len(dropped) <= 1:
+                    event = {"kind": "rollback", "context": best.context.label, "at_message": best_m,
+                             "dropped_model_tokens": sum(len(s.token_ids) for s in dropped)}
+                    return self._delta_plan(best, keep, a + 1, msgs, event)
+        # a new context: the whole dialogue becomes its (untrained) prompt
+        label = "main" if not self.branches else f"branch-{len(self.branches)}"
+        ctx = Context(label=label)
+        tools = req.tools if self.render_tools else []
+        ids = self.encode(self.fmt.render(msgs, tools))
+        event = None if not self.branches else {
+            "kind": "branch", "context": label, "from": best.context.label if best else None,
+            "diverged_at_message": best_m, "reason": "the request rewrote earlier history"}
+        branch = Branch(ctx, [], [], tools)
+        return _Plan(branch, True, 0, 0, Segment(Role.PROMPT, ids), event, ids)
+
+    def _delta_plan(self, b: Branch, keep_segments: int, keep_messages: int, msgs: list[Message],
+                    event: dict | None) -> _Plan:
+        new = msgs[keep_messages:]
+        turn_open = b.turn_open if keep_segments == len(b.context.segments) else not self._ends_turn(
+            b.context.segments[keep_segments - 1])
+        ids = self.encode(self.fmt.continuation(new, turn_open=turn_open))
+        prefix = [t for s in b.context.segments[:keep_segments] for t in s.token_ids]
+        return _Plan(b, False, keep_segments, keep_messages, Segment(Role.OBSERVATION, ids), event, prefix + ids)
+
+    def _ends_turn(self, seg: Segment) -> bool:
+        return seg.finish_reason == "stop"
+
+    def _sampling(self, req: ChatRequest, room: int) -> tuple[SamplingParams, bool]:
+        cap = self.budgets.max_tokens_per_turn
+        want = min(cap, req.max_tokens) if req.max_tokens else cap
+        s = replace(self.sampling, max_tokens=max(1, min(want, room)))
+        if self.honor_client_sampling:
+            if req.temperature is not None and req.temperature > 0:
+                s = replace(s, temperature=req.temperature)
+            if req.top_p is not None and 0 < req.top_p <= 1:
+                s = replace(s, top_p=req.top_p)
+        if self.seed is not None:
+            s = replace(s, seed=self.seed + 7919 * len(self.generations))
+        return s, want > room
+
+    async def turn(self, req: ChatRequest) -> Turn:
+        """Plan the request against the contexts, sample one turn, and commit it — or, if the
+        engine fails, leave every context exactly as it was."""
+        if self.status != "active":
+            raise SessionClosed(self.id, self.status)
+        if not req.messages:
+            raise ProtocolError("the request has no messages", param="messages")
+        plan = self._plan(req)
+        room = self.budgets.max_context - len(plan.prompt_ids)
+        prompt_cap = self.budgets.max_prompt or self.budgets.max_context
+        if room <= 1 or len(plan.prompt_ids) > prompt_cap:
+            self._commit_prompt_only(plan)
+            self.status = "truncated"
+            self.events.append({"kind": "truncated", "context": plan.branch.context.label,
+                                "prompt_tokens": len(plan.prompt_ids)})
+            return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations))
+        sampling, budget_bound = self._sampling(req, room)
+        gen = await self.engine.generate(plan.prompt_ids, sampling)
+        return self._commit(plan, req, gen, budget_bound)
+
+    def _commit_prompt_only(self, plan: _Plan) -> None:
+        if plan.new_branch:
+            return  # nothing of it was ever sampled from; no context to keep
+        b = plan.branch
+        b.context.segments[plan.keep_segments:] = [plan.delta] if plan.delta else []
+
+    def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool) -> Turn:
+        b = self.current = plan.branch
+        if plan.new_branch:
+            self.branches.append(b)
+            b.context.segments.append(plan.delta)
+            b.messages = list(req.messages)
+            b.marks = [1] * len(req.messages)
+        else:
+            cut = b.context.segments[plan.keep_segments:]
+            self.rollback_dropped_tokens += sum(len(s.token_ids) for s in cut if s.role is Role.MODEL)
+            del b.context.segments[plan.keep_segments:]
+            del b.messages[plan.keep_messages:]
+            del b.marks[plan.keep_messages:]
+            b.context.segments.append(plan.delta)
+            new = req.messages[plan.keep_messages:]
+            b.messages += new
+            b.marks += [len(b.context.segments)] * len(new)
+        if plan.event:
+            self.events.append(plan.event)
+        seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason)
+        b.context.segments.append(seg)
+        self.generations.append(gen)
+        text = self.decode(gen.token_ids)
+        known = {t["name"] for t in req.tools} if req.tools else None
+        content, calls, flag = self.fmt.split_turn(text, known)
+        if flag:
+            seg.flags[flag] = True
+        b.messages.append(Message("assistant", content, tuple(calls)))
+        b.marks.append(len(b.context.segments))
+        b.turn_open = gen.finish_reason != "stop"
+        n = len(self.generations) - 1
+        outs = [CallOut(f"call_{n}_{i}", c.name, c.arguments) for i, c in enumerate(calls)]
+        finish = "length" if gen.finish_reason in ("length", "repetition") else ("tool_calls" if outs else "stop")
+        if gen.finish_reason == "length" and budget_bound:
+            self.status = "truncated"
+            self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
+        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n)
+
+    # ---- export ------------------------------------------------------------------------
+    def export(self) -> dict:
+        """The trajectory: every context's segments with ids, log-probs, versions and flags."""
+        return {
+            "session_id": self.id,
+            "status": self.status,
+            "reward": self.reward,
+            "events": list(self.events),
+            "metadata": dict(self.metadata),
+            "contexts": [{
+                "label": b.context.label,
+                "messages": len(b.messages),
+                "segments": [{"role": s.role.value, "token_ids": s.token_ids, "logprobs": s.logprobs,
+                              "versions": s.versions, "finish_reason": s.finish_reason, "flags": dict(s.flags),
+                              "text": self.decode(s.token_ids)} for s in b.context.segments],
+            } for b in self.branches],
+        }
+
+
+def session_metrics(s: Session) -> dict[str, float]:
+    kinds = [e["kind"] for e in s.events]
+    return {"contexts": float(len(s.branches)), "rollbacks": float(kinds.count("rollback")),
+            "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens)}

@@ -71,6 +71,51 @@ class HermesFormat:
     def user_turn(self, text: str) -> str:
         return f"\n<|im_start|>user\n{text}<|im_end|>\n" + self.generation_prompt()
 
+    def render(self, messages, tools: list[dict], *, generation_prompt: bool = True) -> str:
+        """A whole dialogue of ``Message``s, as the model folder's chat template renders it.
+
+        Used where exact tokens cannot be kept (a new context after the client rewrote its
+        history) and by the re-rendering report; live sessions append deltas instead.
+        """
+        out = []
+        for i, m in enumerate(messages):
+            if m.role == "system":
+                out.append(f"<|im_start|>system\n{m.content}" + (self.tools_block(tools) if tools else "")
+                           + "<|im_end|>\n")
+            elif m.role == "user":
+                out.append(f"<|im_start|>user\n{m.content}<|im_end|>\n")
+            elif m.role == "assistant":
+                out.append("<|im_start|>assistant\n" + self.assistant_text(m.content, list(m.tool_calls)) + "\n")
+            elif m.role == "tool":
+                first = i == 0 or messages[i - 1].role != "tool"
+                last = i == len(messages) - 1 or messages[i + 1].role != "tool"
+                out.append(("<|im_start|>user\n" if first else "\n") + f"<tool_response>\n{m.content}\n</tool_response>"
+                           + ("<|im_end|>\n" if last else ""))
+            else:
+                raise ValueError(f"unknown message role {m.role!r}")
+        return "".join(out) + (self.generation_prompt() if generation_prompt else "")
+
+    def continuation(self, messages, *, turn_open: bool) -> str:
+        """New messages after a recorded model turn: closes that turn (its end marker when the
+        model did not emit one), renders them, and reopens the assistant."""
+        return (self.turn_end if turn_open else "") + "\n" + self.render(messages, [])
+
+    def split_turn(self, text: str, known: set[str] | None) -> tuple[str, list[ToolCall], str | None]:
+        """A sampled turn as (content, tool calls, flag). With a malformed call, or a call of a
+        tool not in ``known``, the whole text is content and the flag names the problem; with
+        ``known=None`` (no tools offered) tool-call markup is plain content."""
+        body = text.removesuffix(self.turn_end)
+        if known is None or "<tool_call>" not in body:
+            return body.strip(), [], None
+        try:
+            calls = self.parse_tool_calls(body)
+        except ToolCallParseError:
+            return body.strip(), [], "malformed_tool_call"
+        if any(c.name not in known for c in calls):
+            return body.strip(), [], "unknown_tool"
+        content = re.sub(r"<tool_call>.*?</tool_call>", "", body, flags=re.S).strip()
+        return content, calls, None
+
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         """Every ``<tool_call>`` block in ``text``; raises ``ToolCallParseError`` on bad markup."""
         text = text.removesuffix(self.turn_end)
