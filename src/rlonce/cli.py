@@ -3,7 +3,8 @@
 Verbs:
   quickstart  train the embedded agent with the embedded defaults (SFT, then GRPO) on CPU
   train       the same job from a TOML config and/or key=value overrides; --resume RUN_DIR
-  eval        held-out success of a model folder on the embedded domain
+  eval        held-out success of a model folder on the embedded domain, per harness arm
+  serve       the gateway over HTTP on loopback for any model rlonce can load
   tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
   probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
 """
@@ -50,7 +51,21 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
     e.add_argument("--tasks", type=int, default=200, help="number of held-out tasks (default 200)")
     e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
+    e.add_argument("--harness-cmd", metavar="CMD",
+                   help="also evaluate an outside agent command that reads OPENAI_BASE_URL/OPENAI_API_KEY (or the "
+                        "ANTHROPIC_ ones), e.g. 'python -m rlonce.harness.mswea' (mini-swe-agent)")
+    e.add_argument("--harness-name", default="outside", help="label of the outside harness in the report")
+    e.add_argument("--harness-tasks", type=int, default=20, help="held-out tasks for the outside harness (default 20)")
+    e.add_argument("--harness-timeout", type=float, default=300.0, help="seconds per outside episode (default 300)")
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    sv = sub.add_parser("serve", help="serve a model through the gateway (OpenAI and Anthropic protocols)")
+    sv.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
+    sv.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000; 0 picks a free one)")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    sv.add_argument("--max-context", type=int, help="trajectory budget per session in tokens (default: the model's)")
+    sv.add_argument("--max-tokens", type=int, default=256, help="per-turn output cap (default 256)")
+    sv.add_argument("--out", default="runs/serve", help="where the embedded model is materialised if needed")
 
     tk = sub.add_parser("tasks", help="build or validate a task pack")
     tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -73,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
-    for p in (q, t, e, tb, tv, pr):
+    for p in (q, t, e, tb, tv, pr, sv):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
 
@@ -130,6 +145,47 @@ def _probe(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import asyncio
+
+    import torch
+
+    torch.set_num_threads(1)
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.http import AsyncServer, make_app
+    from rlonce.gateway.session import Budgets
+    from rlonce.model import loader
+    from rlonce.model.chat import get_format
+
+    lm = loader.load(loader.resolve(args.model, _writable_dir(args.out) / "cache"))
+    pad = lm.tokenizer.pad_token_id
+    engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0)
+    limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
+    name = "embedded" if args.model == "embedded" else Path(args.model).name
+    gw = Gateway(engine, lm.encode, lm.decode, get_format(lm.chat_format), model_name=name, auto_open=True,
+                 honor_client_sampling=True, sampling=SamplingParams(max_tokens=args.max_tokens),
+                 budgets=Budgets(args.max_tokens, limit))
+    gw.tokenizer = lm.tokenizer
+
+    async def main() -> None:
+        async with AsyncServer(make_app(gw), host=args.host, port=args.port) as srv:
+            print(f"rlonce gateway for {name} at {srv.base_url}\n"
+                  f"  OpenAI:    base_url={srv.base_url}/v1  (any API key opens or continues the session it names)\n"
+                  f"  Anthropic: base_url={srv.base_url}\n"
+                  f"  trajectory: GET {srv.base_url}/sessions/KEY/trajectory   Ctrl-C stops", flush=True)
+            await srv.task
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.close()
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -140,6 +196,8 @@ def _main(argv: list[str]) -> int:
         return _tasks(args)
     if args.verb == "probe":
         return _probe(args)
+    if args.verb == "serve":
+        return _serve(args)
     if args.verb == "quickstart":
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
         _writable_dir(cfg.out)
@@ -161,8 +219,13 @@ def _main(argv: list[str]) -> int:
         _writable_dir(cfg.out)
         from rlonce.recipes.grpo import evaluate_model
 
-        res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet)
+        res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet, harness_cmd=args.harness_cmd,
+                             harness_name=args.harness_name, harness_tasks=args.harness_tasks,
+                             harness_timeout=args.harness_timeout)
         print(f"held-out success {res['success']:.3f} on {res['tasks']} tasks ({res['infra_failed']} infra failures)")
+        for arm, v in res["per_arm"].items():
+            n = res["outside"]["tasks"] if arm == args.harness_name and "outside" in res else res["tasks"]
+            print(f"  {arm:<18} {v:.3f}  ({n} tasks)")
         return 0
 
     from rlonce.recipes.grpo import run

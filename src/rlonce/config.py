@@ -49,8 +49,20 @@ class TaskConfig(Section):
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
 
 
+ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode"]
+
+
 class HarnessConfig(Section):
-    name: Literal["mini-bash"] = "mini-bash"
+    arms: list[ArmName] = Field(default_factory=lambda: ["mini-bash"], min_length=1)
+    """Harness arms to train and evaluate with (``rlonce.harness.arms``). Each task of a step
+    gets one by step hash, so siblings of a group share an arm; SFT demonstrations are spread
+    over them the same way, and held-out evaluation runs every task under every arm."""
+    group_by_arm: bool = False
+    """With ``assign = "sequence"``: compute group advantages within each arm's siblings only."""
+    assign: Literal["task", "sequence"] = "task"
+    """Step-hash key: per task (siblings share an arm) or per sequence (arms mix within a group)."""
+    compact_at: float = Field(0.75, gt=0, le=1)
+    """Arms with compaction restart into a new context once a turn fills this fraction of max_context."""
     max_turns: int = Field(3, ge=1)
     max_obs_chars: int = 600
     max_context: int = 1024
@@ -225,6 +237,8 @@ def _parse_value(raw: str):
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
+        if raw.startswith("[") and raw.endswith("]"):  # a list of bare strings: [mini-bash, mini-codex]
+            return [_parse_value(x.strip()) for x in raw[1:-1].split(",") if x.strip()]
         return raw  # a bare string
 
 

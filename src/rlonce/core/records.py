@@ -39,6 +39,7 @@ class FailureCategory(str, Enum):
     ENGINE_ERROR = "engine_error"
     GRADER_UNAVAILABLE = "grader_unavailable"
     TESTBED_CORRUPTED = "testbed_corrupted"
+    HARNESS_ERROR = "harness_error"
 
 
 class RecordError(ValueError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from rlonce.core.records import Sequence
+from rlonce.core.records import FailureCategory, Sequence, Status
 
 
 class GradingError(Exception):
@@ -16,6 +16,18 @@ class GradingError(Exception):
     infrastructure failure of ``category`` (a ``FailureCategory`` value)."""
 
     category = "grader_unavailable"
+
+
+async def grade_or_infra(env, seq: Sequence) -> float | None:
+    """``env.grade(seq)``; a grader that cannot give a verdict makes ``seq`` an infrastructure
+    failure (its category from ``GradingError``) and the reward ``None`` — never a low score."""
+    try:
+        return await env.grade(seq)
+    except GradingError as e:
+        seq.status, seq.failure = Status.INFRA, FailureCategory(e.category)
+    except Exception:  # noqa: BLE001 - a grader outage is not the model's failure
+        seq.status, seq.failure = Status.INFRA, FailureCategory.GRADER_UNAVAILABLE
+    return None
 
 
 class Task(Protocol):

@@ -34,10 +34,11 @@ from rlonce.engine.torch_engine import TorchEngine
 from rlonce.envs.toolfind.env import ToolfindEnv
 from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.envs.toolfind.tasks import make_task
-from rlonce.harness.mini_bash import HarnessLimits
+from rlonce.harness.arms import arm_for, get_arm
+from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
-from rlonce.rollout.runner import RolloutSpec, collect, run_sequence
+from rlonce.rollout.runner import RolloutSpec, collect, run_sequence, split_by_arm
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
@@ -56,6 +57,7 @@ class RunState:
     data_position: int = 0
     version: int = 0
     baseline_success: float | None = None
+    baseline_per_arm: dict | None = None
     wall_seconds_before: float = 0.0
     bounds: dict | None = None
     """State of the entropy-driven four-bound controller, when one is configured."""
@@ -112,8 +114,10 @@ class Job:
             self.lm.encode, self.lm.decode, self.fmt,
             SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
                            stop_confident_run=cfg.algo.stop_confident_run),
-            HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools),
-            max_context=h.max_context,
+            HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
+                          compact_at=h.compact_at),
+            max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
+            arm_per_sequence=h.assign == "sequence",
         )
         self.signal = signal_settings(cfg.algo)
         self.controller = bound_controller(cfg.algo)
@@ -184,16 +188,18 @@ class Job:
         rng = random.Random(cfg.runtime.seed)
         spec = copy.copy(self.spec)
         spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
-                                    render_tools=cfg.harness.render_tools)
+                                    render_tools=cfg.harness.render_tools, compact_at=cfg.harness.compact_at)
         sem = asyncio.Semaphore(32)
         tasks = [make_task("train", SFT_TASK_OFFSET + i, two_hop_fraction=cfg.task.two_hop_fraction)
                  for i in range(cfg.sft.demos)]
         bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not self.progress, leave=False)
 
         async def one(task):
-            turns = expert_turns(task, rng, self.fmt, detour_p=cfg.sft.detour_p, max_detours=cfg.sft.max_detours)
+            arm = arm_for(spec.arm_seed, 0, task.task_id, list(spec.arms))
+            turns = expert_turns(task, rng, self.fmt, translate=get_arm(arm).translate, detour_p=cfg.sft.detour_p,
+                                 max_detours=cfg.sft.max_detours)
             async with sem:
-                seq = await run_sequence(task, ToolfindEnv, ScriptedEngine(turns, self.lm.encode), spec)
+                seq = await run_sequence(task, ToolfindEnv, ScriptedEngine(turns, self.lm.encode), spec, arm=arm)
             bar.update(1)
             return seq
 
@@ -205,18 +211,49 @@ class Job:
                                f"status {bad[0].status.value}); the task generator or sandbox is broken")
         return seqs
 
-    def evaluate(self, n: int, desc: str) -> dict[str, float]:
+    def evaluate(self, n: int, desc: str) -> dict:
+        """Held-out success: every task under every configured arm; ``success`` is their mean."""
         self._threads("rollout")
         tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
-        samples = asyncio.run(collect(tasks, 1, ToolfindEnv, self.engine, self.spec, concurrency=self.cfg.eval.concurrency,
-                                      desc=desc, progress=self.progress, seed=EVAL_SEED))
-        seqs = [s for x in samples for s in x.sequences]
+        per_arm, scored_n, infra = {}, 0, 0
+        for arm in self.spec.arms:
+            label = desc if len(self.spec.arms) == 1 else f"{desc} {arm}"
+            samples = asyncio.run(collect(tasks, 1, ToolfindEnv, self.engine, self.spec, arm=arm, desc=label,
+                                          concurrency=self.cfg.eval.concurrency, progress=self.progress,
+                                          seed=EVAL_SEED))
+            seqs = [s for x in samples for s in x.sequences]
+            scored = [s for s in seqs if not s.infra_failed]
+            per_arm[arm] = sum(s.success for s in scored) / max(len(scored), 1)
+            scored_n, infra = scored_n + len(scored), infra + len(seqs) - len(scored)
+        return {"success": sum(per_arm.values()) / len(per_arm), "per_arm": per_arm,
+                "tasks": scored_n // len(per_arm), "infra_failed": infra}
+
+    async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
+        """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
+        from rlonce.gateway.http import AsyncServer, make_app
+        from rlonce.harness.outside import run_outside
+
+        self._threads("rollout")
+        gateway = self.spec.gateway(self.engine)
+        gateway.render_tools = True  # an outside agent's tools are new to the model: show them
+        tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
+        bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not self.progress, leave=False)
+        sem = asyncio.Semaphore(2)  # outside agents are whole processes
+
+        async def one(task):
+            async with sem:
+                seq = await run_outside(task, ToolfindEnv, gateway, srv.base_url, command, name=name, timeout=timeout)
+            bar.update(1)
+            return seq
+
+        async with AsyncServer(make_app(gateway)) as srv:
+            seqs = await asyncio.gather(*(one(t) for t in tasks))
+        bar.close()
         scored = [s for s in seqs if not s.infra_failed]
-        return {
-            "success": sum(s.success for s in scored) / max(len(scored), 1),
-            "tasks": len(scored),
-            "infra_failed": len(seqs) - len(scored),
-        }
+        return {"success": sum(s.success for s in scored) / max(len(scored), 1), "tasks": len(scored),
+                "infra_failed": len(seqs) - len(scored),
+                "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
+                "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}
 
     def rl_step(self) -> dict:
         cfg, st = self.cfg, self.state
@@ -229,6 +266,8 @@ class Job:
                                       dispatch_step=step, concurrency=cfg.rl.concurrency, desc=f"rollout {step}",
                                       progress=self.progress))
         t_roll = time.perf_counter() - t0
+        if cfg.harness.group_by_arm:
+            samples = split_by_arm(samples)
         rows, ledger, signal_m = learning_signal(samples, step, self.signal, decode=self.lm.decode)
         lags = [st.version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m]
         self._threads("train")
@@ -267,6 +306,8 @@ class Job:
             "retained_rows": len(rows),
             "version": st.version,
             "version_lag_max": max(lags) if lags else 0,
+            **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / max(sum(s.arm == a for s in scored), 1)
+                for a in cfg.harness.arms} if len(cfg.harness.arms) > 1 else {}),
             **signal_m,
             **train_m,
         }
@@ -303,7 +344,7 @@ class Job:
                 st.phase = "rl"
         if st.baseline_success is None:
             ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
-            st.baseline_success = ev["success"]
+            st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
             self._say(f"baseline (SFT) held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
             self._checkpoint()
@@ -337,7 +378,9 @@ class Job:
             "wall_seconds": wall,
             "model": cfg.model.name,
             "task": cfg.task.name,
-            "harness": cfg.harness.name,
+            "harness_arms": list(cfg.harness.arms),
+            "final_success_per_arm": final["per_arm"],
+            "baseline_success_per_arm": st.baseline_per_arm,
         }
         checkpoint.write_json(self.out / "summary.json", summary)
         write_report(self.out)
@@ -364,14 +407,21 @@ def _length_bucketed(rows, batch_rows: int, steps: int, rng: random.Random):
                     return
 
 
-def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True) -> dict[str, float]:
-    """Held-out success of ``model`` ('embedded' or a folder) under ``cfg``'s harness and sampling."""
+def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True, harness_cmd: str | None = None,
+                   harness_name: str = "outside", harness_tasks: int = 20, harness_timeout: float = 300.0) -> dict:
+    """Held-out success of ``model`` ('embedded' or a folder) under each of ``cfg``'s harness
+    arms and, with ``harness_cmd``, under an outside agent served over HTTP."""
     find_bwrap()
     job = Job(cfg, progress=progress)
     job.state = RunState()
     job._load(loader.resolve(model, Path(cfg.out) / "cache"))
     try:
-        return job.evaluate(tasks, "eval")
+        res = job.evaluate(tasks, "eval")
+        if harness_cmd:
+            res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
+                                                              harness_timeout))
+            res["per_arm"][harness_name] = res["outside"]["success"]
+        return res
     finally:
         job.engine.close()
 

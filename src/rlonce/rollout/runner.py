@@ -18,10 +18,14 @@ from tqdm.auto import tqdm
 
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.engine.base import Engine, EngineError, SamplingParams
-from rlonce.envs.base import GradingError
-from rlonce.gateway.session import TokenSession
+from rlonce.envs.base import grade_or_infra
+from rlonce.gateway.core import Gateway
+from rlonce.gateway.messages import ProtocolError
+from rlonce.gateway.session import Budgets, session_metrics
+from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
-from rlonce.harness.mini_bash import ARM, HarnessLimits, run_episode
+from rlonce.harness.clients import CLIENTS
+from rlonce.harness.loop import HarnessLimits, run_episode
 from rlonce.model.chat import HermesFormat
 from rlonce.sandbox.base import SandboxError
 
@@ -36,14 +40,27 @@ class RolloutSpec:
     sampling: SamplingParams
     limits: HarnessLimits
     max_context: int = 1024
+    arms: tuple[str, ...] = ("mini-bash",)
+    """Harness arms; each task gets one by step hash (``arm_for``) unless a caller fixes it."""
+    arm_seed: int = 0
+    arm_per_sequence: bool = False
+    """Hash each sequence (task id + sibling index) instead of each task: arms mix within a group."""
+
+    def gateway(self, engine: Engine) -> Gateway:
+        return Gateway(engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
+                       budgets=Budgets(self.sampling.max_tokens, self.max_context),
+                       render_tools=self.limits.render_tools)
 
 
-async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, seed: int | None = None) -> Sequence:
-    """Run one sequence. With ``seed``, every turn's draw is seeded (reproducible evaluation)."""
+async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, seed: int | None = None,
+                       arm: str | None = None, gateway: Gateway | None = None) -> Sequence:
+    """Run one sequence under harness ``arm`` (default: the spec's first). With ``seed``,
+    every turn's draw is seeded (reproducible evaluation)."""
     t0 = time.perf_counter()
+    harness = get_arm(arm or spec.arms[0])
     env = env_factory(task)
-    session = TokenSession(engine, spec.encode, spec.decode, spec.chat_format, max_context=spec.max_context,
-                           seed=seed)
+    gateway = gateway or spec.gateway(engine)
+    session = gateway.open(seed=seed, metadata={"task_id": task.task_id, "arm": harness.name})
     status, failure, answer, reward = Status.SUBMITTED, None, None, None
     try:
         try:
@@ -52,7 +69,10 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
             status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
         else:
             try:
-                await run_episode(env, session, spec.sampling, spec.limits)
+                client = CLIENTS[harness.protocol](lambda p, b: gateway.call(p, b, session.id),
+                                                   harness.system_prompt(env), env.user_prompt(),
+                                                   [t.schema for t in harness.toolset(env).values()])
+                await run_episode(harness, env, client, session, spec.limits, spec.max_context)
             except Submitted as end:
                 answer = end.answer
             except LimitsExceeded:
@@ -63,36 +83,38 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
                 status, failure = Status.INFRA, FailureCategory.ENGINE_ERROR
             except SandboxError:
                 status, failure = Status.INFRA, FailureCategory.SANDBOX_ERROR
-        seq = Sequence(task.task_id, ARM, [session.context], status, failure, answer=answer,
+            except ProtocolError:  # the harness and the gateway disagree: ours, not the model's
+                status, failure = Status.INFRA, FailureCategory.HARNESS_ERROR
+        seq = Sequence(task.task_id, harness.name, session.contexts, status, failure, answer=answer,
                        turns=len(session.generations))
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
-            try:
-                reward = await env.grade(seq)
-            except GradingError as e:
-                seq.status, seq.failure = Status.INFRA, FailureCategory(e.category)
-            except Exception:  # noqa: BLE001 - a grader outage is not the model's failure
-                seq.status, seq.failure = Status.INFRA, FailureCategory.GRADER_UNAVAILABLE
+            reward = await grade_or_infra(env, seq)
     finally:
         await env.cleanup()
+        gateway.sessions.pop(session.id, None)
     seq.reward = reward
     seq.metrics = {
         **getattr(env, "metrics", {}),
+        **session_metrics(session),
         "seconds": time.perf_counter() - t0,
-        "model_tokens": float(session.context.model_tokens()),
-        "context_tokens": float(len(session.context)),
+        "model_tokens": float(session.model_tokens()),
+        "context_tokens": float(sum(len(c) for c in session.contexts)),
     }
     return seq
 
 
 async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spec: RolloutSpec, *,
                   dispatch_step: int = 0, concurrency: int = 64, desc: str = "rollout",
-                  progress: bool = True, seed: int | None = None) -> list[Sample]:
+                  progress: bool = True, seed: int | None = None, arm: str | None = None) -> list[Sample]:
     """Run ``group_size`` sequences of every task, at most ``concurrency`` at a time.
 
+    Each task's arm is ``arm`` if given, else the step hash of (``spec.arm_seed``,
+    ``dispatch_step``, task id) over ``spec.arms``: all siblings of a group share it.
     With ``seed``, sequence k of task i draws from seed ``(seed, i, k)``: the outcome does not
     depend on how requests happened to be batched.
     """
     sem = asyncio.Semaphore(concurrency)
+    gateway = spec.gateway(engine)
     samples = [Sample(t.task_id, t.source, dispatch_step) for t in tasks]
     bar = tqdm(total=len(tasks) * group_size, desc=desc, unit="seq", disable=not progress, leave=False,
                dynamic_ncols=True)
@@ -102,7 +124,9 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
         nonlocal solved, done
         seq_seed = None if seed is None else (seed * 1_000_003 + i * 1009 + k) % (2**62)
         async with sem:
-            seq = await run_sequence(task, env_factory, engine, spec, seed=seq_seed)
+            key = f"{task.task_id}#{k}" if spec.arm_per_sequence else task.task_id
+            seq = await run_sequence(task, env_factory, engine, spec, seed=seq_seed, gateway=gateway,
+                                     arm=arm or arm_for(spec.arm_seed, dispatch_step, key, list(spec.arms)))
         samples[i].sequences.append(seq)
         solved += int(seq.success)
         done += 1
@@ -114,3 +138,13 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
     finally:
         bar.close()
     return samples
+
+
+def split_by_arm(samples: list[Sample]) -> list[Sample]:
+    """One group per (task, arm): advantages then compare siblings under the same harness only."""
+    out = []
+    for x in samples:
+        for arm in dict.fromkeys(s.arm for s in x.sequences):
+            out.append(Sample(f"{x.task_id}/{arm}", x.source, x.dispatch_step,
+                              [s for s in x.sequences if s.arm == arm]))
+    return out

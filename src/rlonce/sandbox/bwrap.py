@@ -74,16 +74,21 @@ class BwrapSandbox:
 
     def __init__(self, limits: Limits | None = None, *, root: str | None = None,
                  ro_binds: dict[str, str] | None = None, hide: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, workspace: Path | None = None, share_net: bool = False):
         self.limits = limits or Limits()
+        self.share_net = share_net
+        """Keep the host's network namespace (an outside agent must reach the gateway on loopback)."""
         self.ro_binds = dict(ro_binds or {})
         self.hide = list(hide or [])
         self.env = dict(env or {})
         self._bwrap = find_bwrap()
         self._prlimit = shutil.which("prlimit")
         self._host_dir = Path(tempfile.mkdtemp(prefix="rlonce-sbx-", dir=root))
-        self.workspace = self._host_dir / "work"
-        self.workspace.mkdir()
+        if workspace is not None:  # another sandbox's workspace, shared (not removed on close)
+            self.workspace = Path(workspace)
+        else:
+            self.workspace = self._host_dir / "work"
+            self.workspace.mkdir()
         self._snapshots: dict[str, Path] = {}
         self._closed = False
 
@@ -149,7 +154,9 @@ class BwrapSandbox:
         argv += [
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--bind", str(self.workspace), WORKDIR, "--chdir", WORKDIR,
-            "--unshare-all", "--unshare-user", "--uid", "1000", "--gid", "1000",
+            *(["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+              if self.share_net else ["--unshare-all", "--unshare-user"]),
+            "--uid", "1000", "--gid", "1000",
             "--hostname", "sandbox", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",

@@ -40,6 +40,8 @@ def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.
     return calls + [optimal_calls(task)[-1]]
 
 
-def expert_turns(task: ToolfindTask, rng: random.Random, fmt: HermesFormat, **kw) -> list[str]:
-    """The expert's assistant turns as text, one tool call each, ready for a scripted engine."""
-    return [fmt.assistant_text("", [c]) for c in expert_calls(task, rng, **kw)]
+def expert_turns(task: ToolfindTask, rng: random.Random, fmt: HermesFormat, *, translate=None, **kw) -> list[str]:
+    """The expert's assistant turns as text, one tool call each, ready for a scripted engine.
+    ``translate`` maps its bash calls into a harness arm's own tools (``Arm.translate``)."""
+    calls = expert_calls(task, rng, **kw)
+    return [fmt.assistant_text("", [translate(c) if translate else c]) for c in calls]
