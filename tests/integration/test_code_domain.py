@@ -149,7 +149,7 @@ def test_reference_fix_through_the_harness_and_sample_path(pack, tmp_path):
 
     from rlonce.engine.base import SamplingParams
     from rlonce.engine.scripted import ScriptedEngine
-    from rlonce.harness.mini_bash import HarnessLimits
+    from rlonce.harness.loop import HarnessLimits
     from rlonce.model.chat import ToolCall, get_format
     from rlonce.model.loader import EMBEDDED_DIR
     from rlonce.rollout.runner import RolloutSpec, collect

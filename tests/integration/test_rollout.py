@@ -11,7 +11,7 @@ from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.toolfind.env import ToolfindEnv
 from rlonce.envs.toolfind.expert import expert_turns, optimal_calls
 from rlonce.envs.toolfind.tasks import make_task, make_tasks
-from rlonce.harness.mini_bash import HarnessLimits
+from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import get_format
 from rlonce.rollout.runner import RolloutSpec, run_sequence
 

@@ -62,3 +62,34 @@ def test_parse_tool_calls():
 def test_tokenizer_fits_the_embedding(lm):
     assert len(lm.tokenizer) <= lm.model.config.vocab_size
     assert lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in lm.eos_token_ids
+
+
+def test_render_matches_the_template_for_any_dialogue(lm):
+    """Consecutive tool results share one user turn; client-written assistant turns render as the
+    template renders them; a continuation appended to a recorded turn equals the whole render."""
+    from rlonce.gateway.messages import Message
+
+    call = ToolCall("bash", {"command": "ls"})
+    msgs = [Message("system", SYSTEM_PROMPT), Message("user", "q"), Message("assistant", "two calls", (call, call)),
+            Message("tool", "a"), Message("tool", "b"), Message("user", "and?"), Message("assistant", "plain")]
+    as_dicts = [{"role": m.role, "content": m.content, "tool_calls": [
+        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]}
+        for m in msgs]
+    for tools in ([BASH_TOOL, SUBMIT_TOOL], []):
+        want = lm.tokenizer.apply_chat_template(as_dicts, tools=tools or None, tokenize=False,
+                                                add_generation_prompt=True)
+        assert FMT.render(msgs, tools) == want
+    head = FMT.render(msgs[:3], [], generation_prompt=False).removesuffix("\n")  # ends at the turn-end token
+    assert head + FMT.continuation(msgs[3:6], turn_open=False) == FMT.render(msgs[:6], [])
+    # a turn cut by the token cap gets its end marker from the continuation
+    open_turn = head.removesuffix(FMT.turn_end)
+    assert open_turn + FMT.continuation(msgs[3:6], turn_open=True) == FMT.render(msgs[:6], [])
+
+
+def test_split_turn_flags_malformed_and_unknown_calls():
+    ok = FMT.assistant_text("thinking", [ToolCall("bash", {"command": "ls"})])
+    assert FMT.split_turn(ok, {"bash"}) == ("thinking", [ToolCall("bash", {"command": "ls"})], None)
+    assert FMT.split_turn(ok, {"submit"})[2] == "unknown_tool"
+    assert FMT.split_turn("<tool_call>{x</tool_call><|im_end|>", {"bash"}) == ("<tool_call>{x</tool_call>", [],
+                                                                              "malformed_tool_call")
+    assert FMT.split_turn(ok, None) == (ok.removesuffix("<|im_end|>"), [], None)  # no tools offered: plain text

@@ -1,0 +1,88 @@
+"""Protocol adapters without a server: requests to messages, turns to replies and SSE events."""
+
+import json
+
+import pytest
+
+from rlonce.gateway.messages import CallOut, Message, ProtocolError, Turn
+from rlonce.gateway.protocols import PROTOCOLS
+from rlonce.model.chat import ToolCall
+
+CHAT, ANTH, RESP = (PROTOCOLS[k] for k in ("openai-chat", "anthropic-messages", "openai-responses"))
+TURN = Turn("hi", [CallOut("call_0_0", "bash", {"command": "ls"})], "tool_calls", 10, 5, "s", 0)
+
+
+def _events(lines):
+    return [json.loads(x.split("data: ", 1)[1]) for x in lines if "data: {" in x]
+
+
+def test_the_three_shapes_of_one_dialogue_are_the_same_messages():
+    want = [Message("system", "sys"), Message("user", "q"), Message("assistant", "hm", (ToolCall("bash", {"a": 1}),)),
+            Message("tool", "out", tool_call_id="c1"), Message("user", "more")]
+    chat = CHAT.parse({"messages": [
+        {"role": "developer", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": "hm", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "bash", "arguments": '{"a":1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"}, {"role": "user", "content": "more"}],
+        "unused_field": {"x": 1}})
+    anth = ANTH.parse({"system": [{"type": "text", "text": "sys"}], "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "..."}, {"type": "text", "text": "hm"},
+                                          {"type": "tool_use", "id": "c1", "name": "bash", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
+            {"type": "text", "text": "out"}]}, {"type": "text", "text": "more"}]}]})
+    resp = RESP.parse({"instructions": "sys", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hm"}]},
+        {"type": "reasoning", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": '{"a": 1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"}, {"role": "user", "content": "more"}]})
+    for req in (chat, anth, resp):
+        assert [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in req.messages] == [
+            (m.role, m.content, m.tool_calls, m.tool_call_id) for m in want]
+
+
+def test_previous_response_id_continues_and_keeps_the_system_prompt():
+    history = {"resp_1": [Message("system", "sys"), Message("user", "q"), Message("assistant", "a")]}
+    req = RESP.parse({"previous_response_id": "resp_1", "input": "next"}, history)
+    assert [m.role for m in req.messages] == ["system", "user", "assistant", "user"]
+    req = RESP.parse({"previous_response_id": "resp_1", "instructions": "new", "input": "next"}, history)
+    assert req.messages[0] == Message("system", "new") and [m.role for m in req.messages].count("system") == 1
+    with pytest.raises(ProtocolError) as e:
+        RESP.parse({"previous_response_id": "resp_2", "input": "x"}, history)
+    assert e.value.status == 404
+
+
+def test_chat_stream_reassembles_to_the_reply():
+    ev = _events(CHAT.stream(TURN, CHAT.parse({"messages": [{"role": "user", "content": "q"}], "model": "m"}),
+                             {"stream_options": {"include_usage": True}}))
+    assert all(e["object"] == "chat.completion.chunk" for e in ev)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e["choices"])
+    args = "".join(tc["function"].get("arguments", "") for e in ev if e["choices"]
+                   for tc in e["choices"][0]["delta"].get("tool_calls", []))
+    assert text == "hi" and json.loads(args) == {"command": "ls"}
+    assert ev[-2]["choices"][0]["finish_reason"] == "tool_calls" and ev[-1]["usage"]["total_tokens"] == 15
+
+
+def test_anthropic_and_responses_streams_follow_the_sdk_sequences():
+    req = ANTH.parse({"messages": [{"role": "user", "content": "q"}]})
+    kinds = [e["type"] for e in _events(ANTH.stream(TURN, req, {}))]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
+    ev = _events(RESP.stream(TURN, RESP.parse({"input": "q"}), "resp_x"))
+    assert [e["sequence_number"] for e in ev] == list(range(len(ev)))
+    assert ev[0]["type"] == "response.created" and ev[-1]["type"] == "response.completed"
+    assert {e["response"]["id"] for e in ev if "response" in e} == {"resp_x"}
+    assert ev[-1]["response"]["output"][1]["call_id"] == "call_0_0"
+
+
+def test_error_shapes():
+    e = ProtocolError("bad", param="messages")
+    assert CHAT.error(e) == {"error": {"message": "bad", "type": "invalid_request_error", "param": "messages",
+                                       "code": None}}
+    assert ANTH.error(ProtocolError("gone", status=404)) == {"type": "error", "error": {
+        "type": "not_found_error", "message": "gone"}}
+    for bad in ({"messages": [{"role": "user", "content": 3}]}, {"messages": [{"role": "tool"}], "max_tokens": True},
+                {"messages": [], "stream": "yes"}):
+        with pytest.raises(ProtocolError):
+            CHAT.parse(bad)
