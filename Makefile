@@ -51,6 +51,7 @@ bench: system-deps venv
 	test -f runs/packs/bench/validation.json || ($(PY) -m rlonce.cli tasks build code --out runs/packs/bench \
 	    --per-package 3 && $(PY) -m rlonce.cli tasks validate runs/packs/bench)
 	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
+	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
 
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32

@@ -224,8 +224,13 @@ def _main(argv: list[str]) -> int:
                              harness_timeout=args.harness_timeout)
         print(f"held-out success {res['success']:.3f} on {res['tasks']} tasks ({res['infra_failed']} infra failures)")
         for arm, v in res["per_arm"].items():
-            n = res["outside"]["tasks"] if arm == args.harness_name and "outside" in res else res["tasks"]
-            print(f"  {arm:<18} {v:.3f}  ({n} tasks)")
+            if arm == args.harness_name and "outside" in res:
+                o = res["outside"]
+                ends = ", ".join(f"{k} {n}" for k, n in o["statuses"].items() if n)
+                print(f"  {arm:<18} {v:.3f}  ({o['tasks']} tasks, outside harness; {ends}; "
+                      f"{o['turns_mean']:.1f} turns/episode)")
+            else:
+                print(f"  {arm:<18} {v:.3f}  ({res['tasks']} tasks)")
         return 0
 
     from rlonce.recipes.grpo import run

@@ -105,3 +105,27 @@ def test_mini_swe_agent_completes_a_task_as_an_outside_harness(lm):
     obs = [lm.decode(s.token_ids) for s in segs if s.role is Role.OBSERVATION]
     assert f"{task.chain[0][0]} = {task.chain[0][1]}" in obs[0] and all(
         s.logprobs is None for s in segs if s.role is not Role.MODEL)
+
+
+def test_mini_swe_agent_against_the_embedded_model_runs_to_its_end_and_is_recorded(lm):
+    """The real embedded model was never trained on mini-swe-agent's prompts: whatever it says,
+    the outside episode ends by mini-swe-agent's own rules and every turn is on record."""
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.gateway.session import Budgets
+
+    engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=2)
+    gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=32), budgets=Budgets(32, 1024))
+    task = make_task("heldout", 22)
+
+    async def go():
+        async with AsyncServer(make_app(gw)) as srv:
+            return await run_outside(task, ToolfindEnv, gw, srv.base_url, "python -m rlonce.harness.mswea",
+                                     name="mini-swe-agent", timeout=120)
+
+    try:
+        seq = asyncio.run(go())
+    finally:
+        engine.close()
+    assert seq.status in (Status.SUBMITTED, Status.LIMITS) and seq.turns >= 1, seq.metrics
+    model = [s for c in seq.contexts for s in c.segments if s.role is Role.MODEL]
+    assert len(model) == seq.turns and all(v == 2 for s in model for v in s.versions)

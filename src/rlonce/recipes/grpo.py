@@ -253,6 +253,8 @@ class Job:
         return {"success": sum(s.success for s in scored) / max(len(scored), 1), "tasks": len(scored),
                 "infra_failed": len(seqs) - len(scored),
                 "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
+            "contexts_per_sequence": sum(len(s.contexts) for s in seqs) / max(len(seqs), 1),
+            "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
                 "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}
 
     def rl_step(self) -> dict:
@@ -298,6 +300,8 @@ class Job:
             "success_rate": sum(s.success for s in scored) / max(len(scored), 1),
             "response_tokens_mean": gen_tokens / max(len(seqs), 1),
             "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
+            "contexts_per_sequence": sum(len(s.contexts) for s in seqs) / max(len(seqs), 1),
+            "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
             **{f"status_{k.value}": sum(s.status is k for s in seqs) / len(seqs) for k in Status},
             "rollout_seconds": t_roll,
             "train_seconds": t_train,
@@ -306,8 +310,8 @@ class Job:
             "retained_rows": len(rows),
             "version": st.version,
             "version_lag_max": max(lags) if lags else 0,
-            **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / max(sum(s.arm == a for s in scored), 1)
-                for a in cfg.harness.arms} if len(cfg.harness.arms) > 1 else {}),
+            **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / sum(s.arm == a for s in scored)
+                for a in cfg.harness.arms if any(s.arm == a for s in scored)} if len(cfg.harness.arms) > 1 else {}),
             **signal_m,
             **train_m,
         }
