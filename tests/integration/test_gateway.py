@@ -191,34 +191,72 @@ def test_sdk_completes_a_task_with_exact_tokens(served, lm, mode):
     assert report["first_divergence"] is None and report["model_tokens_changed"] == 0
 
 
+def _free_turns(base, sid, mode, n):
+    """``n`` turns of whatever the model says, through the SDK of ``mode``; tool calls get a reply."""
+    tools = [{"type": "function", "function": t} for t in TOOLS]
+    if mode.startswith("chat"):
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=sid, max_retries=0)
+        msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "What is x?"}]
+        for _ in range(n):
+            if mode == "chat-stream":
+                with c.chat.completions.stream(model="embedded", messages=msgs, tools=tools) as s:
+                    s.until_done()
+                    msg = s.current_completion_snapshot.choices[0].message
+            else:
+                msg = c.chat.completions.create(model="embedded", messages=msgs, tools=tools).choices[0].message
+            yield
+            msgs.append(msg.model_dump(exclude_none=True, exclude={"parsed"}))
+            ids = [t.id for t in msg.tool_calls or []] or [None]
+            msgs += [{"role": "tool", "tool_call_id": i, "content": "no such file"} for i in ids]
+    elif mode.startswith("responses"):
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=sid, max_retries=0)
+        kw = {"model": "embedded", "instructions": SYSTEM_PROMPT, "input": "What is x?",
+              "tools": [{"type": "function", **t} for t in TOOLS]}
+        for _ in range(n):
+            r = c.responses.create(**kw, stream=True) if mode == "responses-stream" else c.responses.create(**kw)
+            if mode == "responses-stream":
+                r = [e for e in r if e.type in ("response.completed", "response.incomplete")][-1].response
+            yield
+            calls = [o for o in r.output if o.type == "function_call"]
+            kw.update(previous_response_id=r.id, input=[{"type": "function_call_output", "call_id": o.call_id,
+                                                         "output": "no such file"} for o in calls]
+                      or [{"role": "user", "content": "go on"}])
+    else:
+        a = anthropic.Anthropic(base_url=base, api_key=sid, max_retries=0)
+        atools = [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in TOOLS]
+        msgs = [{"role": "user", "content": "What is x?"}]
+        for _ in range(n):
+            kw = {"model": "embedded", "max_tokens": 24, "system": SYSTEM_PROMPT, "messages": msgs, "tools": atools}
+            if mode == "anthropic-stream":
+                with a.messages.stream(**kw) as s:
+                    m = s.get_final_message()
+            else:
+                m = a.messages.create(**kw)
+            yield
+            msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]})
+            uses = [b for b in m.content if b.type == "tool_use"]
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "none"}
+                                                     for u in uses] or "go on"})
+
+
 def test_embedded_model_over_http_records_sampled_log_probs(lm):
-    """The real embedded model behind the gateway: the SDK's turns are recorded with the engine's
-    own log-probs and versions, and the next turn's prompt extends the recorded context."""
+    """The real embedded model behind the gateway, through every SDK mode: each turn is recorded
+    with the engine's own log-probs and versions, and each next prompt extends the recorded context."""
     from rlonce.engine.torch_engine import TorchEngine
 
     engine = Recording(TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=3))
     gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=24), auto_open=True)
-    tools = [{"type": "function", "function": t} for t in TOOLS]
     try:
         with ServerThread(make_app(gw)) as srv:
-            client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="emb", max_retries=0)
-            msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "What is x?"}]
-            for _ in range(2):
-                msg = client.chat.completions.create(model="embedded", messages=msgs, tools=tools).choices[0].message
-                traj = check_last_turn(srv.base_url, "emb", engine)
-                msgs.append(msg.model_dump(exclude_none=True))
-                ids = [c.id for c in msg.tool_calls or []] or [None]
-                msgs += [{"role": "tool", "tool_call_id": i, "content": "no such file"} for i in ids]
-            a = anthropic.Anthropic(base_url=srv.base_url, api_key="emb-a", max_retries=0)
-            with a.messages.stream(model="embedded", max_tokens=24, system=SYSTEM_PROMPT,
-                                   messages=[{"role": "user", "content": "What is y?"}]) as s:
-                s.get_final_message()
-            check_last_turn(srv.base_url, "emb-a", engine)
+            for mode in EPISODES:
+                for _ in _free_turns(srv.base_url, "emb-" + mode, mode, 2):
+                    traj = check_last_turn(srv.base_url, "emb-" + mode, engine)
+                model = [s for c in traj["contexts"] for s in c["segments"] if s["role"] == "model"]
+                assert len(model) == 2 and all(v == 3 for s in model for v in s["versions"]), mode
+                assert all(lp <= 0 for s in model for lp in s["logprobs"]), mode
     finally:
         engine.engine.close()
-    model = [s for s in traj["contexts"][0]["segments"] if s["role"] == "model"]
-    assert len(model) == 2 and all(v == 3 for s in model for v in s["versions"])
-    assert all(lp <= 0 for s in model for lp in s["logprobs"]) and any(lp < 0 for s in model for lp in s["logprobs"])
+    assert len(engine.calls) == 2 * len(EPISODES)
 
 
 # ---- rollback, branch, truncation, flags: the in-process path, same bodies -----------------

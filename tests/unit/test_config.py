@@ -83,3 +83,22 @@ def test_config_module_imports_without_torch():
 
     code = "import sys, rlonce.config, rlonce.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_harness_arms_override_takes_a_bare_list_and_rejects_unknown_arms():
+    from rlonce.config import ConfigError, load_config
+
+    cfg = load_config(None, ["harness.arms=[mini-bash, mini-codex]"])
+    assert cfg.harness.arms == ["mini-bash", "mini-codex"]
+    with pytest.raises(ConfigError, match="harness.arms"):
+        load_config(None, ["harness.arms=[mini-vim]"])
+
+
+def test_split_by_arm_makes_one_group_per_task_and_arm():
+    from rlonce.core.records import Sample, Sequence
+    from rlonce.rollout.runner import split_by_arm
+
+    seqs = [Sequence("t", arm) for arm in ("a", "b", "a", "b", "b")]
+    groups = split_by_arm([Sample("t", "toolfind", 3, seqs)])
+    assert [(g.task_id, len(g.sequences)) for g in groups] == [("t/a", 2), ("t/b", 3)]
+    assert all(g.dispatch_step == 3 for g in groups)
