@@ -113,3 +113,17 @@ def test_other_objectives_train_from_the_sft_checkpoint(tiny_run, tmp_path, over
         assert all(k in r for k in expect), sorted(r)
     if "bound_pos_high" in expect:  # entropy far below the band: positive interval widens
         assert trained[0]["bound_pos_high"] > 5.0 and trained[0]["bound_neg_high"] < 5.0
+
+
+def test_a_run_can_mix_harness_arms(tmp_path):
+    """`harness.arms` in `rlonce train`: SFT demonstrations and RL groups are spread over the arms,
+    held-out success is reported per arm, every recorded sequence names its arm."""
+    out = tmp_path / "arms"
+    cfg = load_config(REPO / "configs" / "tiny.toml", [
+        f"out={out}", "rl.steps=1", "sft.demos=64", "sft.epochs=1", "rl.tasks_per_step=4", "rl.group_size=2",
+        "eval.heldout_tasks=4", "eval.every=0", "harness.arms=[mini-bash,mini-claude-code,mini-codex,mini-mimocode]"])
+    summary = run(cfg, progress=False)
+    assert set(summary["final_success_per_arm"]) == set(cfg.harness.arms) == set(summary["baseline_success_per_arm"])
+    assert summary["heldout_infra_failed"] == 0
+    trajs = read_jsonl(out / "trajectories" / "step-0001.jsonl")
+    assert {t["arm"] for t in trajs} <= set(cfg.harness.arms) and len({t["arm"] for t in trajs}) == 1  # one group
