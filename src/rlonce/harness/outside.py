@@ -28,6 +28,7 @@ from rlonce.core.records import FailureCategory, Sequence, Status
 from rlonce.envs.base import grade_or_infra
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.session import session_metrics
+from rlonce.sandbox.base import SandboxError
 from rlonce.sandbox.bwrap import WORKDIR, BwrapSandbox, Limits
 
 ANSWER = ".rlonce-answer"
@@ -35,14 +36,16 @@ ANSWER = ".rlonce-answer"
 
 def _python_binds() -> tuple[dict[str, str], str, str]:
     """Read-only mounts that let the agent command run this Python environment (an agent such
-    as mini-swe-agent is installed in it). Paths under the sandbox's own ``/work`` are mounted
-    under ``/opt/rlonce`` instead. Returns (host → sandbox mounts, venv path, source path)."""
+    as mini-swe-agent is installed in it): the virtual environment and rlonce's sources under
+    ``/opt/rlonce`` (the sandbox's own ``/work`` and ``/tmp`` would hide them at their host
+    paths), the base interpreter where the environment expects it. Returns (host → sandbox
+    mounts, venv path, source path)."""
+    base = os.path.realpath(sys.base_prefix)
+    if any(base == p or base.startswith(p + "/") for p in (WORKDIR, "/tmp")):
+        raise SandboxError(f"the Python installation at {base} lies under {WORKDIR} or /tmp, which the sandbox "
+                           "replaces; use an interpreter installed elsewhere to run outside harnesses")
     src = str(Path(rlonce.__file__).resolve().parents[1])
-    where = {}
-    for name, host in (("venv", sys.prefix), ("base", os.path.realpath(sys.base_prefix)), ("src", src)):
-        inside = host if not (host == WORKDIR or host.startswith(WORKDIR + "/")) else f"/opt/rlonce/{name}"
-        where[name] = (host, inside)
-    return dict(where.values()), where["venv"][1], where["src"][1]
+    return {sys.prefix: "/opt/rlonce/venv", base: base, src: "/opt/rlonce/src"}, "/opt/rlonce/venv", "/opt/rlonce/src"
 
 
 def outside_limits(timeout: float) -> Limits:
