@@ -39,12 +39,14 @@ def _parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quickstart", help="train the embedded agent with the embedded defaults")
     q.add_argument("--out", default="runs/quickstart", help="run directory (default: runs/quickstart)")
+    q.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode; default sync)")
     q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=10")
 
     t = sub.add_parser("train", help="train from a config file and/or overrides")
     t.add_argument("--config", help="TOML config file (see configs/)")
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
 
     e = sub.add_parser("eval", help="held-out success of a model on the embedded domain")
@@ -188,6 +190,8 @@ def _serve(args) -> int:
 
 def _main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "mode", None):
+        args.overrides = [*args.overrides, f"rollout.mode={args.mode}"]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rlonce.config import load_config, read_saved_config

@@ -101,6 +101,24 @@ class RLConfig(Section):
     concurrency: int = 64
 
 
+class RolloutConfig(Section):
+    """The orchestrator (``rlonce.rollout.orchestrator``)."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """sync: each step dispatches ``rl.tasks_per_step`` groups and waits for them. async: rollout
+    keeps running while the trainer steps; each step takes ``target_groups`` accepted groups,
+    in-flight turns are paused at weight updates and continued under the new weights."""
+    staleness: int | None = Field(None, ge=1)
+    """Largest dispatch age (steps, counting the current one) of a trained group; default 1 in
+    sync mode, 2 in async mode. Token version lag is then at most staleness - 1."""
+    target_groups: int = Field(3, ge=1)
+    """async: accepted (contrastful) groups per trainer step (B for the single toolfind source)."""
+    oversampling: float = Field(1.25, ge=1)
+    """The Sample Mixer's weighted-average oversampling budget p̄."""
+    max_sessions: int = Field(64, ge=1)
+    """Concurrent sequences the dispatcher may keep in flight (async)."""
+
+
 class PPOObjective(Section):
     """PPO clip with clip-higher and an optional dual clip (the public vanilla loss)."""
 
@@ -228,6 +246,7 @@ class RunConfig(Section):
     harness: HarnessConfig = HarnessConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
+    rollout: RolloutConfig = RolloutConfig()
     algo: AlgoConfig = AlgoConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -145,6 +145,9 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         seqs = [s for s in sample.sequences if not s.infra_failed]
         entry.dispatched += len(sample.sequences)
         entry.infra_failed += len(sample.sequences) - len(seqs)
+        for s in sample.sequences:
+            if s.infra_failed:
+                entry.infra_by_category[s.failure.value] = entry.infra_by_category.get(s.failure.value, 0) + 1
         entry.finished += len(seqs)
         if not seqs:
             continue

@@ -1,7 +1,13 @@
 """The step ledger: where every dispatched sequence went. Its sums must balance.
 
-    dispatched = finished + infra_failed
-    finished   = no_contrast_filtered + penalty_rejected + retained
+    carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
+                              + stale_dropped + retained + carried_over
+    infra_failed            = Σ infra_by_category
+
+``carried_in``/``carried_over`` are sequences still open (running, or finished and waiting in
+the replay buffer) at the step's start/end; with a synchronous batch both are 0 and the
+equation reads ``dispatched = infra_failed + filtered + rejected + retained``. ``finished``
+counts sequences that ended this step without an infrastructure failure.
 
 Counted per task source. Rewrites that keep a sequence are counted beside the partition:
 ``hack_zeroed`` (a confirmed hack's reward set to 0), ``length_penalized`` (a length
@@ -11,7 +17,7 @@ module dropped) and ``contexts_dropped``. A ledger that does not balance is a bu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 class LedgerImbalance(AssertionError):
@@ -32,15 +38,23 @@ class LedgerEntry:
     length_penalized: int = 0
     zero_advantage: int = 0
     contexts_dropped: int = 0
+    carried_in: int = 0
+    stale_dropped: int = 0
+    carried_over: int = 0
+    infra_by_category: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> None:
-        if self.dispatched != self.finished + self.infra_failed:
-            raise LedgerImbalance(f"step {self.step} {self.source}: dispatched {self.dispatched} != finished "
-                                  f"{self.finished} + infra_failed {self.infra_failed}")
-        if self.finished != self.no_contrast_filtered + self.penalty_rejected + self.retained:
-            raise LedgerImbalance(f"step {self.step} {self.source}: finished {self.finished} != filtered "
-                                  f"{self.no_contrast_filtered} + rejected {self.penalty_rejected} + retained "
-                                  f"{self.retained}")
+        out = (self.infra_failed + self.no_contrast_filtered + self.penalty_rejected + self.stale_dropped
+               + self.retained + self.carried_over)
+        if self.carried_in + self.dispatched != out:
+            raise LedgerImbalance(
+                f"step {self.step} {self.source}: carried_in {self.carried_in} + dispatched {self.dispatched} != "
+                f"infra_failed {self.infra_failed} + filtered {self.no_contrast_filtered} + rejected "
+                f"{self.penalty_rejected} + stale {self.stale_dropped} + retained {self.retained} + carried_over "
+                f"{self.carried_over}")
+        if self.infra_by_category and sum(self.infra_by_category.values()) != self.infra_failed:
+            raise LedgerImbalance(f"step {self.step} {self.source}: infra categories {self.infra_by_category} do not "
+                                  f"sum to infra_failed {self.infra_failed}")
 
     def to_dict(self) -> dict:
         return asdict(self)

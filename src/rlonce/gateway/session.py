@@ -99,6 +99,8 @@ class Session:
         self.status = "active"
         self.reward: float | None = None
         self.rollback_dropped_tokens = 0
+        self.interrupts = 0
+        """Turns continued after the engine paused mid-generation (partial rollout)."""
         self.metadata: dict = {}
         self.render_tools = True
         self.lock = asyncio.Lock()
@@ -202,7 +204,23 @@ class Session:
             return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations))
         sampling, budget_bound = self._sampling(req, room)
         gen = await self.engine.generate(plan.prompt_ids, sampling)
+        while gen.finish_reason == "abort":  # partial rollout: the engine paused for a weight update
+            gen = await self._continue(plan.prompt_ids, gen, sampling)
         return self._commit(plan, req, gen, budget_bound)
+
+    async def _continue(self, prompt: list[int], gen: Generation, sampling: SamplingParams) -> Generation:
+        """Resume an interrupted turn: re-prefill the context plus the tokens sampled so far
+        (under whatever weights the engine holds now) and append what follows. Earlier tokens
+        keep their log-probs and versions; the turn records the versions it spans."""
+        self.interrupts += 1
+        left = sampling.max_tokens - len(gen.token_ids)
+        if left <= 0:
+            return replace(gen, finish_reason="length")
+        more_s = replace(sampling, max_tokens=left,
+                         seed=None if sampling.seed is None else sampling.seed + 104729 * self.interrupts)
+        more = await self.engine.generate(prompt + gen.token_ids, more_s)
+        return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
+                          more.finish_reason, {**gen.metrics, **more.metrics})
 
     def _commit_prompt_only(self, plan: _Plan) -> None:
         if plan.new_branch:
@@ -270,4 +288,5 @@ class Session:
 def session_metrics(s: Session) -> dict[str, float]:
     kinds = [e["kind"] for e in s.events]
     return {"contexts": float(len(s.branches)), "rollbacks": float(kinds.count("rollback")),
-            "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens)}
+            "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens),
+            "interrupts": float(s.interrupts)}

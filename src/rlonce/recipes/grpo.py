@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import Counter
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 
 from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
-from rlonce.algo.signal import LengthShaping, SignalSettings, learning_signal
+from rlonce.algo.signal import LengthShaping, SignalSettings
 from rlonce.config import AlgoConfig, RunConfig, save_config
 from rlonce.core.records import Status, sequence_to_rows
 from rlonce.engine.base import SamplingParams
@@ -38,7 +39,9 @@ from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
-from rlonce.rollout.runner import RolloutSpec, collect, run_sequence, split_by_arm
+from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+from rlonce.rollout.runner import LocalExecutor, RolloutSpec, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
@@ -60,6 +63,8 @@ class RunState:
     baseline_per_arm: dict | None = None
     wall_seconds_before: float = 0.0
     bounds: dict | None = None
+    orchestrator: dict | None = None
+    """The orchestrator's persisted state: mixer estimates, task positions."""
     """State of the entropy-driven four-bound controller, when one is configured."""
 
 
@@ -212,15 +217,17 @@ class Job:
         return seqs
 
     def evaluate(self, n: int, desc: str) -> dict:
+        return asyncio.run(self.evaluate_async(n, desc))
+
+    async def evaluate_async(self, n: int, desc: str) -> dict:
         """Held-out success: every task under every configured arm; ``success`` is their mean."""
         self._threads("rollout")
         tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
         per_arm, scored_n, infra = {}, 0, 0
         for arm in self.spec.arms:
             label = desc if len(self.spec.arms) == 1 else f"{desc} {arm}"
-            samples = asyncio.run(collect(tasks, 1, ToolfindEnv, self.engine, self.spec, arm=arm, desc=label,
-                                          concurrency=self.cfg.eval.concurrency, progress=self.progress,
-                                          seed=EVAL_SEED))
+            samples = await collect(tasks, 1, ToolfindEnv, self.engine, self.spec, arm=arm, desc=label,
+                                    concurrency=self.cfg.eval.concurrency, progress=self.progress, seed=EVAL_SEED)
             seqs = [s for x in samples for s in x.sequences]
             scored = [s for s in seqs if not s.infra_failed]
             per_arm[arm] = sum(s.success for s in scored) / max(len(scored), 1)
@@ -253,45 +260,71 @@ class Job:
         return {"success": sum(s.success for s in scored) / max(len(scored), 1), "tasks": len(scored),
                 "infra_failed": len(seqs) - len(scored),
                 "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
-            "contexts_per_sequence": sum(len(s.contexts) for s in seqs) / max(len(seqs), 1),
-            "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
                 "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}
 
-    def rl_step(self) -> dict:
+    def orchestrator(self) -> Orchestrator:
+        cfg, r = self.cfg, self.cfg.rollout
+        staleness = r.staleness or (1 if r.mode == "sync" else 2)
+        mixer = SampleMixer({"toolfind": SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
+        tfh = cfg.task.two_hop_fraction
+        orch = Orchestrator(
+            LocalExecutor(ToolfindEnv, self.engine, self.spec),
+            lambda source, i: make_task("train", RL_TASK_OFFSET + i, two_hop_fraction=tfh), mixer, self.signal,
+            OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
+                                 max_sessions=r.max_sessions if r.mode == "async" else cfg.rl.concurrency,
+                                 fixed_quota={"toolfind": cfg.rl.tasks_per_step} if r.mode == "sync" else None,
+                                 group_by_arm=cfg.harness.group_by_arm),
+            decode=self.lm.decode)
+        if self.state.orchestrator:
+            orch.load_state_dict(self.state.orchestrator)
+        orch.next_index["toolfind"] = self.state.data_position
+        return orch
+
+    def _train(self, rows, step: int) -> dict:
+        cfg = self.cfg
+        a = cfg.algo
+        params = objective_params(a)
+        if self.controller is not None:
+            params.update(self.controller.bounds())
+        return self.rl_trainer.rl_step(rows, objective=a.objective.name, agg=a.aggregation,
+                                       minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
+                                       correction=a.rollout_correction, correction_cap=a.correction_cap, **params)
+
+    async def rl_step(self, orch: Orchestrator) -> dict:
         cfg, st = self.cfg, self.state
         step = st.rl_step + 1
-        tasks = [make_task("train", RL_TASK_OFFSET + st.data_position + i, two_hop_fraction=cfg.task.two_hop_fraction)
-                 for i in range(cfg.rl.tasks_per_step)]
+        asynchronous = cfg.rollout.mode == "async"
         t0 = time.perf_counter()
         self._threads("rollout")
-        samples = asyncio.run(collect(tasks, cfg.rl.group_size, ToolfindEnv, self.engine, self.spec,
-                                      dispatch_step=step, concurrency=cfg.rl.concurrency, desc=f"rollout {step}",
-                                      progress=self.progress))
+        res = await orch.collect(step)
         t_roll = time.perf_counter() - t0
-        if cfg.harness.group_by_arm:
-            samples = split_by_arm(samples)
-        rows, ledger, signal_m = learning_signal(samples, step, self.signal, decode=self.lm.decode)
+        rows, ledger, signal_m = res.rows, res.ledger, res.metrics
         lags = [st.version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m]
-        self._threads("train")
+        if not asynchronous:
+            self._threads("train")
         t1 = time.perf_counter()
         train_m: dict = {}
         if rows:
-            a = cfg.algo
-            params = objective_params(a)
-            if self.controller is not None:
-                params.update(self.controller.bounds())
-            train_m = self.rl_trainer.rl_step(rows, objective=a.objective.name, agg=a.aggregation,
-                                              minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
-                                              correction=a.rollout_correction, correction_cap=a.correction_cap,
-                                              **params)
+            if asynchronous:  # rollout keeps going on the event loop while the trainer steps
+                train_m = await asyncio.get_running_loop().run_in_executor(None, self._train, rows, step)
+            else:
+                train_m = self._train(rows, step)
             if self.controller is not None:
                 train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
                 st.bounds = self.controller.state_dict()
             st.version += 1
-            self.engine.load_weights(self.lm.model.state_dict(), st.version)
+            self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
+            try:
+                self.engine.load_weights(self.lm.model.state_dict(), st.version)
+            finally:
+                self.engine.resume()
         t_train = time.perf_counter() - t1
-        st.rl_step, st.data_position = step, st.data_position + len(tasks)
-        seqs = [s for x in samples for s in x.sequences]
+        st.rl_step, st.data_position = step, orch.next_index["toolfind"]
+        st.orchestrator = orch.state_dict()
+        samples = res.samples
+        seqs = res.finished
+        staleness = orch.s.staleness
+        trained_seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
         gen_tokens = sum(s.metrics["model_tokens"] for s in seqs)
         rec = {
@@ -310,6 +343,15 @@ class Job:
             "retained_rows": len(rows),
             "version": st.version,
             "version_lag_max": max(lags) if lags else 0,
+            "version_lag_mean": sum(lags) / len(lags) if lags else 0.0,
+            **{f"version_lag_tokens/{k}": float(n) for k, n in sorted(Counter(lags).items())},
+            "staleness_violations": float(sum(lag > staleness - 1 for lag in lags)),
+            "sequences_spanning_versions": float(sum(
+                len({v for c in s.contexts for g in c.segments if g.versions for v in g.versions}) > 1
+                for s in trained_seqs)),
+            "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
+            "stale_dropped": float(sum(e.stale_dropped for e in ledger.values())),
+            "carried_over": float(sum(e.carried_over for e in ledger.values())),
             **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / sum(s.arm == a for s in scored)
                 for a in cfg.harness.arms if any(s.arm == a for s in scored)} if len(cfg.harness.arms) > 1 else {}),
             **signal_m,
@@ -317,8 +359,29 @@ class Job:
         }
         for e in ledger.values():
             self.ledger.write(e.to_dict())
-        self._write_trajectories(step, samples[0].sequences)
+        self._write_trajectories(step, samples[0].sequences if samples else seqs[:cfg.rl.group_size])
         return rec
+
+    async def _rl_phase(self) -> None:
+        cfg, st = self.cfg, self.state
+        bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        orch = self.orchestrator()
+        try:
+            while st.rl_step < cfg.rl.steps:
+                rec = await self.rl_step(orch)
+                if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
+                    ev = await self.evaluate_async(cfg.eval.during_tasks, f"eval {rec['step']}")
+                    rec["heldout_success"] = ev["success"]
+                self.metrics.write(rec)
+                bar.update(1)
+                bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",
+                                ent=f"{rec.get('entropy', 0):.2f}", s=f"{rec['step_seconds']:.1f}", refresh=False)
+                if rec["step"] % cfg.checkpoint.every == 0 and rec["step"] < cfg.rl.steps:
+                    self._checkpoint()
+        finally:
+            bar.close()
+            await orch.close()
 
     def _write_trajectories(self, step: int, seqs) -> None:
         d = self.out / "trajectories"
@@ -352,19 +415,7 @@ class Job:
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
             self._say(f"baseline (SFT) held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
             self._checkpoint()
-        bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
-        while st.rl_step < cfg.rl.steps:
-            rec = self.rl_step()
-            if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
-                rec["heldout_success"] = self.evaluate(cfg.eval.during_tasks, f"eval {rec['step']}")["success"]
-            self.metrics.write(rec)
-            bar.update(1)
-            bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",
-                            ent=f"{rec.get('entropy', 0):.2f}", s=f"{rec['step_seconds']:.1f}", refresh=False)
-            if rec["step"] % cfg.checkpoint.every == 0 and rec["step"] < cfg.rl.steps:
-                self._checkpoint()
-        bar.close()
+        asyncio.run(self._rl_phase())
         final = self.evaluate(cfg.eval.heldout_tasks, "final eval")
         self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
                             "final": True})

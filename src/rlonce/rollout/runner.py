@@ -148,3 +148,23 @@ def split_by_arm(samples: list[Sample]) -> list[Sample]:
             out.append(Sample(f"{x.task_id}/{arm}", x.source, x.dispatch_step,
                               [s for s in x.sequences if s.arm == arm]))
     return out
+
+
+class LocalExecutor:
+    """Runs a group's sequences on this event loop, all through one in-process gateway."""
+
+    def __init__(self, env_factory, engine: Engine, spec: RolloutSpec):
+        self.env_factory = env_factory
+        self.engine = engine
+        self.spec = spec
+        self.gateway = spec.gateway(engine)
+
+    async def run_group(self, group, group_size: int) -> list[Sequence]:
+        spec, task = self.spec, group.task
+
+        def arm(k: int) -> str:
+            key = f"{task.task_id}#{k}" if spec.arm_per_sequence else task.task_id
+            return arm_for(spec.arm_seed, group.dispatch_step, key, list(spec.arms))
+
+        return list(await asyncio.gather(*(run_sequence(task, self.env_factory, self.engine, spec, arm=arm(k),
+                                                        gateway=self.gateway) for k in range(group_size))))

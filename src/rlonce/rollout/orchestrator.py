@@ -1,0 +1,333 @@
+"""The rollout orchestrator: replay buffer, Sample Mixer, staleness, partial rollout, the step ledger.
+
+One object serves both modes with the same records and functions:
+
+- ``sync`` — each step dispatches its groups, waits for all of them, and (with ``refill``)
+  dispatches more of any source still short of its target, until every target is met.
+- ``async`` — a dispatcher keeps the pipeline full while the trainer steps; ``collect`` only
+  waits until the buffer holds each source's target of accepted groups. Weight updates pause
+  the engine: in-flight turns stop at their next token and the gateway session continues them
+  under the new weights by re-prefilling (``partial rollout``); every token keeps the log-prob
+  and policy version it was sampled with.
+
+**Replay buffer.** Every dispatched group (one task × ``group_size`` sequences) is a ``Group``
+in state pending → running → finished (evaluated by ``rlonce.algo.learning_signal``: accepted,
+no-contrast-filtered or penalty-rejected; infrastructure failures excluded from its statistics)
+or failed (every sequence an infrastructure failure). ``collect`` takes accepted groups
+oldest-first.
+
+**Staleness.** A group dispatched at step d is dropped at step s when ``s - d + 1 > staleness``
+(whether still running or waiting), and refilled. Since weights advance once per step, every
+trained token then lags the trainer by at most ``staleness - 1`` versions; the lag of every
+trained token is measured and reported per step, and a violation is counted.
+
+**Ledger** (per step and source, in sequences) — checked every step:
+
+    carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
+                              + stale_dropped + retained + carried_over
+
+**Admission.** New groups start greedily by mixer weight under per-source concurrency budgets
+(Little's law, ``SampleMixer.concurrency``), a cap on concurrent sessions and a budget of
+predicted KV tokens (the source's mean context length × group size).
+
+The executor runs one group; ``LocalExecutor`` runs its sequences on this event loop. A Ray
+executor fills the same interface later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rlonce.algo.signal import SignalSettings, learning_signal
+from rlonce.core.ledger import LedgerEntry
+from rlonce.core.records import Sample, Sequence, TrainingRow
+from rlonce.rollout.mixer import SampleMixer
+from rlonce.rollout.runner import split_by_arm
+
+PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
+
+
+@dataclass
+class Group:
+    gid: str
+    task: object
+    source: str
+    dispatch_step: int
+    order: int
+    """Dispatch order: oldest-first selection and a deterministic row order."""
+    state: str = PENDING
+    sequences: list[Sequence] = field(default_factory=list)
+    rows: list[TrainingRow] = field(default_factory=list)
+    accepted: bool = False
+    seconds: float = 0.0
+    job: asyncio.Task | None = None
+
+
+class Executor(Protocol):
+    async def run_group(self, group: Group, group_size: int) -> list[Sequence]: ...
+
+
+@dataclass
+class StepResult:
+    rows: list[TrainingRow]
+    ledger: dict[str, LedgerEntry]
+    samples: list[Sample]
+    """The groups trained on."""
+    finished: list[Sequence]
+    """Every sequence that ended during the step (kept, filtered, rejected or failed)."""
+    metrics: dict[str, float]
+
+
+@dataclass
+class OrchestratorSettings:
+    mode: str = "sync"
+    group_size: int = 8
+    staleness: int = 1
+    """Largest dispatch age (in steps, counting the current one) a trained group may have."""
+    refill: bool = True
+    """Sync mode: dispatch more of a source still short of its target after filtering."""
+    max_refill_rounds: int = 4
+    max_sessions: int = 64
+    kv_budget: float = float("inf")
+    """Predicted KV tokens in flight (mean context tokens of the source × group size)."""
+    fixed_quota: dict[str, int] | None = None
+    """Sync without the mixer: dispatch exactly this many groups per source and step."""
+    group_by_arm: bool = False
+    """Judge each group's siblings per harness arm (``split_by_arm``)."""
+
+
+class Orchestrator:
+    def __init__(self, executor: Executor, tasks: Callable[[str, int], object], mixer: SampleMixer,
+                 signal: SignalSettings, settings: OrchestratorSettings, *, decode=None):
+        self.executor = executor
+        self.tasks = tasks
+        self.mixer = mixer
+        self.signal = signal
+        self.s = settings
+        self.decode = decode
+        self.groups: dict[str, Group] = {}
+        self.next_index: dict[str, int] = {n: 0 for n in mixer.sources}
+        self.order = 0
+        self.step = 1
+        self.window: dict[str, LedgerEntry] = {}
+        self.signal_stats: Counter = Counter()
+        self.finished: list[Sequence] = []
+        self.changed = asyncio.Event()
+        self._dispatcher: asyncio.Task | None = None
+        self._stopping = False
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def _entry(self, source: str) -> LedgerEntry:
+        return self.window.setdefault(source, LedgerEntry(self.step, source))
+
+    def _open(self, source: str | None = None) -> list[Group]:
+        return [g for g in self.groups.values() if (source is None or g.source == source)
+                and (g.state in (PENDING, RUNNING) or (g.state == FINISHED and g.accepted))]
+
+    def _open_count(self, g: Group) -> int:
+        """Sequences of ``g`` not yet accounted for: all of a running group; the non-infra ones
+        of a finished group (its infrastructure failures were counted when it finished)."""
+        return self.s.group_size if g.state != FINISHED else sum(not s.infra_failed for s in g.sequences)
+
+    def in_flight(self, source: str | None = None) -> list[Group]:
+        return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
+                and (source is None or g.source == source)]
+
+    def accepted(self, source: str) -> list[Group]:
+        return sorted((g for g in self.groups.values() if g.source == source and g.state == FINISHED and g.accepted),
+                      key=lambda g: g.order)
+
+    # ---- dispatch ------------------------------------------------------------------------
+    def dispatch(self, source: str) -> Group:
+        i = self.next_index[source]
+        self.next_index[source] = i + 1
+        task = self.tasks(source, i)
+        g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order)
+        self.order += 1
+        self.groups[g.gid] = g
+        self._entry(source).dispatched += self.s.group_size
+        g.state = RUNNING
+        g.job = asyncio.create_task(self._run(g))
+        return g
+
+    async def _run(self, g: Group) -> None:
+        t0 = time.perf_counter()
+        try:
+            seqs = await self.executor.run_group(g, self.s.group_size)
+        except asyncio.CancelledError:
+            return
+        g.seconds = time.perf_counter() - t0
+        if g.gid not in self.groups:  # dropped as stale while it ran
+            return
+        self._evaluate(g, seqs)
+        self.changed.set()
+
+    def _evaluate(self, g: Group, seqs: list[Sequence]) -> None:
+        g.sequences = seqs
+        self.finished += seqs
+        sample = Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, seqs)
+        samples = split_by_arm([sample]) if self.s.group_by_arm else [sample]
+        rows, ledger, stats = learning_signal(samples, g.dispatch_step, self.signal, decode=self.decode)
+        ev = ledger[g.source]
+        w = self._entry(g.source)
+        w.finished += ev.finished
+        w.infra_failed += ev.infra_failed
+        for k, v in ev.infra_by_category.items():
+            w.infra_by_category[k] = w.infra_by_category.get(k, 0) + v
+        w.no_contrast_filtered += ev.no_contrast_filtered
+        w.penalty_rejected += ev.penalty_rejected
+        for k in ("hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped"):
+            setattr(w, k, getattr(w, k) + getattr(ev, k))
+        self.signal_stats.update(stats)
+        g.rows, g.accepted = rows, ev.retained > 0
+        g.state = FINISHED if ev.finished else FAILED
+        if ev.finished:  # infrastructure failures say nothing about the source's acceptance
+            tokens = sum(s.metrics.get("context_tokens", 0.0) for s in seqs) / max(len(seqs), 1)
+            self.mixer.observe(g.source, accepted=g.accepted, duration=g.seconds, tokens=tokens)
+        if not g.accepted:
+            del self.groups[g.gid]
+
+    def _admissible(self, source: str, budgets: dict[str, int]) -> bool:
+        flight = self.in_flight()
+        if len(flight) * self.s.group_size + self.s.group_size > self.s.max_sessions:
+            return False
+        kv = sum(self.mixer.sources[g.source].tokens for g in flight) * self.s.group_size
+        if flight and kv + self.mixer.sources[source].tokens * self.s.group_size > self.s.kv_budget:
+            return False
+        return len(self.in_flight(source)) < budgets[source]
+
+    def _want(self, source: str, quotas: dict[str, int]) -> bool:
+        """Async: keep a source's open work (in flight + waiting) at its quota for the steps the
+        staleness bound lets the pipeline hold."""
+        return len(self._open(source)) < quotas[source] * self.s.staleness
+
+    async def _dispatch_loop(self) -> None:
+        while not self._stopping:
+            quotas = self.mixer.quotas()
+            budgets = self.mixer.concurrency(max(1, self.s.max_sessions // self.s.group_size))
+            accepted = {n: len(self.accepted(n)) for n in self.mixer.sources}
+            weights = self.mixer.weights(accepted)
+            started = False
+            for source in sorted(weights, key=lambda n: -weights[n]):
+                if self._want(source, quotas) and self._admissible(source, budgets):
+                    self.dispatch(source)
+                    started = True
+                    break
+            if not started:
+                self.changed.clear()
+                await self.changed.wait()
+
+    # ---- one step ------------------------------------------------------------------------
+    def _evict_stale(self) -> None:
+        for g in list(self.groups.values()):
+            if self.step - g.dispatch_step + 1 > self.s.staleness:
+                self._entry(g.source).stale_dropped += self._open_count(g)
+                if g.job is not None and not g.job.done():
+                    g.job.cancel()
+                del self.groups[g.gid]
+
+    async def _sync_fill(self) -> None:
+        quotas = self.s.fixed_quota or self.mixer.quotas()
+        for source, n in quotas.items():
+            for _ in range(n):
+                self.dispatch(source)
+        await self._drain()
+        if self.s.fixed_quota is not None or not self.s.refill:
+            return
+        for _ in range(self.s.max_refill_rounds):
+            short = {n: s.target - len(self.accepted(n)) for n, s in self.mixer.sources.items()}
+            short = {n: k for n, k in short.items() if k > 0}
+            if not short:
+                return
+            r = {n: max(self.mixer.sources[n].acceptance, self.mixer.settings.min_acceptance) for n in short}
+            for n, k in short.items():
+                for _ in range(max(1, round(k / r[n]))):
+                    self.dispatch(n)
+            await self._drain()
+
+    async def _drain(self) -> None:
+        jobs = [g.job for g in self.in_flight() if g.job is not None]
+        if jobs:
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    async def collect(self, step: int, *, max_wait: float | None = None) -> StepResult:
+        """The batch for trainer step ``step``: each source's target of accepted groups, oldest first."""
+        self.step = step
+        for e in self.window.values():
+            e.step = step
+        self._evict_stale()
+        if self.s.mode == "sync":
+            await self._sync_fill()
+        else:
+            if self._dispatcher is None:
+                self._dispatcher = asyncio.create_task(self._dispatch_loop())
+            self.changed.set()
+            deadline = None if max_wait is None else time.perf_counter() + max_wait
+            while any(len(self.accepted(n)) < s.target for n, s in self.mixer.sources.items()):
+                self.changed.clear()
+                timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                if timeout == 0.0:
+                    break
+                try:
+                    await asyncio.wait_for(self.changed.wait(), timeout)
+                except asyncio.TimeoutError:
+                    break
+        taken: list[Group] = []
+        for n, s in self.mixer.sources.items():
+            pool = self.accepted(n)
+            take = pool if self.s.fixed_quota is not None else pool[: int(s.target)]
+            taken += take
+        taken.sort(key=lambda g: g.order)
+        for g in taken:
+            self._entry(g.source).retained += self._open_count(g)
+            del self.groups[g.gid]
+        return self._close_step(step, taken)
+
+    def _close_step(self, step: int, taken: list[Group]) -> StepResult:
+        rows = [r for g in taken for r in g.rows]
+        open_seqs: Counter = Counter()
+        for g in self._open():
+            open_seqs[g.source] += self._open_count(g)
+        ledger = {}
+        for n in self.mixer.sources:
+            e = self._entry(n)
+            e.step = step
+            e.carried_over = open_seqs[n]
+            e.check()
+            ledger[n] = e
+        self.window = {n: LedgerEntry(step + 1, n, carried_in=ledger[n].carried_over) for n in ledger}
+        stats = dict(self.signal_stats)
+        self.signal_stats = Counter()
+        stats["groups_taken"] = float(len(taken))
+        stats["groups_in_flight"] = float(len(self.in_flight()))
+        samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences) for g in taken]
+        finished, self.finished = self.finished, []
+        return StepResult(rows, ledger, samples, finished, stats)
+
+    async def close(self) -> None:
+        self._stopping = True
+        self.changed.set()
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+        for g in self.in_flight():
+            if g.job is not None:
+                g.job.cancel()
+        await asyncio.gather(*(g.job for g in self.groups.values() if g.job is not None), return_exceptions=True)
+        if self._dispatcher is not None:
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+
+    # ---- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a restart needs: the mixer's estimates, per-source task positions, and the open
+        prompts (reissued at resume with their age restamped)."""
+        return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index),
+                "open": [{"source": g.source, "gid": g.gid} for g in self._open()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mixer.load_state_dict(state.get("mixer", {}))
+        self.next_index.update(state.get("next_index", {}))
