@@ -45,7 +45,7 @@ from typing import Protocol
 
 from rlonce.algo.signal import SignalSettings, learning_signal
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import Sample, Sequence, TrainingRow
+from rlonce.core.records import FailureCategory, Sample, Sequence, Status, TrainingRow
 from rlonce.rollout.mixer import SampleMixer
 from rlonce.rollout.runner import split_by_arm
 
@@ -161,8 +161,13 @@ class Orchestrator:
             seqs = await self.executor.run_group(g, self.s.group_size)
         except asyncio.CancelledError:
             return
+        except Exception:  # noqa: BLE001 - the executor failed, not the model: every sequence is infra
+            tid = getattr(g.task, "task_id", g.gid)
+            seqs = [Sequence(tid, "?", status=Status.INFRA, failure=FailureCategory.HARNESS_ERROR)
+                    for _ in range(self.s.group_size)]
         g.seconds = time.perf_counter() - t0
         if g.gid not in self.groups:  # dropped as stale while it ran
+            self.changed.set()
             return
         self._evaluate(g, seqs)
         self.changed.set()
@@ -202,9 +207,14 @@ class Orchestrator:
         return len(self.in_flight(source)) < budgets[source]
 
     def _want(self, source: str, quotas: dict[str, int]) -> bool:
-        """Async: keep a source's open work (in flight + waiting) at its quota for the steps the
-        staleness bound lets the pipeline hold."""
-        return len(self._open(source)) < quotas[source] * self.s.staleness
+        """Async: dispatch while the source's expected yield — accepted groups waiting plus
+        in-flight groups times their acceptance — is short of this step's target and the next
+        one's, with the mixer's oversampling as headroom (a bigger pipe only goes stale)."""
+        s = self.mixer.sources[source]
+        p, _ = self.mixer.oversampling()
+        expected = len(self.accepted(source)) + len(self.in_flight(source)) * max(s.acceptance,
+                                                                                    self.mixer.settings.min_acceptance)
+        return expected < s.target * min(2, self.s.staleness) * p[source]
 
     async def _dispatch_loop(self) -> None:
         while not self._stopping:
@@ -213,10 +223,15 @@ class Orchestrator:
             accepted = {n: len(self.accepted(n)) for n in self.mixer.sources}
             weights = self.mixer.weights(accepted)
             started = False
-            for source in sorted(weights, key=lambda n: -weights[n]):
-                if self._want(source, quotas) and self._admissible(source, budgets):
-                    self.dispatch(source)
-                    started = True
+            order = sorted(weights, key=lambda n: -weights[n])
+            for soft in (False, True):  # per-source budgets first; then any free slot (work-conserving)
+                for source in order:
+                    cap = budgets if not soft else {n: self.s.max_sessions for n in budgets}
+                    if self._want(source, quotas) and self._admissible(source, cap):
+                        self.dispatch(source)
+                        started = True
+                        break
+                if started:
                     break
             if not started:
                 self.changed.clear()
@@ -231,12 +246,19 @@ class Orchestrator:
                     g.job.cancel()
                 del self.groups[g.gid]
 
-    async def _sync_fill(self) -> None:
-        quotas = self.s.fixed_quota or self.mixer.quotas()
-        for source, n in quotas.items():
-            for _ in range(n):
-                self.dispatch(source)
+    async def _dispatch_within(self, todo: dict[str, int]) -> None:
+        """Dispatch ``todo[source]`` groups per source as the session cap allows, then drain."""
+        queue = [n for n, k in todo.items() for _ in range(k)]
+        while queue:
+            if self.in_flight() and (len(self.in_flight()) + 1) * self.s.group_size > self.s.max_sessions:
+                self.changed.clear()
+                await self.changed.wait()
+                continue
+            self.dispatch(queue.pop(0))
         await self._drain()
+
+    async def _sync_fill(self) -> None:
+        await self._dispatch_within(self.s.fixed_quota or self.mixer.quotas())
         if self.s.fixed_quota is not None or not self.s.refill:
             return
         for _ in range(self.s.max_refill_rounds):
@@ -245,10 +267,7 @@ class Orchestrator:
             if not short:
                 return
             r = {n: max(self.mixer.sources[n].acceptance, self.mixer.settings.min_acceptance) for n in short}
-            for n, k in short.items():
-                for _ in range(max(1, round(k / r[n]))):
-                    self.dispatch(n)
-            await self._drain()
+            await self._dispatch_within({n: max(1, round(k / r[n])) for n, k in short.items()})
 
     async def _drain(self) -> None:
         jobs = [g.job for g in self.in_flight() if g.job is not None]

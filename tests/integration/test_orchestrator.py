@@ -1,0 +1,166 @@
+"""The orchestrator: a balanced ledger under injected faults, stale drops, async collection, and
+partial rollout preserving every earlier token across an engine interrupt."""
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from rlonce.algo.signal import SignalSettings
+from rlonce.core.ledger import LedgerImbalance
+from rlonce.core.records import Context, FailureCategory, Role, Segment, Sequence, Status
+from rlonce.engine.base import Generation, SamplingParams
+from rlonce.gateway.core import Gateway
+from rlonce.model.chat import get_format
+from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+
+FMT = get_format("hermes")
+
+
+@dataclass(frozen=True)
+class T:
+    task_id: str
+
+
+def _seq(tid, reward, failure=None):
+    ctx = Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [3, 4], [-0.5, -0.5], [0, 0], "stop")])
+    if failure:
+        return Sequence(tid, "x", [ctx], Status.INFRA, failure)
+    return Sequence(tid, "x", [ctx], reward=reward)
+
+
+class Faults:
+    """Group k of a step gets outcome plan[k]: 'ok' (contrast), 'flat' (no contrast), an infra
+    category for one sequence, 'all-infra', 'raise' (the executor itself fails), or a delay."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.calls = 0
+
+    async def run_group(self, group, n):
+        kind = self.plan[self.calls % len(self.plan)]
+        self.calls += 1
+        await asyncio.sleep(0.01)
+        tid = group.task.task_id
+        if kind == "raise":
+            raise RuntimeError("executor lost its worker")
+        if kind == "slow":
+            await asyncio.sleep(0.5)
+            kind = "ok"
+        if kind == "flat":
+            return [_seq(tid, 0.0) for _ in range(n)]
+        if kind == "all-infra":
+            return [_seq(tid, None, FailureCategory.ENGINE_ERROR) for _ in range(n)]
+        seqs = [_seq(tid, float(k % 2)) for k in range(n)]
+        if kind != "ok":
+            seqs[0] = _seq(tid, None, FailureCategory(kind))
+        return seqs
+
+
+def _orch(plan, *, mode="sync", staleness=1, target=2, fixed=None, acceptance=0.5):
+    mixer = SampleMixer({"s": SourceStats(target=target, acceptance=acceptance, duration=0.01, seen=1)},
+                        MixerSettings(budget=1.0))
+    return Orchestrator(Faults(plan), lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(),
+                        OrchestratorSettings(mode=mode, group_size=4, staleness=staleness, fixed_quota=fixed,
+                                             max_sessions=64))
+
+
+def test_sync_ledger_balances_under_injected_faults():
+    plan = ["ok", "sandbox_timeout", "engine_error", "grader_unavailable", "flat", "all-infra", "raise", "ok"]
+
+    async def go():
+        o = _orch(plan, fixed={"s": 8})
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    res = asyncio.run(go())
+    e = res.ledger["s"]
+    assert e.dispatched == 32 and e.carried_in == 0 and e.carried_over == 0
+    # 3 single infra failures + 4 all-infra + 4 from the executor's own failure
+    assert e.infra_failed == 11 and e.infra_by_category == {"sandbox_timeout": 1, "engine_error": 5,
+                                                            "grader_unavailable": 1, "harness_error": 4}
+    assert e.no_contrast_filtered == 4
+    # contrastful groups: two clean (4 + 4) and three that lost one sequence to infra (3 + 3 + 3)
+    assert e.retained == 17 and e.infra_failed + e.no_contrast_filtered + e.retained == e.dispatched
+    e.check()
+    assert len(res.samples) == 5 and len(res.rows) == 17  # infra sequences never reach a row
+
+
+def test_ledger_check_refuses_an_imbalance():
+    from rlonce.core.ledger import LedgerEntry
+
+    with pytest.raises(LedgerImbalance, match="carried_in"):
+        LedgerEntry(3, "s", dispatched=8, retained=4, carried_over=2).check()
+
+
+def test_surplus_groups_go_stale_and_are_counted():
+    """Target 1 group a step, 2 accepted: the spare waits (carried over) and is dropped as stale
+    at the next step (staleness 1): nothing is lost from the ledger, nothing trained stale."""
+
+    async def go():
+        o = _orch(["ok"], target=1, acceptance=0.5)  # demand 2 → two groups dispatched
+        first = await o.collect(1)
+        second = await o.collect(2)
+        await o.close()
+        return first, second
+
+    first, second = asyncio.run(go())
+    a, b = first.ledger["s"], second.ledger["s"]
+    assert (a.dispatched, a.retained, a.carried_over) == (8, 4, 4)
+    assert (b.carried_in, b.stale_dropped, b.retained) == (4, 4, 4)
+    assert all(s.dispatch_step == 2 for s in second.samples)
+
+
+def test_async_collect_keeps_rollouts_running_and_carries_work_over():
+    async def go():
+        o = _orch(["ok", "flat", "slow"], mode="async", staleness=2, target=2)
+        out = []
+        for step in (1, 2, 3):
+            out.append(await o.collect(step, max_wait=5))
+            await asyncio.sleep(0.05)  # the "trainer"; the dispatcher keeps going
+        await o.close()
+        return out
+
+    res = asyncio.run(go())
+    for r in res:
+        assert len(r.samples) == 2 and r.ledger["s"].retained == 8
+    assert sum(r.ledger["s"].carried_over for r in res) > 0  # work in flight across collections
+    assert res[1].ledger["s"].carried_in == res[0].ledger["s"].carried_over
+    assert res[2].ledger["s"].carried_in == res[1].ledger["s"].carried_over
+
+
+class Interrupting:
+    """Serves a scripted turn, but the first request is cut after 3 tokens (an engine pause), as
+    the torch engine does at a weight update; the continuation is sampled under version 1."""
+
+    def __init__(self, ids):
+        self.ids, self.version, self.prompts = ids, 0, []
+
+    async def generate(self, prompt, sampling):
+        self.prompts.append(list(prompt))
+        if len(self.prompts) == 1:
+            return Generation(self.ids[:3], [-0.1, -0.2, -0.3], [0, 0, 0], "abort")
+        self.version = 1
+        rest = self.ids[3:]
+        return Generation(rest, [-0.9] * len(rest), [1] * len(rest), "stop")
+
+
+def test_partial_rollout_keeps_every_earlier_token_log_prob_and_version(lm):
+    from rlonce.model.chat import ToolCall
+
+    ids = lm.encode(FMT.assistant_text("", [ToolCall("bash", {"command": "ls docs"})]))
+    eng = Interrupting(ids)
+    gw = Gateway(eng, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64))
+    s = gw.open("p")
+    r = asyncio.run(gw.call("openai-chat", {"messages": [{"role": "system", "content": "s"},
+                                                          {"role": "user", "content": "u"}],
+                                            "tools": [{"type": "function", "function": {"name": "bash"}}]}, "p"))
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "bash"
+    seg = [g for g in s.contexts[0].segments if g.role is Role.MODEL][0]
+    assert seg.token_ids == ids  # one turn, whole
+    assert seg.logprobs[:3] == [-0.1, -0.2, -0.3] and seg.logprobs[3:] == [-0.9] * (len(ids) - 3)
+    assert seg.versions == [0, 0, 0] + [1] * (len(ids) - 3)  # the turn says which weights drew each token
+    assert eng.prompts[1] == eng.prompts[0] + ids[:3]  # re-prefilled: context plus what was sampled
+    assert s.interrupts == 1
