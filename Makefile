@@ -52,6 +52,7 @@ bench: system-deps venv
 	    --per-package 3 && $(PY) -m rlonce.cli tasks validate runs/packs/bench)
 	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
 	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
+	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
 
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32
