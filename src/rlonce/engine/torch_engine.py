@@ -35,6 +35,14 @@ class _Request:
     loop: asyncio.AbstractEventLoop
 
 
+def _deliver(r: _Request, fn, value) -> None:
+    """Hand a result to the caller's loop — unless that loop has closed (a cancelled rollout)."""
+    try:
+        r.loop.call_soon_threadsafe(fn, r.future, value)
+    except RuntimeError:  # the event loop is closed: nobody is waiting for this answer
+        pass
+
+
 def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
                    top_p_B: torch.Tensor) -> torch.Tensor:
     """Log-probs of the sampling distribution: temperature, then top-k, then top-p (nucleus)."""
@@ -126,16 +134,19 @@ class TorchEngine:
                 wave.append(nxt)
             while self._paused.is_set():
                 time.sleep(0.005)
+            wave = [r for r in wave if not r.loop.is_closed() and not r.future.cancelled()]  # callers gone
+            if not wave:
+                continue
             try:
                 with self._lock, torch.inference_mode():
                     results = self._run_wave(wave)
             except Exception as e:  # the retry boundary: the caller turns this into engine_error
                 err = EngineError(f"{type(e).__name__}: {e}")
                 for r in wave:
-                    r.loop.call_soon_threadsafe(_set_exception, r.future, err)
+                    _deliver(r, _set_exception, err)
                 continue
             for r, g in zip(wave, results):
-                r.loop.call_soon_threadsafe(_set_result, r.future, g)
+                _deliver(r, _set_result, g)
 
     def _run_wave(self, wave: list[_Request]) -> list[Generation]:
         t0 = time.perf_counter()
