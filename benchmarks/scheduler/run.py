@@ -54,10 +54,12 @@ class Source:
 
 def workload(seed: int, t_min: float) -> list[Source]:
     rng = random.Random(seed)
+    token_rank = list(range(N_SOURCES))
+    rng.shuffle(token_rank)  # lengths spread 90×, not in step with durations
     out = []
     for i in range(N_SOURCES):
-        x = i / (N_SOURCES - 1)
-        out.append(Source(f"src{i:02d}", t_min * 66 ** x, 100 * 90 ** ((x * 7) % 1.0), rng.uniform(0.3, 0.9)))
+        x, y = i / (N_SOURCES - 1), token_rank[i] / (N_SOURCES - 1)
+        out.append(Source(f"src{i:02d}", t_min * 66 ** x, 100 * 90 ** y, rng.uniform(0.3, 0.9)))
     return out
 
 
@@ -83,14 +85,24 @@ class SimExecutor:
         return seqs
 
 
-async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float, slots: int, seed: int) -> dict:
+async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float, slots: int, seed: int,
+                   staleness: int) -> dict:
     mixer = SampleMixer({s.name: SourceStats(target=TARGET) for s in sources}, MixerSettings(budget=1.25))
     ex = SimExecutor({s.name: s for s in sources}, seed)
     orch = Orchestrator(ex, lambda source, i: SimTask(f"{source}/{i}", source), mixer, SignalSettings(),
-                        OrchestratorSettings(mode=mode, group_size=GROUP, staleness=1 if mode == "sync" else 2,
+                        OrchestratorSettings(mode=mode, group_size=GROUP, staleness=staleness,
                                              max_sessions=slots * GROUP))
     retained, idle, lags, ledgers = Counter(), 0.0, Counter(), []
     t_start = None
+    busy: list[int] = []
+
+    async def monitor():  # how many of the executor's group slots hold a running group
+        while True:
+            if t_start is not None:
+                busy.append(len(orch.in_flight()))
+            await asyncio.sleep(0.01)
+
+    mon = asyncio.create_task(monitor())
     try:
         for step in range(1, steps + 1):
             if step == 3:
@@ -107,14 +119,15 @@ async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float,
             ex.version += 1
         wall = time.perf_counter() - t_start
     finally:
+        mon.cancel()
         await orch.close()
     total = sum(retained.values())
     share_target = 1 / len(sources)
-    staleness = 1 if mode == "sync" else 2
     return {
-        "mode": mode, "measured_steps": steps - 2, "wall_s": wall,
+        "mode": mode, "staleness": staleness, "measured_steps": steps - 2, "wall_s": wall,
         "retained_groups": total, "retained_groups_per_min": 60 * total / wall,
         "trainer_idle_fraction": idle / wall,
+        "slot_utilization": sum(busy) / max(len(busy), 1) / slots,
         "max_mixture_error": max(abs(retained[s.name] / max(total, 1) - share_target) for s in sources),
         "staleness_violations": sum(n for lag, n in lags.items() if lag > staleness - 1),
         "version_lag_tokens": {str(k): v for k, v in sorted(lags.items())},
@@ -129,8 +142,9 @@ async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=14)
-    ap.add_argument("--train-s", type=float, default=0.8, help="simulated trainer step (seconds)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--train-s", type=float, default=0.4, help="simulated trainer step (seconds)")
+    ap.add_argument("--staleness", type=int, default=3, help="async staleness bound (sync trains on-policy: 1)")
     ap.add_argument("--t-min", type=float, default=0.02, help="shortest source's mean group duration (seconds)")
     ap.add_argument("--slots", type=int, default=32, help="concurrent groups the executor may run")
     ap.add_argument("--seed", type=int, default=0)
@@ -138,7 +152,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sources = workload(args.seed, args.t_min)
-    res = {m: asyncio.run(run_mode(m, sources, args.steps, args.train_s, args.slots, args.seed)) for m in ("sync", "async")}
+    res = {m: asyncio.run(run_mode(m, sources, args.steps, args.train_s, args.slots, args.seed,
+                                   1 if m == "sync" else args.staleness)) for m in ("sync", "async")}
     jitter = math.exp(0.3 ** 2 / 2)  # mean of the log-normal jitter
     roll = args.slots * TARGET * N_SOURCES / sum(TARGET * s.duration * jitter / s.acceptance for s in sources)
     bound = 60 * min(roll, TARGET * N_SOURCES / args.train_s)

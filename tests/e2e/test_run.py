@@ -127,3 +127,47 @@ def test_a_run_can_mix_harness_arms(tmp_path):
     assert summary["heldout_infra_failed"] == 0
     trajs = read_jsonl(out / "trajectories" / "step-0001.jsonl")
     assert {t["arm"] for t in trajs} <= set(cfg.harness.arms) and len({t["arm"] for t in trajs}) == 1  # one group
+
+
+def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(tiny_run, tmp_path):
+    """Continue the tiny run in async mode, kill -9 the process mid-run, resume it: every step's
+    ledger appears once, balances, and carries into the next exactly what the step before
+    carried over; the retained total is the sum of the steps'; trained tokens span versions
+    only within the staleness bound."""
+    import shutil
+    import time
+
+    out, _, _ = tiny_run
+    run_dir = tmp_path / "killed"
+    shutil.copytree(out, run_dir)
+    cmd = [sys.executable, "-m", "rlonce.cli", "train", "--resume", str(run_dir), "--quiet"]
+    proc = subprocess.Popen([*cmd, "rl.steps=7", "rollout.mode=async", "rollout.target_groups=1",
+                             "rollout.max_sessions=16", "checkpoint.every=1", "eval.every=0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(read_jsonl(run_dir / "ledger.jsonl")) >= 4:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(1.0)  # into the next step
+        proc.kill()  # SIGKILL: no clean-up, no final checkpoint
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(read_jsonl(run_dir / "ledger.jsonl")) < 7  # the kill interrupted the run
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ledger = read_jsonl(run_dir / "ledger.jsonl")
+    assert [e["step"] for e in ledger] == list(range(1, 8))
+    for prev, e in zip(ledger, ledger[1:]):
+        assert e["carried_in"] == prev["carried_over"], (prev, e)
+    for e in ledger:
+        assert e["carried_in"] + e["dispatched"] == (e["infra_failed"] + e["no_contrast_filtered"] + e["penalty_rejected"]
+                                                     + e["stale_dropped"] + e["retained"] + e["carried_over"])
+    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in m]
+    assert [m["step"] for m in metrics] == list(range(1, 8))
+    assert all(m["staleness_violations"] == 0 for m in metrics[2:])
+    assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == 7

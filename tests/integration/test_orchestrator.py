@@ -164,3 +164,32 @@ def test_partial_rollout_keeps_every_earlier_token_log_prob_and_version(lm):
     assert seg.versions == [0, 0, 0] + [1] * (len(ids) - 3)  # the turn says which weights drew each token
     assert eng.prompts[1] == eng.prompts[0] + ids[:3]  # re-prefilled: context plus what was sampled
     assert s.interrupts == 1
+
+
+def test_restart_replays_waiting_groups_and_reissues_prompts_without_double_counting():
+    """Stop after step 2, restore a fresh orchestrator from the step's snapshot: the open work is
+    carried in exactly as the ledger carried it over, waiting groups are replayed (not re-run),
+    in-flight prompts are reissued, and no task is retained twice."""
+
+    async def first():
+        o = _orch(["ok", "slow", "flat"], mode="async", staleness=3, target=2)
+        out = [await o.collect(s, max_wait=5) for s in (1, 2)]
+        await o.close()
+        return out, o.snapshot
+
+    async def second(snapshot):
+        o = _orch(["ok", "slow", "flat"], mode="async", staleness=3, target=2)
+        o.load_state_dict(snapshot)
+        out = [await o.collect(s, max_wait=5) for s in (3, 4)]
+        await o.close()
+        return out, o
+
+    before, snap = asyncio.run(first())
+    assert snap["waiting"] or snap["in_flight"]
+    after, o = asyncio.run(second(snap))
+    assert after[0].ledger["s"].carried_in == before[-1].ledger["s"].carried_over
+    assert o.replayed == len(snap["waiting"]) and o.reissued == len(snap["in_flight"])
+    trained = [x.task_id for r in before + after for x in r.samples]
+    assert len(trained) == len(set(trained)) == 8  # 2 groups a step, none twice
+    for r in before + after:
+        r.ledger["s"].check()

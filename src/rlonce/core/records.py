@@ -198,3 +198,21 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
         adv = [advantage if m else 0.0 for m in mask]
         rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id))
     return rows
+
+
+def sequence_to_dict(seq: Sequence) -> dict:
+    """Plain data (for checkpoints): every token, log-prob, version and flag."""
+    return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
+            "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
+            "turns": seq.turns, "metrics": dict(seq.metrics), "hack_confirmed": seq.hack_confirmed,
+            "contexts": [{"label": c.label, "segments": [
+                {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
+                 "finish_reason": s.finish_reason, "flags": dict(s.flags)} for s in c.segments]} for c in seq.contexts]}
+
+
+def sequence_from_dict(d: dict) -> Sequence:
+    contexts = [Context([Segment(Role(s["role"]), s["token_ids"], s["logprobs"], s["versions"], s["finish_reason"],
+                                 s["flags"]) for s in c["segments"]], c["label"]) for c in d["contexts"]]
+    return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
+                    FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
+                    d["metrics"], d["hack_confirmed"])

@@ -148,6 +148,7 @@ class Job:
                 self.rl_trainer.load_state_dict(saved["rl_trainer"])
             checkpoint.restore_rng(saved["rng"])
             keep = self.state.rl_step
+            save_config(self.cfg, self.out / "config.json")  # overrides given at resume stay with the run
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
         else:
             self.state = RunState()
@@ -319,8 +320,8 @@ class Job:
             finally:
                 self.engine.resume()
         t_train = time.perf_counter() - t1
-        st.rl_step, st.data_position = step, orch.next_index["toolfind"]
-        st.orchestrator = orch.state_dict()
+        st.orchestrator = orch.snapshot
+        st.rl_step, st.data_position = step, orch.snapshot["next_index"]["toolfind"]
         samples = res.samples
         seqs = res.finished
         staleness = orch.s.staleness
@@ -352,6 +353,8 @@ class Job:
             "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
             "stale_dropped": float(sum(e.stale_dropped for e in ledger.values())),
             "carried_over": float(sum(e.carried_over for e in ledger.values())),
+            "replayed_groups": float(orch.replayed),
+            "reissued_groups": float(orch.reissued),
             **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / sum(s.arm == a for s in scored)
                 for a in cfg.harness.arms if any(s.arm == a for s in scored)} if len(cfg.harness.arms) > 1 else {}),
             **signal_m,

@@ -107,10 +107,11 @@ class SampleMixer:
         a = self.settings.alpha
         return {n: a * m[n] / total + (1 - a) * (deficit[n] / dsum if dsum else m[n] / total) for n in m}
 
-    def concurrency(self, slots: int) -> dict[str, int]:
+    def concurrency(self, slots: int, p: dict[str, float] | None = None) -> dict[str, int]:
         """Per-source session budgets from Little's law: in flight ∝ m_i · p_i · t_i (at least 1)."""
-        p, _ = self.oversampling()
-        load = {n: self.demand()[n] * p[n] * s.duration for n, s in self.sources.items()}
+        p = p if p is not None else self.oversampling()[0]
+        m = self.demand()
+        load = {n: m[n] * p[n] * s.duration for n, s in self.sources.items()}
         total = sum(load.values()) or 1.0
         return {n: max(1, round(slots * v / total)) for n, v in load.items()}
 

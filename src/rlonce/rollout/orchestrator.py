@@ -40,12 +40,13 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from rlonce.algo.signal import SignalSettings, learning_signal
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import FailureCategory, Sample, Sequence, Status, TrainingRow
+from rlonce.core.records import (FailureCategory, Sample, Sequence, Status, TrainingRow, sequence_from_dict,
+                                 sequence_to_dict)
 from rlonce.rollout.mixer import SampleMixer
 from rlonce.rollout.runner import split_by_arm
 
@@ -60,6 +61,8 @@ class Group:
     dispatch_step: int
     order: int
     """Dispatch order: oldest-first selection and a deterministic row order."""
+    index: int = 0
+    """The task's position in its source (what a restart reissues)."""
     state: str = PENDING
     sequences: list[Sequence] = field(default_factory=list)
     rows: list[TrainingRow] = field(default_factory=list)
@@ -120,6 +123,12 @@ class Orchestrator:
         self.changed = asyncio.Event()
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
+        self._replay: list[dict] = []
+        self._reissue: list[dict] = []
+        self.replayed = 0
+        self.reissued = 0
+        self.snapshot: dict = {}
+        """``state_dict()`` taken when the last step closed — what a checkpoint should hold."""
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _entry(self, source: str) -> LedgerEntry:
@@ -138,19 +147,28 @@ class Orchestrator:
         return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
                 and (source is None or g.source == source)]
 
+    def _short(self) -> bool:
+        """Some source has fewer accepted groups waiting than its target."""
+        acc = Counter(g.source for g in self.groups.values() if g.state == FINISHED and g.accepted)
+        return any(acc[n] < s.target for n, s in self.mixer.sources.items())
+
     def accepted(self, source: str) -> list[Group]:
         return sorted((g for g in self.groups.values() if g.source == source and g.state == FINISHED and g.accepted),
                       key=lambda g: g.order)
 
     # ---- dispatch ------------------------------------------------------------------------
-    def dispatch(self, source: str) -> Group:
-        i = self.next_index[source]
-        self.next_index[source] = i + 1
+    def dispatch(self, source: str, *, index: int | None = None, counted: bool = True) -> Group:
+        """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart:
+        its age restamped, its sequences already counted as carried in, not dispatched)."""
+        i = index if index is not None else self.next_index[source]
+        if index is None:
+            self.next_index[source] = i + 1
         task = self.tasks(source, i)
-        g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order)
+        g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i)
         self.order += 1
         self.groups[g.gid] = g
-        self._entry(source).dispatched += self.s.group_size
+        if counted:
+            self._entry(source).dispatched += self.s.group_size
         g.state = RUNNING
         g.job = asyncio.create_task(self._run(g))
         return g
@@ -197,45 +215,59 @@ class Orchestrator:
         if not g.accepted:
             del self.groups[g.gid]
 
-    def _admissible(self, source: str, budgets: dict[str, int]) -> bool:
-        flight = self.in_flight()
-        if len(flight) * self.s.group_size + self.s.group_size > self.s.max_sessions:
-            return False
-        kv = sum(self.mixer.sources[g.source].tokens for g in flight) * self.s.group_size
-        if flight and kv + self.mixer.sources[source].tokens * self.s.group_size > self.s.kv_budget:
-            return False
-        return len(self.in_flight(source)) < budgets[source]
+    def _dispatch_round(self) -> int:
+        """Start every group admission allows now; returns how many. One pass over the buffer,
+        the mixer's numbers computed once: this runs after every finished group.
 
-    def _want(self, source: str, quotas: dict[str, int]) -> bool:
-        """Async: dispatch while the source's expected yield — accepted groups waiting plus
-        in-flight groups times their acceptance — is short of this step's target and the next
-        one's, with the mixer's oversampling as headroom (a bigger pipe only goes stale)."""
-        s = self.mixer.sources[source]
-        p, _ = self.mixer.oversampling()
-        expected = len(self.accepted(source)) + len(self.in_flight(source)) * max(s.acceptance,
-                                                                                    self.mixer.settings.min_acceptance)
-        return expected < s.target * min(2, self.s.staleness) * p[source]
+        A source *wants* work while its expected yield — accepted groups waiting plus in-flight
+        groups times their acceptance — is short of the target of the next ``min(2, staleness)``
+        steps with the mixer's oversampling as headroom (a deeper pipe only goes stale). Sources
+        are tried by mixer weight, first within their Little's-law budgets, then — so that no slot
+        idles while some source wants work — within the session cap alone."""
+        mx, st = self.mixer, self.s
+        p, _ = mx.oversampling()
+        budgets = mx.concurrency(max(1, st.max_sessions // st.group_size), p)
+        flight, acc = Counter(), Counter()
+        kv = 0.0
+        for g in self.groups.values():
+            if g.state in (PENDING, RUNNING):
+                flight[g.source] += 1
+                kv += mx.sources[g.source].tokens * st.group_size
+            elif g.state == FINISHED and g.accepted:
+                acc[g.source] += 1
+        weights = mx.weights(dict(acc))
+        order = sorted(weights, key=lambda n: -weights[n])
+        depth = min(2, st.staleness)
+        floor = mx.settings.min_acceptance
+
+        def want(n: str) -> bool:
+            src = mx.sources[n]
+            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * depth * p[n]
+
+        started = 0
+        for soft in (False, True):
+            progress = True
+            while progress:
+                progress = False
+                for n in order:
+                    cost = mx.sources[n].tokens * st.group_size
+                    if ((sum(flight.values()) + 1) * st.group_size > st.max_sessions
+                            or (flight and kv + cost > st.kv_budget)):
+                        return started
+                    if want(n) and (soft or flight[n] < budgets[n]):
+                        self.dispatch(n)
+                        flight[n] += 1
+                        kv += cost
+                        started += 1
+                        progress = True
+                        break
+        return started
 
     async def _dispatch_loop(self) -> None:
         while not self._stopping:
-            quotas = self.mixer.quotas()
-            budgets = self.mixer.concurrency(max(1, self.s.max_sessions // self.s.group_size))
-            accepted = {n: len(self.accepted(n)) for n in self.mixer.sources}
-            weights = self.mixer.weights(accepted)
-            started = False
-            order = sorted(weights, key=lambda n: -weights[n])
-            for soft in (False, True):  # per-source budgets first; then any free slot (work-conserving)
-                for source in order:
-                    cap = budgets if not soft else {n: self.s.max_sessions for n in budgets}
-                    if self._want(source, quotas) and self._admissible(source, cap):
-                        self.dispatch(source)
-                        started = True
-                        break
-                if started:
-                    break
-            if not started:
-                self.changed.clear()
-                await self.changed.wait()
+            self.changed.clear()
+            self._dispatch_round()
+            await self.changed.wait()
 
     # ---- one step ------------------------------------------------------------------------
     def _evict_stale(self) -> None:
@@ -279,6 +311,7 @@ class Orchestrator:
         self.step = step
         for e in self.window.values():
             e.step = step
+        self._restore_open_work()
         self._evict_stale()
         if self.s.mode == "sync":
             await self._sync_fill()
@@ -287,7 +320,7 @@ class Orchestrator:
                 self._dispatcher = asyncio.create_task(self._dispatch_loop())
             self.changed.set()
             deadline = None if max_wait is None else time.perf_counter() + max_wait
-            while any(len(self.accepted(n)) < s.target for n, s in self.mixer.sources.items()):
+            while self._short():
                 self.changed.clear()
                 timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 if timeout == 0.0:
@@ -320,6 +353,7 @@ class Orchestrator:
             e.check()
             ledger[n] = e
         self.window = {n: LedgerEntry(step + 1, n, carried_in=ledger[n].carried_over) for n in ledger}
+        self.snapshot = self.state_dict()  # consistent with this step's ledger: its open work is carried_over
         stats = dict(self.signal_stats)
         self.signal_stats = Counter()
         stats["groups_taken"] = float(len(taken))
@@ -342,11 +376,41 @@ class Orchestrator:
 
     # ---- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What a restart needs: the mixer's estimates, per-source task positions, and the open
-        prompts (reissued at resume with their age restamped)."""
-        return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index),
-                "open": [{"source": g.source, "gid": g.gid} for g in self._open()]}
+        """What a restart needs: the mixer's estimates, per-source task positions, the accepted
+        groups still waiting (replayed within the staleness bound) and the prompts in flight
+        (reissued with their age restamped). Plain data, for the trainer's checkpoint."""
+        waiting, flight = [], []
+        for g in sorted(self.groups.values(), key=lambda g: g.order):
+            if g.state == FINISHED and g.accepted:
+                waiting.append({"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step,
+                                "seconds": g.seconds, "sequences": [sequence_to_dict(x) for x in g.sequences],
+                                "rows": [asdict(r) for r in g.rows]})
+            elif g.state in (PENDING, RUNNING):
+                flight.append({"source": g.source, "index": g.index})
+        return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index), "order": self.order,
+                "waiting": waiting, "in_flight": flight}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore; the restored open work is the next step's ``carried_in``."""
         self.mixer.load_state_dict(state.get("mixer", {}))
         self.next_index.update(state.get("next_index", {}))
+        self.order = state.get("order", self.order)
+        self._replay = list(state.get("waiting", []))
+        self._reissue = list(state.get("in_flight", []))
+
+    def _restore_open_work(self) -> None:
+        """At the first collect after a restart: replay accepted groups, reissue in-flight prompts."""
+        for w in self._replay:
+            g = Group(f"{w['source']}:{w['index']}@{w['dispatch_step']}", self.tasks(w["source"], w["index"]),
+                      w["source"], w["dispatch_step"], self.order, index=w["index"], state=FINISHED, accepted=True,
+                      seconds=w["seconds"], sequences=[sequence_from_dict(x) for x in w["sequences"]],
+                      rows=[TrainingRow(**r) for r in w["rows"]])
+            self.order += 1
+            self.groups[g.gid] = g
+            self._entry(g.source).carried_in += self._open_count(g)
+            self.replayed += 1
+        for f in self._reissue:
+            g = self.dispatch(f["source"], index=f["index"], counted=False)
+            self._entry(g.source).carried_in += self.s.group_size
+            self.reissued += 1
+        self._replay, self._reissue = [], []
