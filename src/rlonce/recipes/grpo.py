@@ -336,7 +336,7 @@ class Job:
             "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
             "contexts_per_sequence": sum(len(s.contexts) for s in seqs) / max(len(seqs), 1),
             "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
-            **{f"status_{k.value}": sum(s.status is k for s in seqs) / len(seqs) for k in Status},
+            **{f"status_{k.value}": sum(s.status is k for s in seqs) / max(len(seqs), 1) for k in Status},
             "rollout_seconds": t_roll,
             "train_seconds": t_train,
             "step_seconds": t_roll + t_train,
