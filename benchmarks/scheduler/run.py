@@ -1,14 +1,15 @@
 """The orchestrator under a 25-source workload: sync vs async vs the work-conserving bound.
 
-    python benchmarks/scheduler/run.py --out DIR [--steps 14] [--train-s 0.8]
+    python benchmarks/scheduler/run.py --out DIR [--steps 40] [--train-s 0.4] [--staleness 3]
 
 25 task sources whose generated lengths spread 90× and rollout durations 66× (log-uniform,
 with per-group log-normal jitter), acceptance rates between 0.3 and 0.9, a target of 2
 retained groups per source and step. Groups are executed by a simulated executor (each one
 sleeps its drawn duration and returns sequences whose rewards make it accepted with the
 source's probability), and everything else is the real code: ``Orchestrator`` (replay buffer,
-staleness eviction, admission, ledger), ``SampleMixer`` and ``learning_signal``. The trainer
-step is a fixed sleep; in ``async`` mode rollouts keep running during it.
+staleness eviction, admission, ledger), ``SampleMixer`` (budget 1.25, p_max 2) and
+``learning_signal``. The trainer step is a fixed sleep; in ``async`` mode (staleness 3) rollouts
+keep running during it; ``sync`` trains on-policy (staleness 1).
 
 Measured after two warm-up steps, side by side in one run: retained groups per minute, the
 trainer's idle fraction, the work-conserving upper bound
@@ -87,7 +88,7 @@ class SimExecutor:
 
 async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float, slots: int, seed: int,
                    staleness: int) -> dict:
-    mixer = SampleMixer({s.name: SourceStats(target=TARGET) for s in sources}, MixerSettings(budget=1.25))
+    mixer = SampleMixer({s.name: SourceStats(target=TARGET) for s in sources}, MixerSettings(budget=1.25, p_max=2.0))
     ex = SimExecutor({s.name: s for s in sources}, seed)
     orch = Orchestrator(ex, lambda source, i: SimTask(f"{source}/{i}", source), mixer, SignalSettings(),
                         OrchestratorSettings(mode=mode, group_size=GROUP, staleness=staleness,
@@ -142,7 +143,7 @@ async def run_mode(mode: str, sources: list[Source], steps: int, train_s: float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--train-s", type=float, default=0.4, help="simulated trainer step (seconds)")
     ap.add_argument("--staleness", type=int, default=3, help="async staleness bound (sync trains on-policy: 1)")
     ap.add_argument("--t-min", type=float, default=0.02, help="shortest source's mean group duration (seconds)")

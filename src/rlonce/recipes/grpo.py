@@ -28,7 +28,7 @@ from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
 from rlonce.config import AlgoConfig, RunConfig, save_config
-from rlonce.core.records import Status, sequence_to_rows
+from rlonce.core.records import Role, Status, sequence_to_rows
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.engine.torch_engine import TorchEngine
@@ -391,8 +391,11 @@ class Job:
         d.mkdir(exist_ok=True)
         w = JsonlWriter(d / f"step-{step:04d}.jsonl")
         for s in seqs:
+            model = [g for c in s.contexts for g in c.segments if g.role is Role.MODEL]
             w.write({"task_id": s.task_id, "arm": s.arm, "status": s.status.value, "reward": s.reward,
-                     "answer": s.answer, "turns": s.turns, "text": self.lm.decode(s.contexts[0].token_ids())})
+                     "answer": s.answer, "turns": s.turns,
+                     "text": self.lm.decode(s.contexts[0].token_ids()) if s.contexts else "",
+                     "turn_versions": [g.versions for g in model], "turn_logprobs": [g.logprobs for g in model]})
         w.close()
 
     def _elapsed(self) -> float:

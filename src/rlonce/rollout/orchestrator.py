@@ -220,8 +220,9 @@ class Orchestrator:
         the mixer's numbers computed once: this runs after every finished group.
 
         A source *wants* work while its expected yield — accepted groups waiting plus in-flight
-        groups times their acceptance — is short of the target of the next ``min(2, staleness)``
-        steps with the mixer's oversampling as headroom (a deeper pipe only goes stale). Sources
+        groups times their acceptance — is short of ``B_i · (d - 1 + p_i)``: the target of the
+        current step with the mixer's oversampling ``p_i`` as headroom, plus the next ``d - 1``
+        steps' targets, ``d = min(2, staleness)`` (a deeper pipe only goes stale). Sources
         are tried by mixer weight, first within their Little's-law budgets, then — so that no slot
         idles while some source wants work — within the session cap alone."""
         mx, st = self.mixer, self.s
@@ -242,7 +243,7 @@ class Orchestrator:
 
         def want(n: str) -> bool:
             src = mx.sources[n]
-            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * depth * p[n]
+            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * (depth - 1 + p[n])
 
         started = 0
         for soft in (False, True):
