@@ -1,6 +1,6 @@
 """The orchestrator under a 25-source workload: sync vs async vs the work-conserving bound.
 
-    python benchmarks/scheduler/run.py --out DIR [--steps 40] [--train-s 0.4] [--staleness 3]
+    python benchmarks/scheduler/run.py --out DIR [--steps 40] [--train-s 0.4] [--staleness 4]
 
 25 task sources whose generated lengths spread 90× and rollout durations 66× (log-uniform,
 with per-group log-normal jitter), acceptance rates between 0.3 and 0.9, a target of 2
@@ -8,7 +8,7 @@ retained groups per source and step. Groups are executed by a simulated executor
 sleeps its drawn duration and returns sequences whose rewards make it accepted with the
 source's probability), and everything else is the real code: ``Orchestrator`` (replay buffer,
 staleness eviction, admission, ledger), ``SampleMixer`` (budget 1.25, p_max 2) and
-``learning_signal``. The trainer step is a fixed sleep; in ``async`` mode (staleness 3) rollouts
+``learning_signal``. The trainer step is a fixed sleep; in ``async`` mode (staleness 4) rollouts
 keep running during it; ``sync`` trains on-policy (staleness 1).
 
 Measured after two warm-up steps, side by side in one run: retained groups per minute, the
@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--train-s", type=float, default=0.4, help="simulated trainer step (seconds)")
-    ap.add_argument("--staleness", type=int, default=3, help="async staleness bound (sync trains on-policy: 1)")
+    ap.add_argument("--staleness", type=int, default=4, help="async staleness bound (sync trains on-policy: 1)")
     ap.add_argument("--t-min", type=float, default=0.02, help="shortest source's mean group duration (seconds)")
     ap.add_argument("--slots", type=int, default=32, help="concurrent groups the executor may run")
     ap.add_argument("--seed", type=int, default=0)

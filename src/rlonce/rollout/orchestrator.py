@@ -127,6 +127,9 @@ class Orchestrator:
         self._reissue: list[dict] = []
         self.replayed = 0
         self.reissued = 0
+        self.step_interval: float | None = None
+        """Moving average of the time between collections (async admission's unit of latency)."""
+        self._last_collect: float | None = None
         self.snapshot: dict = {}
         """``state_dict()`` taken when the last step closed — what a checkpoint should hold."""
 
@@ -220,9 +223,11 @@ class Orchestrator:
         the mixer's numbers computed once: this runs after every finished group.
 
         A source *wants* work while its expected yield — accepted groups waiting plus in-flight
-        groups times their acceptance — is short of ``B_i · (d - 1 + p_i)``: the target of the
-        current step with the mixer's oversampling ``p_i`` as headroom, plus the next ``d - 1``
-        steps' targets, ``d = min(2, staleness)`` (a deeper pipe only goes stale). Sources
+        groups times their acceptance — is short of ``B_i · (1 + p_i · min(d - 1, t_i / T))``: this
+        step's target, plus what must already be in flight to cover the source's rollout duration
+        ``t_i`` in units of the measured step interval ``T`` (Little's law), with the mixer's
+        oversampling ``p_i`` as headroom, at most ``d - 1 = min(2, staleness) - 1`` steps ahead (a
+        deeper pipe only goes stale). Sources
         are tried by mixer weight, first within their Little's-law budgets, then — so that no slot
         idles while some source wants work — within the session cap alone."""
         mx, st = self.mixer, self.s
@@ -241,9 +246,15 @@ class Orchestrator:
         depth = min(2, st.staleness)
         floor = mx.settings.min_acceptance
 
+        interval = self.step_interval
+
         def want(n: str) -> bool:
             src = mx.sources[n]
-            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * (depth - 1 + p[n])
+            if interval:  # Little's law: what is in flight must cover the source's latency in steps
+                ahead = min(depth - 1.0, src.duration / interval) * p[n]
+            else:
+                ahead = (depth - 1.0) * p[n]
+            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * (1.0 + ahead)
 
         started = 0
         for soft in (False, True):
@@ -342,6 +353,11 @@ class Orchestrator:
         return self._close_step(step, taken)
 
     def _close_step(self, step: int, taken: list[Group]) -> StepResult:
+        now = time.perf_counter()
+        if self._last_collect is not None:
+            dt = now - self._last_collect
+            self.step_interval = dt if self.step_interval is None else 0.8 * self.step_interval + 0.2 * dt
+        self._last_collect = now
         rows = [r for g in taken for r in g.rows]
         open_seqs: Counter = Counter()
         for g in self._open():
