@@ -7,7 +7,6 @@ and its last model segment compared with what the engine sampled, token for toke
 
 import asyncio
 import json
-import random
 
 import anthropic
 import httpx
@@ -431,4 +430,3 @@ def test_step_hash_assignment_is_shared_by_siblings_and_spread_over_arms():
     assert all(100 - 40 < picks.count(a) < 100 + 40 for a in arms)
     assert arm_for(0, 1, "task-7", arms) == arm_for(0, 1, "task-7", arms)
     assert [arm_for(0, r, "task-7", arms) for r in range(12)] != [picks[7]] * 12  # rounds reshuffle
-    random.seed(0)

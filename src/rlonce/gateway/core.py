@@ -63,9 +63,6 @@ class Gateway:
             s = self.open(session_id)
         return s
 
-    def pop(self, session_id: str) -> Session:
-        return self.sessions.pop(session_id)
-
     async def call(self, protocol: str, body: dict, session_id: str) -> dict | list[str]:
         """One request in protocol ``protocol``: the reply body, or the SSE events when the
         request streams. Raises ``ProtocolError`` for anything the protocol answers with a 4xx."""

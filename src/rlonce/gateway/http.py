@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
@@ -183,8 +184,6 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20) -> FastAPI:
     @app.get("/health")
     def health():
         return {"status": "ok", "sessions": len(gateway.sessions), "policy_version": gateway.engine.version}
-
-    from fastapi.exceptions import RequestValidationError
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):

@@ -86,15 +86,11 @@ class Arm:
 
     def toolset(self, env) -> dict[str, T.Tool]:
         """The arm's tools, ``submit`` included; the environment's own tools win by name."""
-        native = {t["name"]: t for t in env.tools()}
-        out = {}
-        extra = [T.Tool(t, None) for name, t in native.items() if self.env_tools and name != "submit"]
-        for tool in (*self.tools, *extra, T.SUBMIT):
-            if tool.name in native and tool.name != "submit":
-                name = tool.name
-                out[name] = T.Tool(native[name], lambda e, a, n=name: e.call_tool(n, a))
-            else:
-                out[tool.name] = tool
+        native = {t["name"]: t for t in env.tools() if t["name"] != "submit"}
+        out = {t.name: t for t in self.tools}
+        for name in native if self.env_tools else native.keys() & out.keys():
+            out[name] = T.Tool(native[name], lambda e, a, n=name: e.call_tool(n, a))
+        out["submit"] = T.SUBMIT
         return out
 
     def system_prompt(self, env) -> str:

@@ -46,6 +46,11 @@ class RolloutSpec:
     arm_per_sequence: bool = False
     """Hash each sequence (task id + sibling index) instead of each task: arms mix within a group."""
 
+    def arm_of(self, task_id: str, sibling: int, round_: int) -> str:
+        """The step-hash arm of sibling ``sibling`` of task ``task_id`` dispatched in ``round_``."""
+        key = f"{task_id}#{sibling}" if self.arm_per_sequence else task_id
+        return arm_for(self.arm_seed, round_, key, list(self.arms))
+
     def gateway(self, engine: Engine) -> Gateway:
         return Gateway(engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
                        budgets=Budgets(self.sampling.max_tokens, self.max_context),
@@ -124,9 +129,8 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
         nonlocal solved, done
         seq_seed = None if seed is None else (seed * 1_000_003 + i * 1009 + k) % (2**62)
         async with sem:
-            key = f"{task.task_id}#{k}" if spec.arm_per_sequence else task.task_id
             seq = await run_sequence(task, env_factory, engine, spec, seed=seq_seed, gateway=gateway,
-                                     arm=arm or arm_for(spec.arm_seed, dispatch_step, key, list(spec.arms)))
+                                     arm=arm or spec.arm_of(task.task_id, k, dispatch_step))
         samples[i].sequences.append(seq)
         solved += int(seq.success)
         done += 1
@@ -161,10 +165,6 @@ class LocalExecutor:
 
     async def run_group(self, group, group_size: int) -> list[Sequence]:
         spec, task = self.spec, group.task
-
-        def arm(k: int) -> str:
-            key = f"{task.task_id}#{k}" if spec.arm_per_sequence else task.task_id
-            return arm_for(spec.arm_seed, group.dispatch_step, key, list(spec.arms))
-
-        return list(await asyncio.gather(*(run_sequence(task, self.env_factory, self.engine, spec, arm=arm(k),
-                                                        gateway=self.gateway) for k in range(group_size))))
+        return list(await asyncio.gather(*(
+            run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
+                         arm=spec.arm_of(task.task_id, k, group.dispatch_step)) for k in range(group_size))))

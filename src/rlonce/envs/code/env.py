@@ -16,10 +16,7 @@ confirmed hack: reward 0 and ``Sequence.hack_confirmed``.
 
 from __future__ import annotations
 
-import base64
-import json
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -33,6 +30,7 @@ from rlonce.envs.code.tasks import CodeTask, materialize
 from rlonce.envs.code.testbed import REPORT_DIR, make_sandbox, run_tests
 from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, format_exec
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.fileops import editor_command
 
 SYSTEM_PROMPT = ("You are fixing a bug in the Python repository at /work. Investigate with bash and the editor, "
                  "change the library code (not the tests), then call submit.")
@@ -49,38 +47,6 @@ INFRA_FILES = re.compile(r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|py
 HACK_MARKERS = re.compile(r"\b(_pytest|pytest|atexit|os\._exit|RLONCE_REPORT|rlonce_report|sys\.modules|"
                           r"builtins|faulthandler|signal\.signal)\b|\.rlonce-reports")
 
-# Runs inside the sandbox: the editor's four commands on one file; arguments arrive as base64 JSON.
-EDITOR_SCRIPT = r'''
-import base64, json, os, sys
-a = json.loads(base64.b64decode(sys.argv[1]))
-cmd, path = a.get("command"), a.get("path", "")
-p = path if os.path.isabs(path) else os.path.join("/work", path)
-def out(s): print(s); sys.exit(0)
-if cmd == "view":
-    if os.path.isdir(p): out("\n".join(sorted(os.listdir(p))))
-    if not os.path.isfile(p): out(f"error: {path} does not exist")
-    lines = open(p, errors="replace").read().splitlines()
-    out("\n".join(f"{i + 1:6}\t{l}" for i, l in enumerate(lines)))
-if cmd == "create":
-    if os.path.exists(p): out(f"error: {path} already exists; use str_replace")
-    os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
-    open(p, "w").write(a.get("file_text", "")); out(f"created {path}")
-if not os.path.isfile(p): out(f"error: {path} does not exist")
-text = open(p).read()
-if cmd == "str_replace":
-    old, new = a.get("old_str", ""), a.get("new_str", "")
-    n = text.count(old) if old else 0
-    if n != 1: out(f"error: old_str occurs {n} times in {path}; it must occur exactly once")
-    open(p, "w").write(text.replace(old, new, 1)); out(f"edited {path}")
-if cmd == "insert":
-    lines = text.splitlines(True)
-    k = int(a.get("insert_line", 0))
-    if not 0 <= k <= len(lines): out(f"error: insert_line must be in [0, {len(lines)}]")
-    new = a.get("new_str", "")
-    lines.insert(k, new if new.endswith("\n") else new + "\n")
-    open(p, "w").write("".join(lines)); out(f"inserted into {path}")
-out(f"error: unknown editor command {cmd!r}; use view, create, str_replace or insert")
-'''
 
 
 class TestbedCorrupted(GradingError):
@@ -124,8 +90,7 @@ class CodeEnv:
             r = await self.sandbox.exec(command)
             return format_exec(r.exit_code, r.output, r.timed_out)
         if name == "str_replace_editor":
-            blob = base64.b64encode(json.dumps(arguments).encode()).decode()
-            r = await self.sandbox.exec(f"/usr/bin/python3 -c {shlex.quote(EDITOR_SCRIPT)} {blob}")
+            r = await self.sandbox.exec(editor_command(arguments))
             return format_exec(r.exit_code, r.output, r.timed_out)
         raise KeyError(name)
 
