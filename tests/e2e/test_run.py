@@ -34,7 +34,7 @@ def test_run_directory_is_complete(tiny_run):
     assert summary["heldout_tasks"] == cfg.eval.heldout_tasks
     assert json.loads((out / "summary.json").read_text()) == summary
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 6
+    assert html.count("data:image/png;base64,") == 8
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)

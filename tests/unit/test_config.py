@@ -102,3 +102,41 @@ def test_split_by_arm_makes_one_group_per_task_and_arm():
     groups = split_by_arm([Sample("t", "toolfind", 3, seqs)])
     assert [(g.task_id, len(g.sequences)) for g in groups] == [("t/a", 2), ("t/b", 3)]
     assert all(g.dispatch_step == 3 for g in groups)
+
+
+def test_reasoning_task_needs_the_single_turn_arm_and_no_sft():
+    from rlonce.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r'set harness.arms = \["single-turn"\]'):
+        load_config(None, ["task.name=reasoning", "sft.demos=0"])
+    with pytest.raises(ConfigError, match="set sft.demos = 0"):
+        load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"])
+    with pytest.raises(ConfigError, match="needs tools"):
+        load_config(None, ["harness.arms=[single-turn]"])
+    cfg = load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
+                             "task.datasets=[chain_sum, products]"])
+    assert cfg.task.datasets == ["chain_sum", "products"] and cfg.task.format_weight == 0.1
+
+
+def test_named_optimizers():
+    from rlonce.config import OPTIMIZERS, ConfigError, load_config
+
+    assert OPTIMIZERS["adamw-m1"] == {"betas": (0.9, 0.95), "eps": 1e-15}
+    assert load_config(None, []).rl.optimizer == "adamw-seeds"
+    assert load_config(None, ["rl.optimizer=adamw-m1", "rl.adam_eps=1e-12"]).rl.adam_eps == 1e-12
+    with pytest.raises(ConfigError, match="rl.optimizer"):
+        load_config(None, ["rl.optimizer=sgd"])
+
+
+def test_train_takes_the_config_file_as_a_positional_argument(tmp_path):
+    from rlonce import cli
+
+    p = tmp_path / "c.toml"
+    p.write_text("[rl]\nsteps = 7\n")
+    for argv in (["train", str(p), "rl.lr=0.001", "--out", str(tmp_path / "o")],
+                 ["train", "--out", str(tmp_path / "o"), str(p), "rl.lr=0.001"],
+                 ["train", "--config", str(p), "--out", str(tmp_path / "o"), "rl.lr=0.001"]):
+        cfg, resume = cli.train_config(cli.parse_args(argv))
+        assert (cfg.rl.steps, cfg.rl.lr, cfg.out, resume) == (7, 0.001, str(tmp_path / "o"), False)
+    with pytest.raises(cli.UsageError, match="two configs"):
+        cli.train_config(cli.parse_args(["train", "--config", str(p), str(p)]))

@@ -6,8 +6,9 @@
 | ``mini-claude-code`` | Anthropic Messages | Read, Write, Edit, Grep, Glob, Bash | cut; compaction into a new context near the budget |
 | ``mini-codex`` | Responses | ``apply_patch``, ``exec_command`` | cut |
 | ``mini-mimocode`` | Chat Completions | ``str_replace_editor``, ``bash`` | line-based observation truncation |
+| ``single-turn`` | Chat Completions | none: the reply is the answer | — |
 
-Every arm adds ``submit``. A tool the environment itself offers under the same name (e.g. the
+Every tool arm adds ``submit``. A tool the environment itself offers under the same name (e.g. the
 toolfind ``bash``, the code domain's ``str_replace_editor``) is used as the environment defines
 it. ``translate`` maps the scripted expert's bash calls into the arm's tools, so one expert
 writes demonstrations for every arm.
@@ -83,9 +84,13 @@ class Arm:
     translate: Callable[[ToolCall], ToolCall] = _same
     env_tools: bool = False
     """Offer every tool the environment defines as well (mini-bash: the domain's own tool set)."""
+    single_turn: bool = False
+    """No tools: one model turn, whose text is the submitted answer (rule-verified reasoning)."""
 
     def toolset(self, env) -> dict[str, T.Tool]:
         """The arm's tools, ``submit`` included; the environment's own tools win by name."""
+        if self.single_turn:
+            return {}
         native = {t["name"]: t for t in env.tools() if t["name"] != "submit"}
         out = {t.name: t for t in self.tools}
         for name in native if self.env_tools else native.keys() & out.keys():
@@ -107,6 +112,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         translate=_codex),
     Arm("mini-mimocode", "openai-chat", (T.EDITOR, T.bash_tool()),
         "You are a coding agent with a file editor (str_replace_editor) and bash.", cut_lines),
+    Arm("single-turn", "openai-chat", (), "", cut_middle, single_turn=True),
 )}
 
 

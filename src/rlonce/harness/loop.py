@@ -35,6 +35,8 @@ async def run_episode(arm: Arm, env, client, session, limits: HarnessLimits, max
         reply = await client.ask()
         if reply.truncated:
             raise LimitsExceeded(f"turn {turn} was cut by a token budget")
+        if arm.single_turn:
+            raise Submitted(reply.text)
         if not reply.calls:
             if session is not None:
                 session.flag_last("malformed_tool_call")

@@ -8,7 +8,9 @@ what keeps training tokens identical to sampled tokens.
 
 Formats are looked up by name (``FORMATS``). ``hermes`` is the Qwen/Hermes style used by the
 embedded model: ``<tool_call>{json}</tool_call>`` inside an assistant turn, tool results as
-``<tool_response>`` blocks in a user turn.
+``<tool_response>`` blocks in a user turn. ``smollm2`` is the markup SmolLM2-Instruct was tuned
+on for function calling: the same ChatML turns, the tools listed in ``<tools>`` under its
+instruction text, and one ``<tool_call>[...]</tool_call>`` block holding a JSON *list* of calls.
 """
 
 from __future__ import annotations
@@ -128,16 +130,50 @@ class HermesFormat:
                 obj = json.loads(raw.strip())
             except json.JSONDecodeError as e:
                 raise ToolCallParseError(f"tool call is not valid JSON: {e.msg}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ToolCallParseError("tool call lacks a string 'name'")
-            args = obj.get("arguments", {})
-            if not isinstance(args, dict):
-                raise ToolCallParseError("tool call 'arguments' is not an object")
-            calls.append(ToolCall(obj["name"], args))
+            calls += [_call_of(item) for item in self._block_calls(obj)]
         return calls
 
+    def _block_calls(self, obj) -> list:
+        """The calls one ``<tool_call>`` block holds: one JSON object."""
+        return [obj]
 
-FORMATS = {"hermes": HermesFormat()}
+
+@dataclass(frozen=True)
+class SmolLM2Format(HermesFormat):
+    """SmolLM2-Instruct: ChatML turns; all of a turn's calls in one ``<tool_call>[...]</tool_call>``."""
+
+    name: str = "smollm2"
+
+    def tools_block(self, tools: list[dict]) -> str:
+        return (
+            "\n\nYou have access to the following tools:\n<tools>"
+            + json.dumps(tools, ensure_ascii=False)
+            + "</tools>\n\nThe output MUST strictly adhere to the following format, and NO other text MUST be "
+            "included.\n<tool_call>[\n{\"name\": \"func_name1\", \"arguments\": {\"argument1\": \"value1\"}},\n"
+            "... (more tool calls as required)\n]</tool_call>"
+        )
+
+    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
+        parts = [content] if content else []
+        if calls:
+            parts.append("<tool_call>[" + ", ".join(tool_json(c.name, c.arguments) for c in calls) + "]</tool_call>")
+        return "\n".join(parts) + self.turn_end
+
+    def _block_calls(self, obj) -> list:
+        """A block holds a list of calls (or one call)."""
+        return obj if isinstance(obj, list) else [obj]
+
+
+def _call_of(obj) -> ToolCall:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ToolCallParseError("tool call lacks a string 'name'")
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        raise ToolCallParseError("tool call 'arguments' is not an object")
+    return ToolCall(obj["name"], args)
+
+
+FORMATS = {f.name: f for f in (HermesFormat(), SmolLM2Format())}
 
 
 def get_format(name: str) -> HermesFormat:

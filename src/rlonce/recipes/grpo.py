@@ -17,6 +17,7 @@ import asyncio
 import copy
 from collections import Counter
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,14 +28,13 @@ from tqdm.auto import tqdm
 from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
-from rlonce.config import AlgoConfig, RunConfig, save_config
+from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.engine.torch_engine import TorchEngine
-from rlonce.envs.toolfind.env import ToolfindEnv
+from rlonce.envs.domains import domain_for
 from rlonce.envs.toolfind.expert import expert_turns
-from rlonce.envs.toolfind.tasks import make_task
 from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
@@ -48,8 +48,6 @@ from rlonce.telemetry.report import write_report
 from rlonce.train import checkpoint
 from rlonce.train.trainer import OptimSettings, Trainer
 
-SFT_TASK_OFFSET = 0
-RL_TASK_OFFSET = 1_000_000
 EVAL_SEED = 12345
 
 
@@ -107,7 +105,9 @@ class Job:
     # ---- set-up --------------------------------------------------------------------------
     def _load(self, model_dir: Path) -> None:
         cfg = self.cfg
-        self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format)
+        self.domain = domain_for(cfg.task)
+        self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
+                              lm_head_fp32=cfg.model.lm_head_fp32)
         self.fmt = get_format(self.lm.chat_format)
         pad = self.lm.tokenizer.pad_token_id
         self.engine = TorchEngine(copy.deepcopy(self.lm.model), eos_token_ids=self.lm.eos_token_ids,
@@ -129,9 +129,11 @@ class Job:
         if self.controller is not None and self.state.bounds:
             self.controller.load_state_dict(self.state.bounds)
         r = cfg.rl
+        adam = OPTIMIZERS[r.optimizer]
         self.rl_trainer = Trainer(self.lm.model, OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps,
                                                                weight_decay=r.weight_decay,
-                                                               max_grad_norm=r.max_grad_norm),
+                                                               max_grad_norm=r.max_grad_norm, betas=adam["betas"],
+                                                               eps=r.adam_eps or adam["eps"]),
                                   temperature=h.temperature)
 
     def start(self, resume: bool) -> None:
@@ -158,6 +160,7 @@ class Job:
             keep = 0
             for name in ("metrics.jsonl", "ledger.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
+            shutil.rmtree(self.out / "trajectories", ignore_errors=True)
         self.metrics = JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep)
         self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep)
 
@@ -196,8 +199,7 @@ class Job:
         spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
                                     render_tools=cfg.harness.render_tools, compact_at=cfg.harness.compact_at)
         sem = asyncio.Semaphore(32)
-        tasks = [make_task("train", SFT_TASK_OFFSET + i, two_hop_fraction=cfg.task.two_hop_fraction)
-                 for i in range(cfg.sft.demos)]
+        tasks = [self.domain.task("sft", i) for i in range(cfg.sft.demos)]
         bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not self.progress, leave=False)
 
         async def one(task):
@@ -205,7 +207,8 @@ class Job:
             turns = expert_turns(task, rng, self.fmt, translate=get_arm(arm).translate, detour_p=cfg.sft.detour_p,
                                  max_detours=cfg.sft.max_detours)
             async with sem:
-                seq = await run_sequence(task, ToolfindEnv, ScriptedEngine(turns, self.lm.encode), spec, arm=arm)
+                seq = await run_sequence(task, self.domain.env_factory, ScriptedEngine(turns, self.lm.encode), spec,
+                                         arm=arm)
             bar.update(1)
             return seq
 
@@ -223,11 +226,11 @@ class Job:
     async def evaluate_async(self, n: int, desc: str) -> dict:
         """Held-out success: every task under every configured arm; ``success`` is their mean."""
         self._threads("rollout")
-        tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
+        tasks = [self.domain.task("heldout", i) for i in range(n)]
         per_arm, scored_n, infra = {}, 0, 0
         for arm in self.spec.arms:
             label = desc if len(self.spec.arms) == 1 else f"{desc} {arm}"
-            samples = await collect(tasks, 1, ToolfindEnv, self.engine, self.spec, arm=arm, desc=label,
+            samples = await collect(tasks, 1, self.domain.env_factory, self.engine, self.spec, arm=arm, desc=label,
                                     concurrency=self.cfg.eval.concurrency, progress=self.progress, seed=EVAL_SEED)
             seqs = [s for x in samples for s in x.sequences]
             scored = [s for s in seqs if not s.infra_failed]
@@ -244,13 +247,13 @@ class Job:
         self._threads("rollout")
         gateway = self.spec.gateway(self.engine)
         gateway.render_tools = True  # an outside agent's tools are new to the model: show them
-        tasks = [make_task("heldout", i, two_hop_fraction=self.cfg.task.two_hop_fraction) for i in range(n)]
+        tasks = [self.domain.task("heldout", i) for i in range(n)]
         bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not self.progress, leave=False)
         sem = asyncio.Semaphore(2)  # outside agents are whole processes
 
         async def one(task):
             async with sem:
-                seq = await run_outside(task, ToolfindEnv, gateway, srv.base_url, command, name=name, timeout=timeout)
+                seq = await run_outside(task, self.domain.env_factory, gateway, srv.base_url, command, name=name, timeout=timeout)
             bar.update(1)
             return seq
 
@@ -266,19 +269,19 @@ class Job:
     def orchestrator(self) -> Orchestrator:
         cfg, r = self.cfg, self.cfg.rollout
         staleness = r.staleness or (1 if r.mode == "sync" else 2)
-        mixer = SampleMixer({"toolfind": SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
-        tfh = cfg.task.two_hop_fraction
+        source = self.domain.name
+        mixer = SampleMixer({source: SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
         orch = Orchestrator(
-            LocalExecutor(ToolfindEnv, self.engine, self.spec),
-            lambda source, i: make_task("train", RL_TASK_OFFSET + i, two_hop_fraction=tfh), mixer, self.signal,
+            LocalExecutor(self.domain.env_factory, self.engine, self.spec),
+            lambda _source, i: self.domain.task("train", i), mixer, self.signal,
             OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
                                  max_sessions=r.max_sessions if r.mode == "async" else cfg.rl.concurrency,
-                                 fixed_quota={"toolfind": cfg.rl.tasks_per_step} if r.mode == "sync" else None,
+                                 fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
                                  group_by_arm=cfg.harness.group_by_arm),
             decode=self.lm.decode)
         if self.state.orchestrator:
             orch.load_state_dict(self.state.orchestrator)
-        orch.next_index["toolfind"] = self.state.data_position
+        orch.next_index[source] = self.state.data_position
         return orch
 
     def _train(self, rows, step: int) -> dict:
@@ -289,7 +292,8 @@ class Job:
             params.update(self.controller.bounds())
         return self.rl_trainer.rl_step(rows, objective=a.objective.name, agg=a.aggregation,
                                        minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
-                                       correction=a.rollout_correction, correction_cap=a.correction_cap, **params)
+                                       correction=a.rollout_correction, correction_cap=a.correction_cap,
+                                       version=self.state.version, **params)
 
     async def rl_step(self, orch: Orchestrator) -> dict:
         cfg, st = self.cfg, self.state
@@ -321,13 +325,13 @@ class Job:
                 self.engine.resume()
         t_train = time.perf_counter() - t1
         st.orchestrator = orch.snapshot
-        st.rl_step, st.data_position = step, orch.snapshot["next_index"]["toolfind"]
+        st.rl_step, st.data_position = step, orch.snapshot["next_index"][self.domain.name]
         samples = res.samples
         seqs = res.finished
         staleness = orch.s.staleness
         trained_seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
-        gen_tokens = sum(s.metrics["model_tokens"] for s in seqs)
+        gen_tokens = sum(s.metrics.get("model_tokens", 0.0) for s in seqs)
         rec = {
             "step": step,
             "reward_mean": sum(s.reward for s in scored) / max(len(scored), 1),

@@ -37,6 +37,7 @@ executor fills the same interface later.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from rlonce.core.records import (FailureCategory, Sample, Sequence, Status, Trai
                                  sequence_to_dict)
 from rlonce.rollout.mixer import SampleMixer
 from rlonce.rollout.runner import split_by_arm
+
+log = logging.getLogger("rlonce.orchestrator")
 
 PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
 
@@ -183,6 +186,7 @@ class Orchestrator:
         except asyncio.CancelledError:
             return
         except Exception:  # noqa: BLE001 - the executor failed, not the model: every sequence is infra
+            log.warning("executor failed on group %s; its sequences are infra (harness_error)", g.gid, exc_info=True)
             tid = getattr(g.task, "task_id", g.gid)
             seqs = [Sequence(tid, "?", status=Status.INFRA, failure=FailureCategory.HARNESS_ERROR)
                     for _ in range(self.s.group_size)]

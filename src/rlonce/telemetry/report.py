@@ -16,6 +16,8 @@ PLOTS = [
     ("entropy", "Policy entropy (nats / trained token)", "entropy"),
     ("length", "Response length (model tokens / sequence)", "response_tokens_mean"),
     ("step_time", "Step time (s): rollout and train", ("rollout_seconds", "train_seconds")),
+    ("mismatch_kl", "Train/inference mismatch: KL(rollout ‖ trainer) per token", "mismatch_kl"),
+    ("mismatch_corr", "Train/inference mismatch: correlation of token probabilities", "mismatch_corr"),
     ("clipping", "Clipped or masked share of trained tokens (by objective)",
      ("clipfrac", "clip_pos_low", "clip_pos_high", "clip_neg_low", "clip_neg_high", "correction_capped_frac")),
 ]

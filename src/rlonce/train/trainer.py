@@ -64,12 +64,31 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False):
-    """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy."""
-    logits = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
-    logp_BTV = logits.log_softmax(-1)
-    lp_BT = logp_BTV.gather(-1, ids_BT[:, 1:, None])[..., 0]
-    ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
+                   with_entropy: bool = False, mask_BT: torch.Tensor | None = None):
+    """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy.
+
+    With ``mask_BT`` (B×T-1) the LM head, softmax and entropy are computed only where it is 1 —
+    the trained tokens — and the other positions are 0: prompts and observations cost the
+    decoder but not the vocabulary-wide head (a quarter of a 135M model's FLOPs, and most of its
+    memory traffic).
+    """
+    decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if mask_BT is None or decoder is None or head is None:
+        logits = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
+        logp_BTV = logits.log_softmax(-1)
+        lp_BT = logp_BTV.gather(-1, ids_BT[:, 1:, None])[..., 0]
+        ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
+        return lp_BT, ent_BT
+    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state[:, :-1]
+    sel_BT = mask_BT > 0
+    logp_NV = (head(hidden_BTH[sel_BT]).float() / temperature).log_softmax(-1)
+    lp_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype)
+    lp_BT = lp_BT.masked_scatter(sel_BT, logp_NV.gather(-1, ids_BT[:, 1:][sel_BT][:, None])[:, 0])
+    ent_BT = None
+    if with_entropy:
+        ent_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype).masked_scatter(
+            sel_BT, -(logp_NV.exp() * logp_NV).sum(-1))
     return lp_BT, ent_BT
 
 
@@ -128,7 +147,7 @@ class Trainer:
         total = 0.0
         for idx in self._micro_batches(rows):
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT)
+            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT)
             w = _slice_weights(w_BT, idx, lp_BT.shape[1])
             loss = -(w * lp_BT).sum()
             loss.backward()
@@ -138,7 +157,7 @@ class Trainer:
 
     def rl_step(self, rows: list[TrainingRow], *, objective: str = "ppo", agg: str = "token-mean",
                 minibatches: int = 1, seed: int = 0, correction: str = "none", correction_cap: float = 2.0,
-                **params) -> dict[str, float]:
+                version: int | None = None, **params) -> dict[str, float]:
         """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``.
 
         The ratio's denominator is the rollout log-prob. With ``correction`` ('token' or
@@ -146,6 +165,11 @@ class Trainer:
         holds before the update (π_old) and multiplies each token's loss by the truncated IS
         weight ``min(π_old/μ, correction_cap)`` (``rlonce.algo.rollout_correction``); the ratio is
         then taken against π_old. Metrics are token-weighted means over the step.
+
+        With ``version`` (the policy version these weights are), the train/inference mismatch is
+        measured on the trained tokens that version sampled: the trainer's log-probs — recomputed
+        for all rows when ``correction`` is on, else those of the first mini-batch's forward,
+        before any update — against the rollout log-probs (``mismatch_metrics``).
         """
         self.model.train()
         old_lp = self._recompute(rows) if correction != "none" else None
@@ -154,7 +178,11 @@ class Trainer:
         splits = [order[k::minibatches] for k in range(minibatches)]
         sums: dict[str, float] = {}
         count = 0
-        for split in splits:
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if old_lp is not None and version is not None:
+            for i, r in enumerate(rows):
+                pairs.append(_same_version(r, old_lp[i], version))
+        for k_split, split in enumerate(splits):
             mb = [rows[i] for i in split]
             full = pad_rows(mb)
             w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids) * full.weight_B[:, None]
@@ -162,7 +190,11 @@ class Trainer:
             stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
             for idx in self._micro_batches(mb):
                 b = pad_rows([mb[i] for i in idx])
-                lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True)
+                lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
+                                               mask_BT=b.mask_BT)
+                if k_split == 0 and old_lp is None and version is not None:
+                    for j, i in enumerate(idx):
+                        pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
                 w = _slice_weights(w_BT, idx, lp_BT.shape[1])
                 denom_BT = b.old_lp_BT
                 if old_lp is not None:
@@ -186,6 +218,8 @@ class Trainer:
         out = {k: v / count for k, v in sums.items()}
         out["lr"] = self.lr_at(self.step - 1)
         out["trained_tokens"] = float(sum(sum(r.loss_mask) for r in rows))
+        if pairs:
+            out.update(mismatch_metrics(torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])))
         return out
 
     @torch.no_grad()
@@ -194,7 +228,7 @@ class Trainer:
         out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
         for idx in self._micro_batches(rows):
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature)
+            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, mask_BT=b.mask_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
@@ -206,6 +240,30 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
+
+
+def _same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rollout, trainer) log-probs of ``row``'s trained tokens sampled by ``version``."""
+    keep = torch.tensor([bool(m) and v == version for m, v in zip(row.loss_mask[1:], row.policy_versions[1:])],
+                        dtype=torch.bool)
+    return torch.tensor(row.rollout_logprobs[1:])[keep], train_lp_T.float()[keep]
+
+
+def mismatch_metrics(rollout_lp: torch.Tensor, train_lp: torch.Tensor) -> dict[str, float]:
+    """Train/inference mismatch on the same sampled tokens (MiniMax-M1 §3.2, Fig. 3).
+
+    ``mismatch_kl``: KL(μ‖π) estimated as mean(e^d − 1 − d), d = log π − log μ (non-negative, unbiased
+    on tokens drawn from μ); ``mismatch_k1``: mean(log μ − log π); ``mismatch_corr``: Pearson
+    correlation of the two token probabilities; ``mismatch_max_abs``: the largest |d|.
+    """
+    n = int(rollout_lp.numel())
+    if n == 0:
+        return {"mismatch_tokens": 0.0}
+    d = (train_lp - rollout_lp).double()
+    p, q = rollout_lp.double().exp(), train_lp.double().exp()
+    corr = float(torch.corrcoef(torch.stack([p, q]))[0, 1]) if n > 1 and p.std() > 0 and q.std() > 0 else 1.0
+    return {"mismatch_kl": float((d.exp() - 1 - d).mean()), "mismatch_k1": float(-d.mean()),
+            "mismatch_corr": corr, "mismatch_max_abs": float(d.abs().max()), "mismatch_tokens": float(n)}
 
 
 def _pad_like(mask_BT: torch.Tensor, rows_T: list[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""Difficulty filtering by measured pass rate (MiniMax-M1 §4.1): ``rlonce tasks filter``.
+
+Every task of the domain's train stream ``0 … n-1`` is sampled ``k`` times under the current
+model, at the configured sampling settings, through the same harness and grader as training.
+A task is kept when its pass rate is strictly between 0 (no signal: every sibling fails) and
+``max_pass`` (0.9: almost always solved, little to learn). Infrastructure failures are not
+attempts; a task with no scored attempt is neither kept nor counted as hard.
+
+Writes ``filter.jsonl`` (one line per task: id, index, dataset, successes, attempts, pass rate,
+kept) and ``filter.json`` (the settings, the kept train indices, a pass-rate histogram). A
+training config points ``task.pack`` at the folder to draw only the kept tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from rlonce.config import RunConfig
+from rlonce.model import loader
+from rlonce.rollout.runner import collect
+from rlonce.telemetry.metrics import JsonlWriter
+
+FILTER_SEED = 4242
+
+
+def pass_rates(counts: list[tuple[int, int]], max_pass: float) -> tuple[list[float | None], list[int]]:
+    """Per task (successes, scored attempts) → pass rates (None: nothing scored) and the kept
+    positions, those with 0 < rate < ``max_pass``."""
+    rates = [wins / n if n else None for wins, n in counts]
+    return rates, [i for i, r in enumerate(rates) if r is not None and 0 < r < max_pass]
+
+
+def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_pass: float = 0.9,
+                 progress: bool = True) -> dict:
+    from rlonce.recipes.grpo import Job, RunState
+
+    if n < 1 or k < 1:
+        raise ValueError("--tasks and --k must be at least 1")
+    if not 0 < max_pass <= 1:
+        raise ValueError("--max-pass must be in (0, 1]")
+    cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
+    job = Job(cfg, progress=progress)
+    job.state = RunState()
+    job._load(loader.resolve(model, Path(cfg.out) / "cache"))
+    job._threads("rollout")
+    try:
+        tasks = [job.domain.task("train", i) for i in range(n)]
+        samples = asyncio.run(collect(tasks, k, job.domain.env_factory, job.engine, job.spec, seed=FILTER_SEED,
+                                      concurrency=cfg.eval.concurrency, desc="filter", progress=progress))
+    finally:
+        job.engine.close()
+    out.mkdir(parents=True, exist_ok=True)
+    counts = [(sum(s.success for s in x.sequences if not s.infra_failed),
+               sum(not s.infra_failed for s in x.sequences)) for x in samples]
+    rates, kept = pass_rates(counts, max_pass)
+    w = JsonlWriter(out / "filter.jsonl")
+    for i, (task, (wins, attempts), rate) in enumerate(zip(tasks, counts, rates)):
+        w.write({"task_id": task.task_id, "index": i, "dataset": getattr(task, "dataset", task.source),
+                 "successes": wins, "attempts": attempts, "pass_rate": rate, "kept": i in kept})
+    w.close()
+    hist = [0] * 11
+    for r in rates:
+        if r is not None:
+            hist[min(10, int(r * 10))] += 1
+    unscored = rates.count(None)
+    report = {"model": model, "tasks": n, "k": k, "max_pass": max_pass, "task": cfg.task.name,
+              "datasets": list(cfg.task.datasets), "options": dict(cfg.task.options),
+              "temperature": cfg.harness.temperature, "max_tokens_per_turn": cfg.harness.max_tokens_per_turn,
+              "kept_count": len(kept), "unscored": unscored,
+              "pass_rate_histogram": {f"{b / 10:.1f}": c for b, c in enumerate(hist)}, "kept": kept}
+    (out / "filter.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
