@@ -190,6 +190,8 @@ def main() -> None:
         results["models"][model] = {
             "rlonce_step_seconds": o["step_seconds"], "trl_step_seconds": t["step_seconds"],
             "speedup": t["step_seconds"] / o["step_seconds"],
+            "rlonce_rewards": o["rewards"], "trl_rewards": t["rewards"],
+            "rlonce_heldout": o["heldout"], "trl_heldout": t["heldout"],
             "rollout_speedup": t["rollout_seconds"] / o["rollout_seconds"],
             "update_speedup": t["update_seconds"] / o["update_seconds"],
             "rlonce": o, "trl": t, "rlonce_steps": ours["steps"], "trl_steps": theirs["steps"],

@@ -124,3 +124,14 @@ def test_bfloat16_policy_keeps_an_fp32_lm_head(embedded_dir):
     assert lm.model.get_output_embeddings().weight is lm.model.model.embed_tokens.weight
     assert set(lm.model.state_dict()) == set(plain.model.state_dict())
     assert not math.isnan(float(logits.detach().sum()))
+
+
+@needs_smollm2
+def test_smollm2_render_adds_the_templates_default_system_message(smol):
+    from rlonce.gateway.messages import Message
+
+    fmt = get_format("smollm2")
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2"}]
+    want = smol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert fmt.render([Message(m["role"], m["content"]) for m in msgs], []) == want
+    assert "SmolLM" not in fmt.continuation([Message("user", "more")], turn_open=False)

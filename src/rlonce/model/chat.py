@@ -73,13 +73,18 @@ class HermesFormat:
     def user_turn(self, text: str) -> str:
         return f"\n<|im_start|>user\n{text}<|im_end|>\n" + self.generation_prompt()
 
-    def render(self, messages, tools: list[dict], *, generation_prompt: bool = True) -> str:
-        """A whole dialogue of ``Message``s, as the model folder's chat template renders it.
+    def preamble(self, messages) -> str:
+        """What the chat template puts before a whole dialogue (e.g. a default system message)."""
+        return ""
+
+    def render(self, messages, tools: list[dict], *, generation_prompt: bool = True, whole: bool = True) -> str:
+        """A whole dialogue of ``Message``s, as the model folder's chat template renders it
+        (``whole=False``: a continuation, without the template's preamble).
 
         Used where exact tokens cannot be kept (a new context after the client rewrote its
         history) and by the re-rendering report; live sessions append deltas instead.
         """
-        out = []
+        out = [self.preamble(messages)] if whole else []
         for i, m in enumerate(messages):
             if m.role == "system":
                 out.append(f"<|im_start|>system\n{m.content}" + (self.tools_block(tools) if tools else "")
@@ -100,7 +105,7 @@ class HermesFormat:
     def continuation(self, messages, *, turn_open: bool) -> str:
         """New messages after a recorded model turn: closes that turn (its end marker when the
         model did not emit one), renders them, and reopens the assistant."""
-        return (self.turn_end if turn_open else "") + "\n" + self.render(messages, [])
+        return (self.turn_end if turn_open else "") + "\n" + self.render(messages, [], whole=False)
 
     def split_turn(self, text: str, known: set[str] | None) -> tuple[str, list[ToolCall], str | None]:
         """A sampled turn as (content, tool calls, flag). With a malformed call, or a call of a
@@ -158,6 +163,13 @@ class SmolLM2Format(HermesFormat):
         if calls:
             parts.append("<tool_call>[" + ", ".join(tool_json(c.name, c.arguments) for c in calls) + "]</tool_call>")
         return "\n".join(parts) + self.turn_end
+
+    default_system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    """What SmolLM2's chat template puts first when a dialogue has no system message."""
+
+    def preamble(self, messages) -> str:
+        return "" if messages and messages[0].role == "system" else \
+            f"<|im_start|>system\n{self.default_system}<|im_end|>\n"
 
     def _block_calls(self, obj) -> list:
         """A block holds a list of calls (or one call)."""
