@@ -2,9 +2,10 @@
 
 Requests from many concurrent sessions are queued; a worker thread gathers them into a wave
 (up to ``max_batch_size``, waiting at most ``batch_wait_s`` for company), left-pads the
-prompts, prefills once and decodes step by step with a ``DynamicCache``. Rows that finish are
-dropped from the cache when at least half the wave is done, so one long reply does not keep
-paying for the finished ones. Sampling applies temperature, then top-k, then top-p; the
+prompts, prefills once (computing the LM head at the last position only) and decodes step by
+step with a ``DynamicCache``. Rows that finish are dropped from the cache once a quarter of the
+remaining rows is done (``compact_fraction``), so one long reply does not keep paying for the
+finished ones. Sampling applies temperature, then top-k, then top-p; the
 log-prob returned per token is taken from that processed distribution — the one sampled from.
 
 It departs from vLLM-style continuous batching: requests arriving during a wave wait for the
@@ -62,7 +63,8 @@ def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B
 
 class TorchEngine:
     def __init__(self, model, *, eos_token_ids: list[int], pad_token_id: int, max_batch_size: int = 64,
-                 batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None):
+                 batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
+                 compact_fraction: float = 0.25):
         self.model = model.eval()
         self.eos = torch.tensor(sorted(set(eos_token_ids)))
         self.pad = pad_token_id
@@ -73,6 +75,9 @@ class TorchEngine:
         self._gen = torch.Generator().manual_seed(seed)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.compact_fraction = compact_fraction
+        """Drop finished rows from the cache once this share of the wave's live rows is done."""
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()  # held for a wave, and for a weight load
         self._paused = threading.Event()
@@ -173,7 +178,7 @@ class TorchEngine:
 
         cache = DynamicCache()
         out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL,
-                         use_cache=True, **{self._cache_kw: cache})
+                         use_cache=True, **{self._cache_kw: cache}, **self._last_only)
         logits_BV = out.logits[:, -1]
         self._stats["prefill_tokens"] += sum(lens)
         t_prefill = time.perf_counter() - t0
@@ -210,7 +215,7 @@ class TorchEngine:
             keep = [r for r, i in enumerate(rows) if reasons[i] is None]
             if not keep:
                 break
-            if len(keep) <= len(rows) // 2:  # compact: drop finished rows from the cache
+            if len(rows) - len(keep) >= max(1, self.compact_fraction * len(rows)):  # drop finished rows
                 sel = torch.tensor(keep)
                 cache.batch_select_indices(sel)
                 attn_BL, last_pos_R, next_R = attn_BL[sel], last_pos_R[sel], next_R[sel]

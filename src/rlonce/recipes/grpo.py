@@ -423,7 +423,7 @@ class Job:
             ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
-            self._say(f"baseline (SFT) held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
+            self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
             self._checkpoint()
         asyncio.run(self._rl_phase())
         final = self.evaluate(cfg.eval.heldout_tasks, "final eval")

@@ -37,7 +37,7 @@ def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=k)
     if baseline is not None and key == "heldout_success":
-        ax.axhline(baseline, color="gray", ls="--", lw=1, label="SFT baseline")
+        ax.axhline(baseline, color="gray", ls="--", lw=1, label="baseline (step 0)")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
