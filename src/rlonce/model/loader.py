@@ -173,7 +173,7 @@ def materialize_smollm2(dest: str | Path | None = None) -> Path:
             src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         except Exception as e:  # noqa: BLE001 - one clear line
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelLoadError(f"could not read {gguf}: {first}; is the `gguf` package installed?") from None
+            raise ModelLoadError(f"could not read {gguf}: {first}") from None
         config = src.config
         if hasattr(config, "quantization_config"):  # the weights are dequantised: a plain float32 model
             del config.quantization_config
