@@ -68,7 +68,7 @@ bench: system-deps venv
 	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
 
 bench-trl: system-deps $(VENV)/.installed-bench
-	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl
+	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl --with-filtering
 
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32
