@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quickstart", help="train the embedded agent with the embedded defaults")
     q.add_argument("--out", default="runs/quickstart", help="run directory (default: runs/quickstart)")
     q.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode; default sync)")
+    q.add_argument("--executor", choices=["local", "ray"],
+                   help="run rollouts, engine and trainer in this process or as Ray actors (default local)")
     q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=10")
 
     t = sub.add_parser("train", help="train from a config file and/or overrides")
@@ -47,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
+    t.add_argument("--executor", choices=["local", "ray"], help="executor (config key 'executor'; see docs/scale-out.md)")
     t.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE",
                    help="a TOML config (like --config) and/or config overrides")
 
@@ -221,6 +224,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.overrides = [*args.overrides, *extra]
     if getattr(args, "mode", None):
         args.overrides = [*args.overrides, f"rollout.mode={args.mode}"]
+    if getattr(args, "executor", None):
+        args.overrides = [*args.overrides, f"executor={args.executor}"]
     return args
 
 

@@ -254,6 +254,39 @@ class AlgoConfig(Section):
         return data
 
 
+class RayConfig(Section):
+    """The Ray executor (``executor = "ray"``; ``rlonce.rollout.ray_executor``, docs/scale-out.md)."""
+
+    address: str | None = None
+    """None: start a Ray instance inside this process's run (``ray.init()``); "auto": join the
+    cluster that ``ray start --head`` started on this machine; "ray://host:10001" or "host:6379":
+    a remote cluster (the model folder and the run directory must be on a shared filesystem)."""
+    engines: int = Field(1, ge=1)
+    """Engine actors; requests go to the one with the fewest in flight."""
+    harness_pools: int = Field(2, ge=1)
+    """Harness-pool actors; each runs many sequences on one event loop."""
+    pool_sessions: int = Field(64, ge=1)
+    """Concurrent sequences per harness pool (the orchestrator's session cap is pools × this)."""
+    engine_cpus: float = Field(1.0, gt=0)
+    pool_cpus: float = Field(0.25, gt=0)
+    trainer_cpus: float = Field(1.0, gt=0)
+    engine_gpus: float = Field(0.0, ge=0)
+    trainer_gpus: float = Field(0.0, ge=0)
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs a local instance advertises (default: this machine's count, at least 4 so that the
+    fractional requests above fit on two cores)."""
+    call_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for one engine request or weight load."""
+    group_timeout_s: float = Field(1800.0, gt=0)
+    """Longest wait for a harness pool to finish one group; past it the group is infra (call_timeout)."""
+    max_restarts: int = Field(3, ge=0)
+    """How often Ray restarts a dead actor; in-flight work of a dead actor is infra (worker_lost)."""
+    dashboard: bool = False
+    temp_dir: str | None = None
+    """Ray's session files and logs (default: RUN/ray, or a short /tmp path linked from there
+    when RUN/ray is too long for a Unix socket path)."""
+
+
 class EvalConfig(Section):
     heldout_tasks: int = 200
     every: int = 10
@@ -280,6 +313,8 @@ class RunConfig(Section):
         return self
 
     out: str = "runs/latest"
+    executor: Literal["local", "ray"] = "local"
+    """Where rollouts, generation and training run: this process, or Ray actors (``[ray]``)."""
     model: ModelConfig = ModelConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     engine: EngineConfig = EngineConfig()
@@ -291,6 +326,7 @@ class RunConfig(Section):
     algo: AlgoConfig = AlgoConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    ray: RayConfig = RayConfig()
 
 
 def _parse_value(raw: str):

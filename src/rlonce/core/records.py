@@ -12,6 +12,8 @@ not three layers later inside a loss.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,6 +42,10 @@ class FailureCategory(str, Enum):
     GRADER_UNAVAILABLE = "grader_unavailable"
     TESTBED_CORRUPTED = "testbed_corrupted"
     HARNESS_ERROR = "harness_error"
+    WORKER_LOST = "worker_lost"
+    """The process running the sequence died (a Ray actor lost mid-group)."""
+    CALL_TIMEOUT = "call_timeout"
+    """A remote call did not answer within its timeout."""
 
 
 class RecordError(ValueError):
@@ -216,3 +222,8 @@ def sequence_from_dict(d: dict) -> Sequence:
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
                     d["metrics"], d["hack_confirmed"])
+
+
+def version_lags(rows: list[TrainingRow], version: int) -> Counter:
+    """How many trained tokens lag the trainer's ``version`` by each number of versions."""
+    return Counter(version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m)

@@ -230,10 +230,11 @@ def fp32_lm_head(model) -> None:
 
 
 def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "float32",
-         lm_head_fp32: bool = True) -> LoadedModel:
+         lm_head_fp32: bool = True, weights: bool = True) -> LoadedModel:
     """Load model and tokenizer from a local folder, with a one-line error if it does not load.
     ``dtype`` 'bfloat16' keeps weights and activations in bfloat16, the LM head in float32
-    unless ``lm_head_fp32`` is off."""
+    unless ``lm_head_fp32`` is off. ``weights=False`` loads the tokenizer only (``model`` is
+    None): what a harness process needs."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -241,22 +242,24 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder")
-    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+    if weights and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
         raise ModelLoadError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin); "
                              "copy the model's weight files into it")
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    model = None
     try:
         AutoConfig.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - every loader failure becomes one clear line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"could not load the model in {path}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    if lm_head_fp32 and dtype != "float32":
+    if model is not None and lm_head_fp32 and dtype != "float32":
         fp32_lm_head(model)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer in {path} has no chat template; rlonce renders dialogues with it — use "

@@ -29,7 +29,7 @@ from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
 from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, save_config
-from rlonce.core.records import Role, Status, sequence_to_rows
+from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.engine.torch_engine import TorchEngine
@@ -95,6 +95,20 @@ def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:
                                   obj.neg_low, obj.neg_high)
 
 
+def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
+    """What every sequence of the run shares (also built inside each Ray harness pool)."""
+    h = cfg.harness
+    return RolloutSpec(
+        lm.encode, lm.decode, get_format(lm.chat_format),
+        SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
+                       stop_confident_run=cfg.algo.stop_confident_run),
+        HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
+                      compact_at=h.compact_at),
+        max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
+        arm_per_sequence=h.assign == "sequence",
+    )
+
+
 class Job:
     def __init__(self, cfg: RunConfig, *, progress: bool = True):
         self.cfg = cfg
@@ -109,32 +123,41 @@ class Job:
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
                               lm_head_fp32=cfg.model.lm_head_fp32)
         self.fmt = get_format(self.lm.chat_format)
-        pad = self.lm.tokenizer.pad_token_id
-        self.engine = TorchEngine(copy.deepcopy(self.lm.model), eos_token_ids=self.lm.eos_token_ids,
-                                  pad_token_id=pad if pad is not None else 0,
-                                  max_batch_size=cfg.engine.max_batch_size, batch_wait_s=cfg.engine.batch_wait_s,
-                                  seed=cfg.runtime.seed, version=self.state.version)
+        self.model_dir = model_dir
+        self.cluster = None
+        self.engine = None  # with executor 'ray', the engine actors start after SFT (``_ensure_engine``)
+        if cfg.executor == "local":
+            pad = self.lm.tokenizer.pad_token_id
+            self.engine = TorchEngine(copy.deepcopy(self.lm.model), eos_token_ids=self.lm.eos_token_ids,
+                                      pad_token_id=pad if pad is not None else 0,
+                                      max_batch_size=cfg.engine.max_batch_size, batch_wait_s=cfg.engine.batch_wait_s,
+                                      seed=cfg.runtime.seed, version=self.state.version)
         h = cfg.harness
-        self.spec = RolloutSpec(
-            self.lm.encode, self.lm.decode, self.fmt,
-            SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
-                           stop_confident_run=cfg.algo.stop_confident_run),
-            HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
-                          compact_at=h.compact_at),
-            max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
-            arm_per_sequence=h.assign == "sequence",
-        )
+        self.spec = rollout_spec(cfg, self.lm)
         self.signal = signal_settings(cfg.algo)
         self.controller = bound_controller(cfg.algo)
         if self.controller is not None and self.state.bounds:
             self.controller.load_state_dict(self.state.bounds)
         r = cfg.rl
         adam = OPTIMIZERS[r.optimizer]
-        self.rl_trainer = Trainer(self.lm.model, OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps,
-                                                               weight_decay=r.weight_decay,
-                                                               max_grad_norm=r.max_grad_norm, betas=adam["betas"],
-                                                               eps=r.adam_eps or adam["eps"]),
-                                  temperature=h.temperature)
+        self.optim = OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps, weight_decay=r.weight_decay,
+                                   max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"])
+        self.rl_trainer = Trainer(self.lm.model, self.optim, temperature=h.temperature)
+
+    def _ensure_engine(self) -> None:
+        """With executor 'ray': start the trainer, engine and harness-pool actors from the current
+        weights and optimizer state; ``self.engine`` then generates through the engine actors."""
+        if self.engine is not None:
+            return
+        from rlonce.rollout.orchestrator import Judge
+        from rlonce.rollout.ray_executor import RayCluster
+
+        self._say(f"starting Ray actors: 1 trainer, {self.cfg.ray.engines} engine(s), "
+                  f"{self.cfg.ray.harness_pools} harness pool(s)")
+        self.cluster = RayCluster(self.cfg, self.model_dir, self.out, state=self.lm.model.state_dict(),
+                                  version=self.state.version, trainer_state=self.rl_trainer.state_dict(),
+                                  optim=self.optim, judge=Judge(self.signal, self.cfg.harness.group_by_arm))
+        self.engine = self.cluster.engine
 
     def start(self, resume: bool) -> None:
         find_bwrap()
@@ -188,7 +211,8 @@ class Job:
             bar.update(1)
             bar.set_postfix(loss=f"{m['sft_loss']:.3f}", lr=f"{m['lr']:.1e}", refresh=False)
         bar.close()
-        self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
+        if self.engine is not None:
+            self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
         self.state.phase = "rl"
         self._checkpoint()
 
@@ -271,11 +295,16 @@ class Job:
         staleness = r.staleness or (1 if r.mode == "sync" else 2)
         source = self.domain.name
         mixer = SampleMixer({source: SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
+        sessions = r.max_sessions if r.mode == "async" else cfg.rl.concurrency
+        if self.cluster is not None:
+            executor = self.cluster.executor()
+            sessions = min(sessions, cfg.ray.harness_pools * cfg.ray.pool_sessions)
+        else:
+            executor = LocalExecutor(self.domain.env_factory, self.engine, self.spec)
         orch = Orchestrator(
-            LocalExecutor(self.domain.env_factory, self.engine, self.spec),
-            lambda _source, i: self.domain.task("train", i), mixer, self.signal,
+            executor, lambda _source, i: self.domain.task("train", i), mixer, self.signal,
             OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
-                                 max_sessions=r.max_sessions if r.mode == "async" else cfg.rl.concurrency,
+                                 max_sessions=max(sessions, cfg.rl.group_size),
                                  fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
                                  group_by_arm=cfg.harness.group_by_arm),
             decode=self.lm.decode)
@@ -284,16 +313,44 @@ class Job:
         orch.next_index[source] = self.state.data_position
         return orch
 
-    def _train(self, rows, step: int) -> dict:
+    def _train_kwargs(self, n_rows: int, step: int) -> dict:
         cfg = self.cfg
         a = cfg.algo
         params = objective_params(a)
         if self.controller is not None:
             params.update(self.controller.bounds())
-        return self.rl_trainer.rl_step(rows, objective=a.objective.name, agg=a.aggregation,
-                                       minibatches=min(cfg.rl.minibatches, len(rows)), seed=step,
-                                       correction=a.rollout_correction, correction_cap=a.correction_cap,
-                                       version=self.state.version, **params)
+        return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
+                    seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap,
+                    version=self.state.version, **params)
+
+    def _train(self, rows, step: int) -> dict:
+        metrics = self.rl_trainer.rl_step(rows, **self._train_kwargs(len(rows), step))
+        metrics["lag_counts"] = dict(version_lags(rows, self.state.version))
+        return metrics
+
+    async def _train_step(self, res, step: int) -> dict:
+        """One trainer step on the step's batch, here or in the trainer actor, then the new weights
+        to the engines as ``version + 1``."""
+        st = self.state
+        if self.cluster is not None:
+            train_m = await self.cluster.train(res.payloads, res.rows, self._train_kwargs(res.row_count, step))
+        elif self.cfg.rollout.mode == "async":  # rollout keeps going on the event loop while the trainer steps
+            train_m = await asyncio.get_running_loop().run_in_executor(None, self._train, res.rows, step)
+        else:
+            train_m = self._train(res.rows, step)
+        if self.controller is not None:
+            train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
+            st.bounds = self.controller.state_dict()
+        st.version += 1
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.publish, st.version)
+        else:
+            self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
+            try:
+                self.engine.load_weights(self.lm.model.state_dict(), st.version)
+            finally:
+                self.engine.resume()
+        return train_m
 
     async def rl_step(self, orch: Orchestrator) -> dict:
         cfg, st = self.cfg, self.state
@@ -303,26 +360,15 @@ class Job:
         self._threads("rollout")
         res = await orch.collect(step)
         t_roll = time.perf_counter() - t0
-        rows, ledger, signal_m = res.rows, res.ledger, res.metrics
-        lags = [st.version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m]
+        ledger, signal_m = res.ledger, res.metrics
         if not asynchronous:
             self._threads("train")
         t1 = time.perf_counter()
         train_m: dict = {}
-        if rows:
-            if asynchronous:  # rollout keeps going on the event loop while the trainer steps
-                train_m = await asyncio.get_running_loop().run_in_executor(None, self._train, rows, step)
-            else:
-                train_m = self._train(rows, step)
-            if self.controller is not None:
-                train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
-                st.bounds = self.controller.state_dict()
-            st.version += 1
-            self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
-            try:
-                self.engine.load_weights(self.lm.model.state_dict(), st.version)
-            finally:
-                self.engine.resume()
+        if res.row_count:
+            train_m = await self._train_step(res, step)
+        lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
+        lags_n = sum(lag_counts.values())
         t_train = time.perf_counter() - t1
         st.orchestrator = orch.snapshot
         st.rl_step, st.data_position = step, orch.snapshot["next_index"][self.domain.name]
@@ -345,15 +391,14 @@ class Job:
             "train_seconds": t_train,
             "step_seconds": t_roll + t_train,
             "generated_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
-            "retained_rows": len(rows),
+            "retained_rows": res.row_count,
             "version": st.version,
-            "version_lag_max": max(lags) if lags else 0,
-            "version_lag_mean": sum(lags) / len(lags) if lags else 0.0,
-            **{f"version_lag_tokens/{k}": float(n) for k, n in sorted(Counter(lags).items())},
-            "staleness_violations": float(sum(lag > staleness - 1 for lag in lags)),
-            "sequences_spanning_versions": float(sum(
-                len({v for c in s.contexts for g in c.segments if g.versions for v in g.versions}) > 1
-                for s in trained_seqs)),
+            "version_lag_max": max(lag_counts) if lag_counts else 0,
+            "version_lag_mean": sum(k * n for k, n in lag_counts.items()) / lags_n if lags_n else 0.0,
+            **{f"version_lag_tokens/{k}": float(n) for k, n in sorted(lag_counts.items())},
+            "staleness_violations": float(sum(n for k, n in lag_counts.items() if k > staleness - 1)),
+            "sequences_spanning_versions": float(sum(s.metrics.get("versions_spanned", 0.0) > 1
+                                                     for s in trained_seqs)),
             "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
             "stale_dropped": float(sum(e.stale_dropped for e in ledger.values())),
             "carried_over": float(sum(e.carried_over for e in ledger.values())),
@@ -366,7 +411,10 @@ class Job:
         }
         for e in ledger.values():
             self.ledger.write(e.to_dict())
-        self._write_trajectories(step, samples[0].sequences if samples else seqs[:cfg.rl.group_size])
+        shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
+        if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
+            shown = res.payloads[0].fetch()[0]
+        self._write_trajectories(step, shown)
         return rec
 
     async def _rl_phase(self) -> None:
@@ -407,8 +455,14 @@ class Job:
 
     def _checkpoint(self) -> None:
         self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
+        trainer_state = self.rl_trainer.state_dict()
+        if self.cluster is not None:  # the trainer actor holds the current weights and optimizer
+            model_state, trainer_state = self.cluster.pull()
+            self.lm.model.load_state_dict(model_state)
+        if self.state.orchestrator:
+            self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
         checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
-                        rl_trainer=self.rl_trainer.state_dict(), keep=self.cfg.checkpoint.keep)
+                        rl_trainer=trainer_state, keep=self.cfg.checkpoint.keep)
 
     # ---- the whole job -------------------------------------------------------------------
     def run(self) -> dict:
@@ -419,6 +473,15 @@ class Job:
                 self.sft()
             else:
                 st.phase = "rl"
+        try:
+            return self._run_from_baseline()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+
+    def _run_from_baseline(self) -> dict:
+        cfg, st = self.cfg, self.state
+        self._ensure_engine()
         if st.baseline_success is None:
             ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
@@ -443,6 +506,7 @@ class Job:
             "wall_seconds": wall,
             "model": cfg.model.name,
             "task": cfg.task.name,
+            "executor": cfg.executor,
             "harness_arms": list(cfg.harness.arms),
             "final_success_per_arm": final["per_arm"],
             "baseline_success_per_arm": st.baseline_per_arm,
@@ -481,6 +545,7 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
     job.state = RunState()
     job._load(loader.resolve(model, Path(cfg.out) / "cache"))
     try:
+        job._ensure_engine()
         res = job.evaluate(tasks, "eval")
         if harness_cmd:
             res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
@@ -488,7 +553,10 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
             res["per_arm"][harness_name] = res["outside"]["success"]
         return res
     finally:
-        job.engine.close()
+        if job.engine is not None:
+            job.engine.close()
+        if job.cluster is not None:
+            job.cluster.close()
 
 
 def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:

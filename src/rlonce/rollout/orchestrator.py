@@ -30,8 +30,13 @@ trained token is measured and reported per step, and a violation is counted.
 (Little's law, ``SampleMixer.concurrency``), a cap on concurrent sessions and a budget of
 predicted KV tokens (the source's mean context length × group size).
 
-The executor runs one group; ``LocalExecutor`` runs its sequences on this event loop. A Ray
-executor fills the same interface later.
+The executor runs one group. ``LocalExecutor`` runs its sequences on this event loop and hands
+them back; the orchestrator judges them here (``judge``). ``RayExecutor``
+(``rlonce.rollout.ray_executor``) runs the group in a harness-pool actor, which calls the same
+``judge`` where the tokens are and returns a ``Judged`` whose sequences are metadata only (no
+contexts) and whose rows stay in Ray's object store until the trainer fetches them (``payload``).
+An executor failure becomes an infrastructure failure of every sequence of the group, with the
+exception's ``category`` when it has one (a lost actor, a timed-out call).
 """
 
 from __future__ import annotations
@@ -72,10 +77,39 @@ class Group:
     accepted: bool = False
     seconds: float = 0.0
     job: asyncio.Task | None = None
+    payload: object | None = None
+    """Where the group's full sequences and rows live when an executor kept them remote (a
+    ``RemotePayload``: ``.rows`` is their count, ``.fetch()`` returns ``(sequences, rows)``)."""
+
+
+@dataclass
+class Judged:
+    """A finished group as the orchestrator books it."""
+
+    sequences: list[Sequence]
+    entry: LedgerEntry
+    stats: dict[str, float]
+    rows: list[TrainingRow] = field(default_factory=list)
+    payload: object | None = None
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Judges one group with ``rlonce.algo.learning_signal``; plain data, so an executor can ship it
+    to where the sequences are and judge there with the same code."""
+
+    signal: SignalSettings
+    group_by_arm: bool = False
+
+    def __call__(self, task_id: str, source: str, dispatch_step: int, seqs: list[Sequence], decode=None) -> Judged:
+        sample = Sample(task_id, source, dispatch_step, seqs)
+        samples = split_by_arm([sample]) if self.group_by_arm else [sample]
+        rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode)
+        return Judged(seqs, ledger[source], dict(stats), rows)
 
 
 class Executor(Protocol):
-    async def run_group(self, group: Group, group_size: int) -> list[Sequence]: ...
+    async def run_group(self, group: Group, group_size: int) -> list[Sequence] | Judged: ...
 
 
 @dataclass
@@ -87,6 +121,13 @@ class StepResult:
     finished: list[Sequence]
     """Every sequence that ended during the step (kept, filtered, rejected or failed)."""
     metrics: dict[str, float]
+    payloads: list = field(default_factory=list)
+    """Remote payloads of the groups trained on (``Group.payload``), in the order of ``samples``;
+    their rows are not in ``rows``: the trainer fetches them."""
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows) + sum(p.rows for p in self.payloads)
 
 
 @dataclass
@@ -116,6 +157,7 @@ class Orchestrator:
         self.signal = signal
         self.s = settings
         self.decode = decode
+        self.judge = Judge(signal, settings.group_by_arm)
         self.groups: dict[str, Group] = {}
         self.next_index: dict[str, int] = {n: 0 for n in mixer.sources}
         self.order = 0
@@ -181,29 +223,29 @@ class Orchestrator:
 
     async def _run(self, g: Group) -> None:
         t0 = time.perf_counter()
+        tid = getattr(g.task, "task_id", g.gid)
         try:
-            seqs = await self.executor.run_group(g, self.s.group_size)
+            out = await self.executor.run_group(g, self.s.group_size)
         except asyncio.CancelledError:
             return
-        except Exception:  # noqa: BLE001 - the executor failed, not the model: every sequence is infra
-            log.warning("executor failed on group %s; its sequences are infra (harness_error)", g.gid, exc_info=True)
-            tid = getattr(g.task, "task_id", g.gid)
-            seqs = [Sequence(tid, "?", status=Status.INFRA, failure=FailureCategory.HARNESS_ERROR)
-                    for _ in range(self.s.group_size)]
+        except Exception as exc:  # noqa: BLE001 - the executor failed, not the model: every sequence is infra
+            category = getattr(exc, "category", FailureCategory.HARNESS_ERROR)
+            log.warning("executor failed on group %s; its sequences are infra (%s): %s", g.gid, category.value, exc,
+                        exc_info=category is FailureCategory.HARNESS_ERROR)
+            out = [Sequence(tid, "?", status=Status.INFRA, failure=category) for _ in range(self.s.group_size)]
         g.seconds = time.perf_counter() - t0
         if g.gid not in self.groups:  # dropped as stale while it ran
             self.changed.set()
             return
-        self._evaluate(g, seqs)
+        judged = out if isinstance(out, Judged) else self.judge(tid, g.source, g.dispatch_step, out, self.decode)
+        self._evaluate(g, judged)
         self.changed.set()
 
-    def _evaluate(self, g: Group, seqs: list[Sequence]) -> None:
+    def _evaluate(self, g: Group, judged: Judged) -> None:
+        seqs, rows, ev, stats = judged.sequences, judged.rows, judged.entry, judged.stats
         g.sequences = seqs
+        g.payload = judged.payload
         self.finished += seqs
-        sample = Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, seqs)
-        samples = split_by_arm([sample]) if self.s.group_by_arm else [sample]
-        rows, ledger, stats = learning_signal(samples, g.dispatch_step, self.signal, decode=self.decode)
-        ev = ledger[g.source]
         w = self._entry(g.source)
         w.finished += ev.finished
         w.infra_failed += ev.infra_failed
@@ -381,7 +423,7 @@ class Orchestrator:
         stats["groups_in_flight"] = float(len(self.in_flight()))
         samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences) for g in taken]
         finished, self.finished = self.finished, []
-        return StepResult(rows, ledger, samples, finished, stats)
+        return StepResult(rows, ledger, samples, finished, stats, [g.payload for g in taken if g.payload is not None])
 
     async def close(self) -> None:
         self._stopping = True
@@ -403,13 +445,28 @@ class Orchestrator:
         waiting, flight = [], []
         for g in sorted(self.groups.values(), key=lambda g: g.order):
             if g.state == FINISHED and g.accepted:
-                waiting.append({"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step,
-                                "seconds": g.seconds, "sequences": [sequence_to_dict(x) for x in g.sequences],
-                                "rows": [asdict(r) for r in g.rows]})
+                w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds}
+                if g.payload is not None:  # fetched only if a checkpoint is written (``materialize``)
+                    w["payload"] = g.payload
+                else:
+                    w.update(sequences=[sequence_to_dict(x) for x in g.sequences], rows=[asdict(r) for r in g.rows])
+                waiting.append(w)
             elif g.state in (PENDING, RUNNING):
                 flight.append({"source": g.source, "index": g.index})
         return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index), "order": self.order,
                 "waiting": waiting, "in_flight": flight}
+
+    @staticmethod
+    def materialize(state: dict) -> dict:
+        """``state`` with every remote payload fetched into plain data (what a checkpoint stores)."""
+        waiting = []
+        for w in state.get("waiting", []):
+            w = dict(w)
+            if "payload" in w:
+                seqs, rows = w.pop("payload").fetch()
+                w.update(sequences=[sequence_to_dict(x) for x in seqs], rows=[asdict(r) for r in rows])
+            waiting.append(w)
+        return {**state, "waiting": waiting}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore; the restored open work is the next step's ``carried_in``."""

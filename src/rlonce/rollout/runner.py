@@ -104,6 +104,8 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         "seconds": time.perf_counter() - t0,
         "model_tokens": float(session.model_tokens()),
         "context_tokens": float(sum(len(c) for c in session.contexts)),
+        "versions_spanned": float(len({v for c in session.contexts for g in c.segments if g.versions
+                                        for v in g.versions})),
     }
     return seq
 

@@ -1,0 +1,477 @@
+"""Scale-out on Ray: engine actors, harness-pool actors, a trainer actor, and the executor the
+orchestrator drives — the same orchestrator, judge, trainer and engine code as the local run.
+
+    driver (control plane: Job, Orchestrator, ledger; metadata only)
+      ├─ RayExecutor.run_group ──► HarnessPool actor (many sequences on one event loop; sandboxes are
+      │                            subprocesses, judging runs on a background thread)
+      │                              └─ RemoteEngine ──► EngineActor (TorchEngine, or any Engine factory)
+      │      ◄── Judged (ledger entry, statistics, sequences without contexts)   [return 1]
+      │          payload = (sequences, TrainingRows) left in the object store    [return 2]
+      └─ RayCluster.train(payload refs) ──► TrainerActor fetches the rows, steps, puts the weights
+         into the object store once (``publish``); engines load them by version between tokens.
+
+**Ownership.** A pool's payload is the second return value of the driver's call, so the driver
+owns it and it outlives the pool that made it; only the trainer (and a checkpoint writer)
+fetches it. Ray inlines values under 100 KiB into the reply instead of the object store.
+
+**Faults.** Pools and engines are restarted by Ray (``ray.max_restarts``); a call that was in
+flight on a dead actor fails, and its group becomes ``infra`` with category ``worker_lost``
+(``call_timeout`` when the call outlived ``ray.group_timeout_s``) — the orchestrator books it
+and dispatches on. Engine requests from a pool time out after ``ray.call_timeout_s`` and become
+``engine_error``. A restarted engine loads the trainer's latest published weights before it
+serves, so it never generates with a version the run has left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+from rlonce.core.records import FailureCategory
+from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.rollout.orchestrator import Judge, Judged
+
+log = logging.getLogger("rlonce.ray")
+_SESSION_SUFFIX = len("/session_2026-11-30_01-13-03_719857_4194304/sockets/plasma_store")
+_MAX_SOCKET_PATH = 107
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("executor 'ray' needs Ray: pip install 'rlonce[ray]' (make test installs it)") from None
+    return ray
+
+
+class ExecutorFailure(RuntimeError):
+    """A group could not be run; ``category`` says which part of the infrastructure failed."""
+
+    def __init__(self, message: str, category: FailureCategory):
+        super().__init__(message)
+        self.category = category
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# ---- starting Ray --------------------------------------------------------------------------
+def ray_temp_dir(wanted: Path) -> Path:
+    """``wanted`` if Ray's socket paths fit under it, else a short folder in /tmp that ``wanted``
+    links to (Unix socket paths are limited to 107 bytes)."""
+    wanted = wanted.absolute()
+    if len(str(wanted)) + _SESSION_SUFFIX <= _MAX_SOCKET_PATH:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+    short = Path(tempfile.gettempdir()) / f"rlonce-ray-{hashlib.sha1(str(wanted).encode()).hexdigest()[:10]}"
+    short.mkdir(parents=True, exist_ok=True)
+    wanted.parent.mkdir(parents=True, exist_ok=True)
+    if wanted.is_symlink() or not wanted.exists():
+        wanted.unlink(missing_ok=True)
+        wanted.symlink_to(short, target_is_directory=True)
+    return short
+
+
+def start_ray(rc, run_dir: Path) -> bool:
+    """Connect to (``rc.address``) or start a Ray instance; True when this call started it."""
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    common = dict(include_dashboard=rc.dashboard, log_to_driver=False, logging_level=logging.WARNING)
+    if rc.address:
+        ray.init(address=rc.address, **common)
+    else:
+        cpus = rc.num_cpus or max(4, os.cpu_count() or 1)
+        temp = ray_temp_dir(Path(rc.temp_dir) if rc.temp_dir else run_dir / "ray")
+        ray.init(num_cpus=cpus, _temp_dir=str(temp), **common)
+    return True
+
+
+# ---- engines ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TorchEngineFactory:
+    """Builds a ``TorchEngine`` over the model folder ``model_dir`` inside an engine actor."""
+
+    model_dir: str
+    dtype: str = "float32"
+    lm_head_fp32: bool = True
+    max_batch_size: int = 128
+    batch_wait_s: float = 0.01
+    seed: int = 0
+    threads: int = 1
+
+    def __call__(self, index: int):
+        import torch
+
+        from rlonce.engine.torch_engine import TorchEngine
+        from rlonce.model import loader
+
+        torch.set_num_threads(self.threads)
+        lm = loader.load(self.model_dir, dtype=self.dtype, lm_head_fp32=self.lm_head_fp32)
+        pad = lm.tokenizer.pad_token_id
+        return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
+                           max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s,
+                           seed=self.seed + 7919 * index)
+
+
+class EngineActor:
+    """One engine behind an actor. With ``weights_from`` (the trainer actor) it loads the latest
+    published weights before serving — also after Ray restarts it."""
+
+    def __init__(self, factory, index: int, weights_from=None, timeout: float = 300.0):
+        ray = _ray()
+        self.engine = factory(index)
+        if weights_from is not None:
+            version, refs = ray.get(weights_from.latest.remote(), timeout=timeout)
+            if refs:
+                self.engine.load_weights(ray.get(refs[0], timeout=timeout), version)
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "version": self.engine.version}
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        return await self.engine.generate(prompt_ids, sampling)
+
+    async def load_weights(self, refs: list, version: int) -> int:
+        state = await refs[0]
+        await asyncio.to_thread(self.engine.load_weights, state, version)
+        return version
+
+    def pause(self) -> None:
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+
+class RemoteEngine:
+    """The Engine contract over engine actors: what a harness pool's gateway, and the driver's
+    evaluation, generate through. Each request goes to the actor with the fewest requests in
+    flight from this client; every call has a timeout; a lost actor is an ``EngineError``."""
+
+    def __init__(self, actors: list, timeout: float, version: int = 0):
+        self.actors = list(actors)
+        self.timeout = timeout
+        self.version = version
+        self._inflight = [0] * len(self.actors)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        ray = _ray()
+        i = min(range(len(self.actors)), key=self._inflight.__getitem__)
+        self._inflight[i] += 1
+        ref = self.actors[i].generate.remote(list(prompt_ids), sampling)
+        try:
+            return await asyncio.wait_for(_awaitable(ref), self.timeout)
+        except asyncio.TimeoutError:
+            ray.cancel(ref)
+            raise EngineError(f"engine actor {i} did not answer within {self.timeout:.0f} s") from None
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            raise
+        except ray.exceptions.RayTaskError as e:  # the engine raised: the same error as in-process
+            raise e.as_instanceof_cause() from None
+        except ray.exceptions.RayError as e:
+            raise EngineError(f"engine actor {i} is unavailable: {_first_line(e)}") from None
+        finally:
+            self._inflight[i] -= 1
+
+    def _all(self, method: str, *args) -> list:
+        ray = _ray()
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        try:
+            return ray.get(refs, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"engine actors did not finish {method} within {self.timeout:.0f} s "
+                               "(ray.call_timeout_s); see the Ray logs under RUN/ray") from None
+
+    def load_published(self, refs: list, version: int) -> None:
+        """Load weights already in the object store (``refs = [ObjectRef]``) as ``version``."""
+        self._all("load_weights", refs, version)
+        self.version = version
+
+    def load_weights(self, state: dict, version: int) -> None:
+        self.load_published([_ray().put(state)], version)
+
+    def pause(self) -> None:
+        self._all("pause")
+
+    def resume(self) -> None:
+        self._all("resume")
+
+    def close(self) -> None:
+        pass
+
+
+async def _awaitable(ref):
+    return await ref
+
+
+# ---- harness pools ---------------------------------------------------------------------------
+class HarnessPool:
+    """Hosts many concurrent sequences on one event loop: each group's sequences run through the
+    same ``LocalExecutor`` (environment, gateway session, harness loop, grader) as a local run,
+    generating through ``RemoteEngine``; the group is judged here, where its tokens are."""
+
+    def __init__(self, cfg: dict, model_dir: str, engines: list, judge: Judge, call_timeout: float):
+        import torch
+
+        from rlonce.config import validate
+        from rlonce.envs.domains import domain_for
+        from rlonce.model import loader
+        from rlonce.recipes.grpo import rollout_spec
+        from rlonce.rollout.runner import LocalExecutor
+
+        torch.set_num_threads(1)
+        run = validate(cfg)
+        lm = loader.load(model_dir, chat_format=run.model.chat_format, weights=False)
+        self.decode = lm.decode
+        self.domain = domain_for(run.task)
+        self.engine = RemoteEngine(engines, call_timeout)
+        self.executor = LocalExecutor(self.domain.env_factory, self.engine, rollout_spec(run, lm))
+        self.judge = judge
+        self.active = 0
+        self.groups = 0
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "active": self.active, "groups": self.groups}
+
+    async def run_group(self, task, source: str, dispatch_step: int, group_size: int):
+        self.active += group_size
+        try:
+            seqs = await self.executor.run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step), group_size)
+        finally:
+            self.active -= group_size
+        judged = await asyncio.to_thread(self.judge, task.task_id, source, dispatch_step, seqs, self.decode)
+        self.groups += 1
+        light = [replace(s, contexts=[]) for s in seqs]
+        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows)), (seqs, judged.rows)
+
+
+@dataclass
+class RemotePayload:
+    """A group's ``(sequences, rows)`` in the object store, owned by the driver."""
+
+    ref: object
+    rows: int
+    timeout: float
+
+    def fetch(self) -> tuple[list, list]:
+        return _ray().get(self.ref, timeout=self.timeout)
+
+
+class RayExecutor:
+    """The orchestrator's executor: each group goes to the healthy harness pool with the fewest
+    sequences in flight; the reply is metadata, the payload stays remote.
+
+    A pool whose call failed is taken out of rotation until it answers ``ready`` again (Ray is
+    restarting it); calls sent to a restarting actor would fail too. With no pool healthy, a
+    group waits for one to come back, at most ``timeout`` seconds, then fails as ``worker_lost``.
+    """
+
+    def __init__(self, pools: list, timeout: float, *, probe_interval: float = 0.25):
+        self.pools = list(pools)
+        self.timeout = timeout
+        self.probe_interval = probe_interval
+        self.load = [0] * len(self.pools)
+        self.healthy = [True] * len(self.pools)
+        self.lost: Counter = Counter()
+        """Groups lost per pool index (the actor died under them)."""
+        self._recovering: dict[int, asyncio.Task] = {}
+
+    async def _recover(self, i: int) -> None:
+        ray = _ray()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(_awaitable(self.pools[i].ready.remote()), max(1.0, self.probe_interval * 8))
+            except (asyncio.TimeoutError, ray.exceptions.RayError):
+                await asyncio.sleep(self.probe_interval)
+                continue
+            self.healthy[i] = True
+            log.warning("harness pool %d is back", i)
+            return
+        log.error("harness pool %d did not come back within %.0f s; it gets no more work", i, self.timeout)
+
+    def _mark_lost(self, i: int) -> None:
+        self.healthy[i] = False
+        task = self._recovering.get(i)
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            self._recovering[i] = asyncio.get_running_loop().create_task(self._recover(i))
+
+    async def _pick(self) -> int:
+        while True:
+            live = [i for i, ok in enumerate(self.healthy) if ok]
+            if live:
+                return min(live, key=self.load.__getitem__)
+            for i in range(len(self.pools)):  # probes left behind by an earlier event loop
+                task = self._recovering.get(i)
+                if task is None or task.get_loop() is not asyncio.get_running_loop():
+                    self._mark_lost(i)
+            waiting = [t for t in self._recovering.values() if not t.done()]
+            if not waiting:
+                raise ExecutorFailure("no harness pool is alive (all exhausted ray.max_restarts); see RUN/ray logs",
+                                      FailureCategory.WORKER_LOST)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+
+    async def run_group(self, group, group_size: int) -> Judged:
+        ray = _ray()
+        i = await self._pick()
+        self.load[i] += group_size
+        meta_ref, payload_ref = self.pools[i].run_group.options(num_returns=2).remote(
+            group.task, group.source, group.dispatch_step, group_size)
+        try:
+            judged = await asyncio.wait_for(_awaitable(meta_ref), self.timeout)
+        except asyncio.TimeoutError:
+            ray.cancel(meta_ref)
+            raise ExecutorFailure(f"harness pool {i} did not finish group {group.gid} within {self.timeout:.0f} s",
+                                  FailureCategory.CALL_TIMEOUT) from None
+        except asyncio.CancelledError:  # dropped as stale: stop the sequences where they run
+            ray.cancel(meta_ref)
+            raise
+        except ray.exceptions.RayTaskError as e:
+            raise ExecutorFailure(f"harness pool {i} raised on group {group.gid}: {_first_line(e)}",
+                                  FailureCategory.HARNESS_ERROR) from None
+        except ray.exceptions.RayError as e:
+            self.lost[i] += 1
+            self._mark_lost(i)
+            raise ExecutorFailure(f"harness pool {i} was lost during group {group.gid}: {_first_line(e)}",
+                                  FailureCategory.WORKER_LOST) from None
+        finally:
+            self.load[i] -= group_size
+        judged.payload = RemotePayload(payload_ref, judged.payload, self.timeout)
+        return judged
+
+
+# ---- training --------------------------------------------------------------------------------
+class TrainerActor:
+    """The trainer in its own process: fetches the rows of the groups it trains on, steps, and
+    publishes its weights to the object store by version."""
+
+    def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
+                 state_refs: list, version: int, trainer_state: dict | None):
+        import torch
+
+        from rlonce.model import loader
+        from rlonce.train.trainer import Trainer
+
+        ray = _ray()
+        torch.set_num_threads(threads)
+        self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32).model
+        if state_refs:
+            self.model.load_state_dict(ray.get(state_refs[0]))
+        self.trainer = Trainer(self.model, optim, temperature=temperature)
+        if trainer_state:
+            self.trainer.load_state_dict(trainer_state)
+        self.version, self._published = version, None
+        self.publish(version)
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "version": self.version}
+
+    def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
+        from rlonce.core.records import version_lags
+
+        for _, more in _ray().get(payload_refs):
+            rows = rows + list(more)
+        metrics = self.trainer.rl_step(rows, **kwargs)
+        metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))
+        return metrics
+
+    def publish(self, version: int) -> list:
+        """Put the weights into the object store once; engines fetch them by reference."""
+        self.version = version
+        self._published = [_ray().put(self.model.state_dict())]  # serialised (copied) now
+        return self._published
+
+    def latest(self) -> tuple[int, list | None]:
+        return self.version, self._published
+
+    def state(self) -> tuple[dict, dict]:
+        return self.model.state_dict(), self.trainer.state_dict()
+
+
+class RayCluster:
+    """The driver's handle on the actors of one run."""
+
+    def __init__(self, cfg, model_dir: Path, run_dir: Path, *, state: dict, version: int,
+                 trainer_state: dict | None, optim, judge: Judge, engine_factory=None):
+        ray = _ray()
+        self.started = start_ray(cfg.ray, run_dir)
+        rc, m = cfg.ray, cfg.model
+        self.rc = rc
+        t0 = time.perf_counter()
+        trainer_cls = ray.remote(TrainerActor).options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus,
+                                                       max_concurrency=2)
+        self.trainer = trainer_cls.remote(str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature,
+                                          cfg.runtime.train_threads, [ray.put(state)], version, trainer_state)
+        self._wait([self.trainer], "trainer")
+        factory = engine_factory or TorchEngineFactory(
+            str(model_dir), m.dtype, m.lm_head_fp32, cfg.engine.max_batch_size, cfg.engine.batch_wait_s,
+            cfg.runtime.seed, cfg.runtime.rollout_threads)
+        engine_cls = ray.remote(EngineActor).options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus,
+                                                     max_restarts=rc.max_restarts, max_task_retries=0,
+                                                     max_concurrency=1000)
+        self.engine_actors = [engine_cls.remote(factory, i, self.trainer, rc.call_timeout_s) for i in range(rc.engines)]
+        self._wait(self.engine_actors, "engine")
+        self.engine = RemoteEngine(self.engine_actors, rc.call_timeout_s, version)
+        pool_cls = ray.remote(HarnessPool).options(num_cpus=rc.pool_cpus, max_restarts=rc.max_restarts,
+                                                   max_task_retries=0, max_concurrency=100_000)
+        data = cfg.model_dump(mode="json")
+        self.pools = [pool_cls.remote(data, str(model_dir), self.engine_actors, judge, rc.call_timeout_s)
+                      for _ in range(rc.harness_pools)]
+        self._wait(self.pools, "harness pool")
+        self.start_seconds = time.perf_counter() - t0
+
+    def _wait(self, actors: list, what: str) -> None:
+        ray = _ray()
+        try:
+            ray.get([a.ready.remote() for a in actors], timeout=max(self.rc.call_timeout_s, 60.0))
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the {what} actors did not start within {self.rc.call_timeout_s:.0f} s: does the "
+                               "cluster have the CPUs/GPUs requested under [ray]? (`ray status` shows them)") from None
+        except ray.exceptions.RayError as e:
+            raise RuntimeError(f"the {what} actors failed to start: {_first_line(e)}") from None
+
+    def executor(self) -> RayExecutor:
+        return RayExecutor(self.pools, self.rc.group_timeout_s)
+
+    async def train(self, payloads: list[RemotePayload], rows: list, kwargs: dict) -> dict:
+        ref = self.trainer.rl_step.remote([p.ref for p in payloads], rows, kwargs)
+        try:
+            return await asyncio.wait_for(_awaitable(ref), self.rc.group_timeout_s)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the trainer actor did not finish a step within {self.rc.group_timeout_s:.0f} s "
+                               "(ray.group_timeout_s)") from None
+
+    def publish(self, version: int) -> None:
+        """Trainer → object store → every engine, as ``version``; in-flight turns stop at their next
+        token and continue under the new weights (the engines are paused for the swap)."""
+        ray = _ray()
+        refs = ray.get(self.trainer.publish.remote(version), timeout=self.rc.call_timeout_s)
+        self.engine.pause()
+        try:
+            self.engine.load_published(refs, version)
+        finally:
+            self.engine.resume()
+
+    def pull(self) -> tuple[dict, dict]:
+        """The trainer's model and optimizer state (for a checkpoint)."""
+        return _ray().get(self.trainer.state.remote(), timeout=self.rc.call_timeout_s)
+
+    def close(self) -> None:
+        ray = _ray()
+        for a in [*self.pools, *self.engine_actors, self.trainer]:
+            ray.kill(a, no_restart=True)
+        if self.started:
+            ray.shutdown()

@@ -1,0 +1,174 @@
+"""The Ray executor on a local Ray instance: real actors, real sandboxes, the embedded model.
+
+- weights published by the trainer actor reach every engine actor by version, and the engine
+  then samples exactly what an in-process engine with the same weights samples;
+- killing a harness-pool actor mid-step: its in-flight sequences are infra (worker_lost), the
+  ledger balances, Ray restarts the actor and the next step runs on it;
+- a group that outlives its timeout is infra (call_timeout) and the step does not wait for it;
+- a short run of the whole job under ``executor = "ray"`` balances its ledger and trains.
+"""
+
+import asyncio
+import copy
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from rlonce.config import load_config  # noqa: E402
+from rlonce.core.records import FailureCategory  # noqa: E402
+from rlonce.engine.base import SamplingParams  # noqa: E402
+from rlonce.engine.torch_engine import TorchEngine  # noqa: E402
+from rlonce.recipes.grpo import Job, run  # noqa: E402
+from rlonce.rollout.ray_executor import ray_temp_dir  # noqa: E402
+from rlonce.telemetry.metrics import read_jsonl  # noqa: E402
+
+pytestmark = pytest.mark.sandbox
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ray_instance(tmp_path_factory):
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(ray_temp_dir(tmp_path_factory.mktemp("ray") / "ray")))
+    yield
+    ray.shutdown()
+
+
+def _cfg(out: Path, *extra: str):
+    return load_config(REPO / "configs" / "tiny.toml", [
+        f"out={out}", "executor=ray", "sft.demos=0", "rl.tasks_per_step=4", "rl.group_size=4",
+        "ray.harness_pools=2", "ray.call_timeout_s=60", "ray.group_timeout_s=120", "eval.heldout_tasks=4",
+        *extra])
+
+
+@pytest.fixture
+def job(ray_instance, tmp_path):
+    made = []
+
+    def make(*extra: str) -> Job:
+        j = Job(_cfg(tmp_path / f"run{len(made)}", *extra), progress=False)
+        j.start(False)
+        j._ensure_engine()
+        made.append(j)
+        return j
+
+    yield make
+    for j in made:
+        j.cluster.close()
+
+
+def test_published_weights_reach_every_engine_by_version(job):
+    j = job("ray.engines=2")
+    trained = copy.deepcopy(j.lm.model)
+    with __import__("torch").no_grad():
+        for p in trained.parameters():
+            p.mul_(1.05)
+    # the trainer actor holds the weights; put perturbed ones there and publish them as version 7
+    ray.get(j.cluster.trainer.__ray_call__.remote(lambda self: self.model.load_state_dict(trained.state_dict())))
+    j.cluster.publish(7)
+    assert j.engine.version == 7
+    prompt = j.lm.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
+    sp = SamplingParams(max_tokens=24, temperature=1.0, seed=123)
+
+    async def both():
+        return await asyncio.gather(*(j.engine.generate(prompt, sp) for _ in range(4)))
+
+    remote = asyncio.run(both())
+    pad = j.lm.tokenizer.pad_token_id
+    local = TorchEngine(trained, eos_token_ids=j.lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
+                        version=7)
+    try:
+        ref = asyncio.run(local.generate(prompt, sp))
+    finally:
+        local.close()
+    for g in remote:  # requests were spread over both engine actors; each carries version 7's weights
+        assert g.versions == [7] * len(g.token_ids)
+        assert g.token_ids == ref.token_ids
+        assert g.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
+def test_killed_harness_pool_is_infra_restarted_and_the_run_goes_on(job):
+    j = job("ray.max_restarts=2")
+    orch = j.orchestrator()
+    executor = orch.executor
+    victim = j.cluster.pools[0]
+    pid_before = ray.get(victim.ready.remote())["pid"]
+
+    async def step_with_kill():
+        collecting = asyncio.create_task(orch.collect(1))
+        while executor.load[0] == 0:  # a group is in flight on pool 0
+            await asyncio.sleep(0.001)
+        ray.kill(victim, no_restart=False)
+        res = await asyncio.wait_for(collecting, 300)
+        for _ in range(1200):  # the executor probes the pool until Ray has restarted it
+            if executor.healthy[0]:
+                break
+            await asyncio.sleep(0.1)
+        res2 = await asyncio.wait_for(orch.collect(2), 300)
+        await orch.close()
+        return res, res2
+
+    res, res2 = asyncio.run(step_with_kill())
+    e = res.ledger["toolfind"]
+    assert e.dispatched == 16
+    assert e.infra_by_category.get(FailureCategory.WORKER_LOST.value, 0) >= 4  # at least the group it held
+    assert e.infra_failed == sum(e.infra_by_category.values())
+    assert e.dispatched == e.finished + e.infra_failed
+    e.check()
+    assert executor.lost[0] >= 1
+    lost = [s for s in res.finished if s.failure is FailureCategory.WORKER_LOST]
+    assert lost and all(s.reward is None for s in lost)  # never graded, never a reward
+    # step 2 ran with the restarted actor back in rotation: nothing lost, every sequence graded
+    e2 = res2.ledger["toolfind"]
+    e2.check()
+    assert e2.infra_failed == 0 and e2.finished == 16
+    info = ray.get(victim.ready.remote())
+    assert info["pid"] != pid_before and info["groups"] >= 1
+
+
+def test_group_past_its_timeout_is_infra_and_the_step_ends(job):
+    j = job("ray.group_timeout_s=0.05")
+    orch = j.orchestrator()
+
+    async def go():
+        res = await asyncio.wait_for(orch.collect(1), 120)
+        await orch.close()
+        return res
+
+    e = asyncio.run(go()).ledger["toolfind"]
+    assert e.infra_by_category == {FailureCategory.CALL_TIMEOUT.value: 16}
+    e.check()
+
+
+def test_whole_job_on_ray_trains_and_balances(ray_instance, tmp_path):
+    out = tmp_path / "ray-run"
+    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={out}", "executor=ray", "rl.steps=3",
+                                                       "eval.heldout_tasks=8", "checkpoint.every=2"])
+    summary = run(cfg, progress=False)
+    assert summary["executor"] == "ray" and summary["rl_steps"] == 3
+    ledger = read_jsonl(out / "ledger.jsonl")
+    assert [e["step"] for e in ledger] == [1, 2, 3]
+    for e in ledger:
+        assert e["dispatched"] == cfg.rl.tasks_per_step * cfg.rl.group_size
+        assert e["dispatched"] == e["finished"] + e["infra_failed"] and e["infra_failed"] == 0
+        assert e["finished"] == e["no_contrast_filtered"] + e["penalty_rejected"] + e["retained"]
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
+    trained = [r for r in steps if r["retained_rows"]]
+    assert trained, "no step had a contrastful group to train on"
+    assert summary["policy_version"] == len(trained)
+    for r in trained:
+        assert r["version_lag_max"] == 0 and r["staleness_violations"] == 0  # sync: every token on-policy
+        assert r["mismatch_tokens"] > 0 and r["mismatch_kl"] < 1e-6  # engine actor and trainer actor agree
+    traj = read_jsonl(sorted((out / "trajectories").glob("step-*.jsonl"))[-1])
+    assert traj and all(t["text"] for t in traj if t["turns"])  # tokens fetched from the object store
+
+
+def test_ray_temp_dir_fits_unix_socket_paths(tmp_path):
+    short = tmp_path.parent / "r"
+    assert ray_temp_dir(short) == short.absolute() and short.is_dir()
+    deep = tmp_path / ("a-long-run-directory-name" * 3) / "ray"
+    got = ray_temp_dir(deep)
+    assert len(str(got)) < 45 and deep.is_symlink() and deep.resolve() == got.resolve()
+    assert ray_temp_dir(deep) == got  # the same folder again, the link kept
