@@ -9,15 +9,18 @@ the accumulated gradient equals the full-batch one.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from rlonce.algo.correction import rollout_correction
 from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
+from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 
 
 @dataclass
@@ -80,9 +83,10 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
         lp_BT = logp_BTV.gather(-1, ids_BT[:, 1:, None])[..., 0]
         ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
         return lp_BT, ent_BT
-    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state[:, :-1]
     sel_BT = mask_BT > 0
-    logp_NV = (head(hidden_BTH[sel_BT]).float() / temperature).log_softmax(-1)
+    # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
+    forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
+    logp_NV = (forward(ids_BT, attn_BT, sel_BT).float() / temperature).log_softmax(-1)
     lp_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype)
     lp_BT = lp_BT.masked_scatter(sel_BT, logp_NV.gather(-1, ids_BT[:, 1:][sel_BT][:, None])[:, 0])
     ent_BT = None
@@ -92,7 +96,27 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     return lp_BT, ent_BT
 
 
+def selected_logits(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, sel_BT: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits (N×V) at the N positions ``sel_BT`` (B×T-1) selects; the decoder runs
+    on every token, the head only on those."""
+    decoder = getattr(model, model.base_model_prefix)
+    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state[:, :-1]
+    return model.get_output_embeddings()(hidden_BTH[sel_BT])
+
+
 class Trainer:
+    """Optimizer steps on ``TrainingRow``s.
+
+    On a model sharded by ``rlonce.train.distributed.shard_model`` the trainer is data-parallel:
+    every rank makes the same calls with the same arguments but its own rows, and the update is
+    the one a single process would make from all ranks' rows together. Aggregation weights and
+    token shares take their denominators from the global mini-batch; the gradient is the sum
+    over ranks; every rank runs the same number of micro-batches (padding with passes that train
+    nothing); and the returned metrics are global. With ``minibatches > 1`` each rank splits its
+    own rows, and global mini-batch k is the union of every rank's k-th split. ``state_dict``
+    then holds this rank's shard of the optimizer state.
+    """
+
     def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 16384, temperature: float = 1.0):
         self.model = model
         self.settings = settings
@@ -106,6 +130,7 @@ class Trainer:
             lr=settings.lr, betas=settings.betas, eps=settings.eps,
         )
         self.step = 0
+        self.group = data_parallel_group(model)
 
     def lr_at(self, step: int) -> float:
         s = self.settings
@@ -137,21 +162,24 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return float(norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
 
     def sft_step(self, rows: list[TrainingRow]) -> dict[str, float]:
         """One optimizer step of token-mean cross-entropy on the loss-masked tokens."""
         self.model.train()
-        full = pad_rows(rows)
-        w_BT = aggregation_weights(full.mask_BT, "token-mean") * full.weight_B[:, None]
+        w_BT, _ = self._weights(rows, "token-mean")
         total = 0.0
-        for idx in self._micro_batches(rows):
+        for idx in self._chunks(rows):
+            if idx is None:
+                self._idle_pass()
+                continue
             b = pad_rows([rows[i] for i in idx])
             lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT)
             w = _slice_weights(w_BT, idx, lp_BT.shape[1])
             loss = -(w * lp_BT).sum()
             loss.backward()
             total += float(loss.detach())
+        total = sum_over_ranks(self.group, {"sft_loss": total})["sft_loss"]
         norm = self._optimizer_step()
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
@@ -173,9 +201,7 @@ class Trainer:
         """
         self.model.train()
         old_lp = self._recompute(rows) if correction != "none" else None
-        order = list(range(len(rows)))
-        random.Random(seed).shuffle(order)
-        splits = [order[k::minibatches] for k in range(minibatches)]
+        splits = minibatch_splits(len(rows), minibatches, seed)
         sums: dict[str, float] = {}
         count = 0
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -184,11 +210,12 @@ class Trainer:
                 pairs.append(_same_version(r, old_lp[i], version))
         for k_split, split in enumerate(splits):
             mb = [rows[i] for i in split]
-            full = pad_rows(mb)
-            w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids) * full.weight_B[:, None]
-            ntok = float(full.mask_BT.sum())
+            w_BT, ntok = self._weights(mb, agg)
             stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
-            for idx in self._micro_batches(mb):
+            for idx in self._chunks(mb):
+                if idx is None:
+                    self._idle_pass()
+                    continue
                 b = pad_rows([mb[i] for i in idx])
                 lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
                                                mask_BT=b.mask_BT)
@@ -211,27 +238,69 @@ class Trainer:
                 stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
                 for k, v in {**m, **cm}.items():
                     stats[k] = stats.get(k, 0.0) + v * share
+            stats = sum_over_ranks(self.group, stats)
             stats["grad_norm"] = self._optimizer_step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
         out = {k: v / count for k, v in sums.items()}
         out["lr"] = self.lr_at(self.step - 1)
-        out["trained_tokens"] = float(sum(sum(r.loss_mask) for r in rows))
-        if pairs:
-            out.update(mismatch_metrics(torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])))
+        out.update(sum_over_ranks(self.group, {"trained_tokens": float(sum(sum(r.loss_mask) for r in rows))}))
+        if version is not None:
+            out.update(mismatch_metrics(cat_over_ranks(self.group, [p[0] for p in pairs]),
+                                        cat_over_ranks(self.group, [p[1] for p in pairs])))
         return out
 
     @torch.no_grad()
     def _recompute(self, rows: list[TrainingRow]) -> list[torch.Tensor]:
         """Per row, the log-prob of each next token under the current weights (length len-1)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
-        for idx in self._micro_batches(rows):
+        for idx in self._chunks(rows):
+            if idx is None:
+                self._idle_pass(backward=False)
+                continue
             b = pad_rows([rows[i] for i in idx])
             lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, mask_BT=b.mask_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
+
+    # ---- data parallelism: each helper is the single-process computation when not sharded ----
+    def _weights(self, rows: list[TrainingRow], agg: str) -> tuple[torch.Tensor, float]:
+        """Aggregation weights of ``rows`` (times each row's ``weight``) and the trained-token count.
+
+        Data-parallel, both are taken over the global mini-batch: every rank's loss masks and
+        group ids are gathered, so each denominator (tokens, sequences, groups, padded length)
+        counts all ranks, and this rank keeps its own rows' weights."""
+        if self.group is None:
+            full = pad_rows(rows)
+            w_BT = aggregation_weights(full.mask_BT, agg, group_ids_B=full.group_ids) * full.weight_B[:, None]
+            return w_BT, float(full.mask_BT.sum())
+        shards = gather(self.group, [(bytes(r.loss_mask[1:]), r.group_id) for r in rows])
+        masks = [m for shard in shards for m, _ in shard]
+        mask_BT = torch.zeros((len(masks), max(len(m) for m in masks)))
+        for b, m in enumerate(masks):
+            mask_BT[b, : len(m)] = torch.frombuffer(bytearray(m), dtype=torch.uint8)
+        w_BT = aggregation_weights(mask_BT, agg, group_ids_B=[g for shard in shards for _, g in shard])
+        start = sum(len(s) for s in shards[: dist.get_rank(self.group)])
+        T = max((len(r) for r in rows), default=1) - 1
+        weight_B = torch.tensor([r.weight for r in rows], dtype=torch.float32)
+        return w_BT[start : start + len(rows), :T] * weight_B[:, None], float(mask_BT.sum())
+
+    def _chunks(self, rows: list[TrainingRow]) -> list[list[int] | None]:
+        """The micro-batches of ``rows``, padded with None to as many as any rank has."""
+        chunks: list[list[int] | None] = list(self._micro_batches(rows))
+        if self.group is None:
+            return chunks
+        return chunks + [None] * (max(gather(self.group, len(chunks))) - len(chunks))
+
+    def _idle_pass(self, backward: bool = True) -> None:
+        """A forward (and backward) that trains nothing, so that a rank with fewer micro-batches
+        still joins each of FSDP's all-gathers and reduce-scatters."""
+        ids_BT = torch.zeros((1, 2), dtype=torch.long)
+        lp_BT, _ = token_logprobs(self.model, ids_BT, torch.ones_like(ids_BT), mask_BT=torch.ones((1, 1)))
+        if backward:
+            (lp_BT.sum() * 0.0).backward()
 
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -240,6 +309,13 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
+
+
+def minibatch_splits(n: int, minibatches: int, seed: int) -> list[list[int]]:
+    """Row indices of each mini-batch: a seeded shuffle of ``range(n)``, dealt round-robin."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [order[k::minibatches] for k in range(minibatches)]
 
 
 def _same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:
