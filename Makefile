@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test test-slow bench bench-trl smollm2 pack system-deps venv venv-dev clean
+.PHONY: quickstart test test-slow test-gpu bench bench-trl bench-ray smollm2 pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -58,6 +58,14 @@ test: system-deps venv-dev
 test-slow: system-deps venv-dev
 	$(PY) -m pytest -q -m slow
 
+# On a machine with a CUDA device: vLLM (and the CUDA build of torch it brings) plus the GPU tests.
+$(VENV)/.installed-vllm: $(VENV)/.installed-dev
+	$(PIP) -e '.[vllm]'
+	@touch $@
+
+test-gpu: system-deps $(VENV)/.installed-vllm
+	$(PY) -m pytest -q -rs -m gpu
+
 bench: system-deps venv
 	$(PY) benchmarks/throughput/run.py --out runs/bench/throughput
 	$(PY) benchmarks/objectives/run.py --out runs/bench/objectives
@@ -66,6 +74,9 @@ bench: system-deps venv
 	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
 	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
 	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
+
+bench-ray: system-deps venv-dev
+	$(PY) benchmarks/ray_scaling/run.py --out runs/bench/ray_scaling
 
 bench-trl: system-deps $(VENV)/.installed-bench
 	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl --with-filtering
