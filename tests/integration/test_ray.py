@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from rlonce.config import load_config  # noqa: E402
 from rlonce.core.records import FailureCategory  # noqa: E402
-from rlonce.engine.base import SamplingParams  # noqa: E402
+from rlonce.engine.base import EngineError, SamplingParams  # noqa: E402
 from rlonce.engine.torch_engine import TorchEngine  # noqa: E402
 from rlonce.recipes.grpo import Job, run  # noqa: E402
 from rlonce.rollout.ray_executor import ray_temp_dir  # noqa: E402
@@ -87,6 +87,26 @@ def test_published_weights_reach_every_engine_by_version(job):
         assert g.versions == [7] * len(g.token_ids)
         assert g.token_ids == ref.token_ids
         assert g.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+
+
+def test_restarted_engine_serves_the_latest_published_version(job):
+    j = job("ray.max_restarts=2")
+    j.cluster.publish(3)
+    victim = j.cluster.engine_actors[0]
+    pid_before = ray.get(victim.ready.remote())["pid"]
+    ray.kill(victim, no_restart=False)
+    prompt = j.lm.encode("hello")
+    sp = SamplingParams(max_tokens=4, seed=1)
+    with pytest.raises(EngineError):  # a request to the dead or restarting actor is an engine error
+        asyncio.run(j.engine.generate(prompt, sp))
+    for _ in range(600):
+        try:
+            info = ray.get(victim.ready.remote(), timeout=5)
+            break
+        except (ray.exceptions.RayError, TimeoutError):
+            __import__("time").sleep(0.1)
+    assert info["pid"] != pid_before and info["version"] == 3  # fetched from the trainer when it restarted
+    assert set(asyncio.run(j.engine.generate(prompt, sp)).versions) == {3}
 
 
 def test_killed_harness_pool_is_infra_restarted_and_the_run_goes_on(job):

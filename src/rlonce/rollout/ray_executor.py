@@ -126,14 +126,15 @@ class TorchEngineFactory:
 
 
 class EngineActor:
-    """One engine behind an actor. With ``weights_from`` (the trainer actor) it loads the latest
-    published weights before serving — also after Ray restarts it."""
+    """One engine behind an actor. With ``weights_from`` (the trainer actor's name) it loads the
+    latest published weights before serving — also after Ray restarts it. Peers are passed by
+    name, not handle: a restartable actor's constructor arguments must outlive it."""
 
-    def __init__(self, factory, index: int, weights_from=None, timeout: float = 300.0):
+    def __init__(self, factory, index: int, weights_from: str | None = None, timeout: float = 300.0):
         ray = _ray()
         self.engine = factory(index)
         if weights_from is not None:
-            version, refs = ray.get(weights_from.latest.remote(), timeout=timeout)
+            version, refs = ray.get(ray.get_actor(weights_from).latest.remote(), timeout=timeout)
             if refs:
                 self.engine.load_weights(ray.get(refs[0], timeout=timeout), version)
 
@@ -223,7 +224,7 @@ class HarnessPool:
     same ``LocalExecutor`` (environment, gateway session, harness loop, grader) as a local run,
     generating through ``RemoteEngine``; the group is judged here, where its tokens are."""
 
-    def __init__(self, cfg: dict, model_dir: str, engines: list, judge: Judge, call_timeout: float):
+    def __init__(self, cfg: dict, model_dir: str, engines: list[str], judge: Judge, call_timeout: float):
         import torch
 
         from rlonce.config import validate
@@ -237,7 +238,7 @@ class HarnessPool:
         lm = loader.load(model_dir, chat_format=run.model.chat_format, weights=False)
         self.decode = lm.decode
         self.domain = domain_for(run.task)
-        self.engine = RemoteEngine(engines, call_timeout)
+        self.engine = RemoteEngine([_ray().get_actor(name) for name in engines], call_timeout)
         self.executor = LocalExecutor(self.domain.env_factory, self.engine, rollout_spec(run, lm))
         self.judge = judge
         self.active = 0
@@ -359,7 +360,7 @@ class TrainerActor:
     publishes its weights to the object store by version."""
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
-                 state_refs: list, version: int, trainer_state: dict | None):
+                 state_refs: list, version: int, trainer_state: dict | None, timeout: float = 300.0):
         import torch
 
         from rlonce.model import loader
@@ -369,7 +370,8 @@ class TrainerActor:
         torch.set_num_threads(threads)
         self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32).model
         if state_refs:
-            self.model.load_state_dict(ray.get(state_refs[0]))
+            self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
+        self.timeout = timeout
         self.trainer = Trainer(self.model, optim, temperature=temperature)
         if trainer_state:
             self.trainer.load_state_dict(trainer_state)
@@ -382,7 +384,7 @@ class TrainerActor:
     def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
         from rlonce.core.records import version_lags
 
-        for _, more in _ray().get(payload_refs):
+        for _, more in _ray().get(payload_refs, timeout=self.timeout):
             rows = rows + list(more)
         metrics = self.trainer.rl_step(rows, **kwargs)
         metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))
@@ -411,24 +413,30 @@ class RayCluster:
         rc, m = cfg.ray, cfg.model
         self.rc = rc
         t0 = time.perf_counter()
+        run_id = f"rlonce-{os.getpid()}-{time.time_ns() % 10**9}"
+        trainer_name = f"{run_id}-trainer"
+        engine_names = [f"{run_id}-engine-{i}" for i in range(rc.engines)]
         trainer_cls = ray.remote(TrainerActor).options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus,
-                                                       max_concurrency=2)
+                                                       max_concurrency=2, name=trainer_name)
         self.trainer = trainer_cls.remote(str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature,
-                                          cfg.runtime.train_threads, [ray.put(state)], version, trainer_state)
+                                          cfg.runtime.train_threads, [ray.put(state)], version, trainer_state,
+                                          rc.call_timeout_s)
         self._wait([self.trainer], "trainer")
         factory = engine_factory or TorchEngineFactory(
             str(model_dir), m.dtype, m.lm_head_fp32, cfg.engine.max_batch_size, cfg.engine.batch_wait_s,
             cfg.runtime.seed, cfg.runtime.rollout_threads)
-        engine_cls = ray.remote(EngineActor).options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus,
-                                                     max_restarts=rc.max_restarts, max_task_retries=0,
-                                                     max_concurrency=1000)
-        self.engine_actors = [engine_cls.remote(factory, i, self.trainer, rc.call_timeout_s) for i in range(rc.engines)]
+        engine_cls = ray.remote(EngineActor)
+        self.engine_actors = [
+            engine_cls.options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus, max_restarts=rc.max_restarts,
+                               max_task_retries=0, max_concurrency=1000, name=name
+                               ).remote(factory, i, trainer_name, rc.call_timeout_s)
+            for i, name in enumerate(engine_names)]
         self._wait(self.engine_actors, "engine")
         self.engine = RemoteEngine(self.engine_actors, rc.call_timeout_s, version)
         pool_cls = ray.remote(HarnessPool).options(num_cpus=rc.pool_cpus, max_restarts=rc.max_restarts,
                                                    max_task_retries=0, max_concurrency=100_000)
         data = cfg.model_dump(mode="json")
-        self.pools = [pool_cls.remote(data, str(model_dir), self.engine_actors, judge, rc.call_timeout_s)
+        self.pools = [pool_cls.remote(data, str(model_dir), engine_names, judge, rc.call_timeout_s)
                       for _ in range(rc.harness_pools)]
         self._wait(self.pools, "harness pool")
         self.start_seconds = time.perf_counter() - t0
