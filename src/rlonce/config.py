@@ -45,10 +45,18 @@ class RuntimeConfig(Section):
 
 
 class EngineConfig(Section):
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "vllm"] = "torch"
+    """'torch': ``TorchEngine`` on the CPU; 'vllm': ``VLLMEngine`` on a CUDA GPU (``pip install
+    'rlonce[vllm]'``; with ``executor = "ray"`` give the engine actors a GPU: ``ray.engine_gpus = 1``)."""
     max_batch_size: int = 128
     batch_wait_s: float = 0.01
     """How long a wave waits for more requests before it starts."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vllm: share of the GPU's memory vLLM takes for weights and KV cache."""
+    max_model_len: int | None = Field(None, ge=1)
+    """vllm: context length to serve (default: the model's)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vllm: GPUs per engine."""
 
 
 class TaskConfig(Section):
@@ -269,6 +277,8 @@ class RayConfig(Section):
     """Concurrent sequences per harness pool (the orchestrator's session cap is pools × this)."""
     engine_cpus: float = Field(1.0, gt=0)
     pool_cpus: float = Field(0.25, gt=0)
+    trainer_workers: int = Field(1, ge=1)
+    """Data-parallel trainer actors (FSDP2 over gloo on CPU, NCCL on GPU; ``rlonce.train.distributed``)."""
     trainer_cpus: float = Field(1.0, gt=0)
     engine_gpus: float = Field(0.0, ge=0)
     trainer_gpus: float = Field(0.0, ge=0)
@@ -310,6 +320,9 @@ class RunConfig(Section):
                 raise ValueError("task 'reasoning' has no scripted expert for SFT: set sft.demos = 0")
         elif "single-turn" in self.harness.arms:
             raise ValueError(f"task {self.task.name!r} needs tools: harness arm 'single-turn' is for task 'reasoning'")
+        if self.engine.backend == "vllm" and self.executor == "ray" and self.ray.engine_gpus < self.engine.tensor_parallel_size:
+            raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
+                             f"({self.engine.tensor_parallel_size})")
         return self
 
     out: str = "runs/latest"

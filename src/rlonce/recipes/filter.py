@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 from rlonce.config import RunConfig
-from rlonce.model import loader
 from rlonce.rollout.runner import collect
 from rlonce.telemetry.metrics import JsonlWriter
 
@@ -34,23 +33,21 @@ def pass_rates(counts: list[tuple[int, int]], max_pass: float) -> tuple[list[flo
 
 def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_pass: float = 0.9,
                  progress: bool = True) -> dict:
-    from rlonce.recipes.grpo import Job, RunState
+    from rlonce.recipes.grpo import Job
 
     if n < 1 or k < 1:
         raise ValueError("--tasks and --k must be at least 1")
     if not 0 < max_pass <= 1:
         raise ValueError("--max-pass must be in (0, 1]")
     cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
-    job = Job(cfg, progress=progress)
-    job.state = RunState()
-    job._load(loader.resolve(model, Path(cfg.out) / "cache"))
+    job = Job.for_model(cfg, model, progress=progress)
     job._threads("rollout")
     try:
         tasks = [job.domain.task("train", i) for i in range(n)]
         samples = asyncio.run(collect(tasks, k, job.domain.env_factory, job.engine, job.spec, seed=FILTER_SEED,
                                       concurrency=cfg.eval.concurrency, desc="filter", progress=progress))
     finally:
-        job.engine.close()
+        job.close()
     out.mkdir(parents=True, exist_ok=True)
     counts = [(sum(s.success for s in x.sequences if not s.infra_failed),
                sum(not s.infra_failed for s in x.sequences)) for x in samples]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from collections import Counter
 import random
 import shutil
@@ -32,7 +33,7 @@ from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
-from rlonce.engine.torch_engine import TorchEngine
+from rlonce.engine.factory import EngineSpec
 from rlonce.envs.domains import domain_for
 from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.harness.arms import arm_for, get_arm
@@ -115,6 +116,8 @@ class Job:
         self.out = Path(cfg.out)
         self.progress = progress
         self.t0 = time.perf_counter()
+        self.saved_trainer_state: dict | None = None
+        """The optimizer state a resumed run continues from (for trainer actors)."""
 
     # ---- set-up --------------------------------------------------------------------------
     def _load(self, model_dir: Path) -> None:
@@ -126,12 +129,9 @@ class Job:
         self.model_dir = model_dir
         self.cluster = None
         self.engine = None  # with executor 'ray', the engine actors start after SFT (``_ensure_engine``)
-        if cfg.executor == "local":
-            pad = self.lm.tokenizer.pad_token_id
-            self.engine = TorchEngine(copy.deepcopy(self.lm.model), eos_token_ids=self.lm.eos_token_ids,
-                                      pad_token_id=pad if pad is not None else 0,
-                                      max_batch_size=cfg.engine.max_batch_size, batch_wait_s=cfg.engine.batch_wait_s,
-                                      seed=cfg.runtime.seed, version=self.state.version)
+        if cfg.executor == "local":  # the engine generates with a copy; the trainer updates self.lm.model
+            self.engine = EngineSpec.from_config(cfg, model_dir).build(
+                lm=dataclasses.replace(self.lm, model=copy.deepcopy(self.lm.model)), version=self.state.version)
         h = cfg.harness
         self.spec = rollout_spec(cfg, self.lm)
         self.signal = signal_settings(cfg.algo)
@@ -155,9 +155,25 @@ class Job:
         self._say(f"starting Ray actors: 1 trainer, {self.cfg.ray.engines} engine(s), "
                   f"{self.cfg.ray.harness_pools} harness pool(s)")
         self.cluster = RayCluster(self.cfg, self.model_dir, self.out, state=self.lm.model.state_dict(),
-                                  version=self.state.version, trainer_state=self.rl_trainer.state_dict(),
+                                  version=self.state.version, trainer_state=self.saved_trainer_state,
                                   optim=self.optim, judge=Judge(self.signal, self.cfg.harness.group_by_arm))
         self.engine = self.cluster.engine
+
+    @classmethod
+    def for_model(cls, cfg: RunConfig, model: str, *, progress: bool = True) -> Job:
+        """A job that only generates (evaluation, filtering) with ``model``; ``close()`` it."""
+        job = cls(cfg, progress=progress)
+        job.state = RunState()
+        job._load(loader.resolve(model, Path(cfg.out) / "cache"))
+        job._ensure_engine()
+        return job
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
 
     def start(self, resume: bool) -> None:
         find_bwrap()
@@ -169,14 +185,19 @@ class Job:
             saved = checkpoint.load_state(ckpt)
             self.state = RunState(**saved["run_state"])
             self._load(ckpt)
-            if saved.get("rl_trainer") is not None:
-                self.rl_trainer.load_state_dict(saved["rl_trainer"])
+            self.saved_trainer_state = saved.get("rl_trainer")
+            if self.saved_trainer_state is not None and self.cfg.executor == "local":
+                if "optimizer_full" in self.saved_trainer_state:
+                    raise RuntimeError(f"{ckpt} holds the optimizer state of data-parallel trainers: resume it with "
+                                       "executor = \"ray\" and ray.trainer_workers > 1")
+                self.rl_trainer.load_state_dict(self.saved_trainer_state)
             checkpoint.restore_rng(saved["rng"])
             keep = self.state.rl_step
             save_config(self.cfg, self.out / "config.json")  # overrides given at resume stay with the run
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
         else:
             self.state = RunState()
+            self.saved_trainer_state = None
             save_config(self.cfg, self.out / "config.json")
             model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
             self._load(model_dir)
@@ -476,8 +497,7 @@ class Job:
         try:
             return self._run_from_baseline()
         finally:
-            if self.cluster is not None:
-                self.cluster.close()
+            self.close()
 
     def _run_from_baseline(self) -> dict:
         cfg, st = self.cfg, self.state
@@ -515,7 +535,6 @@ class Job:
         write_report(self.out)
         self.metrics.close()
         self.ledger.close()
-        self.engine.close()
         return summary
 
 
@@ -541,11 +560,8 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
     """Held-out success of ``model`` ('embedded' or a folder) under each of ``cfg``'s harness
     arms and, with ``harness_cmd``, under an outside agent served over HTTP."""
     find_bwrap()
-    job = Job(cfg, progress=progress)
-    job.state = RunState()
-    job._load(loader.resolve(model, Path(cfg.out) / "cache"))
+    job = Job.for_model(cfg, model, progress=progress)
     try:
-        job._ensure_engine()
         res = job.evaluate(tasks, "eval")
         if harness_cmd:
             res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
@@ -553,10 +569,7 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
             res["per_arm"][harness_name] = res["outside"]["success"]
         return res
     finally:
-        if job.engine is not None:
-            job.engine.close()
-        if job.cluster is not None:
-            job.cluster.close()
+        job.close()
 
 
 def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:

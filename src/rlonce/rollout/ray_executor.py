@@ -37,6 +37,7 @@ from types import SimpleNamespace
 
 from rlonce.core.records import FailureCategory
 from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.engine.factory import EngineSpec
 from rlonce.rollout.orchestrator import Judge, Judged
 
 log = logging.getLogger("rlonce.ray")
@@ -99,32 +100,6 @@ def start_ray(rc, run_dir: Path) -> bool:
 
 
 # ---- engines ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TorchEngineFactory:
-    """Builds a ``TorchEngine`` over the model folder ``model_dir`` inside an engine actor."""
-
-    model_dir: str
-    dtype: str = "float32"
-    lm_head_fp32: bool = True
-    max_batch_size: int = 128
-    batch_wait_s: float = 0.01
-    seed: int = 0
-    threads: int = 1
-
-    def __call__(self, index: int):
-        import torch
-
-        from rlonce.engine.torch_engine import TorchEngine
-        from rlonce.model import loader
-
-        torch.set_num_threads(self.threads)
-        lm = loader.load(self.model_dir, dtype=self.dtype, lm_head_fp32=self.lm_head_fp32)
-        pad = lm.tokenizer.pad_token_id
-        return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
-                           max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s,
-                           seed=self.seed + 7919 * index)
-
-
 class EngineActor:
     """One engine behind an actor. With ``weights_from`` (the trainer actor's name) it loads the
     latest published weights before serving — also after Ray restarts it. Peers are passed by
@@ -357,29 +332,71 @@ class RayExecutor:
 # ---- training --------------------------------------------------------------------------------
 class TrainerActor:
     """The trainer in its own process: fetches the rows of the groups it trains on, steps, and
-    publishes its weights to the object store by version."""
+    publishes its weights to the object store by version.
+
+    With ``ray.trainer_workers = N > 1`` there are N of them, ranks of one ``torch.distributed``
+    group (gloo on CPU, NCCL on GPU) training one FSDP2-sharded model (``rlonce.train.distributed``):
+    each fetches only its share of the step's groups, and the update equals one process's on the
+    whole batch. Rank 0 publishes the gathered weights."""
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
-                 state_refs: list, version: int, trainer_state: dict | None, timeout: float = 300.0):
+                 state_refs: list, version: int, timeout: float = 300.0):
         import torch
 
         from rlonce.model import loader
-        from rlonce.train.trainer import Trainer
 
         ray = _ray()
         torch.set_num_threads(threads)
+        self.timeout = timeout
         self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32).model
         if state_refs:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
-        self.timeout = timeout
-        self.trainer = Trainer(self.model, optim, temperature=temperature)
-        if trainer_state:
-            self.trainer.load_state_dict(trainer_state)
+        if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0
+            self.model.to("cuda")
+        self.optim, self.temperature = optim, temperature
         self.version, self._published = version, None
-        self.publish(version)
+        self.rank, self.world = 0, 1
 
     def ready(self) -> dict:
-        return {"pid": os.getpid(), "version": self.version}
+        return {"pid": os.getpid(), "version": self.version, "rank": self.rank}
+
+    def rendezvous(self) -> tuple[str, int]:
+        """An address and free port on this actor's node for the process group (rank 0)."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return _ray().util.get_node_ip_address(), port
+
+    def setup(self, rank: int, world: int, address: tuple[str, int] | None, trainer_state: dict | None) -> dict:
+        """Build the trainer: alone, or as ``rank`` of ``world`` (joining the process group at
+        ``address`` and sharding the model first: the optimizer must hold the shards)."""
+        from rlonce.train.trainer import Trainer
+
+        self.rank, self.world = rank, world
+        if world > 1:
+            from rlonce.train.distributed import init_process_group, load_full_optimizer_state, shard_model
+
+            os.environ.update(MASTER_ADDR=address[0], MASTER_PORT=str(address[1]), RANK=str(rank),
+                              WORLD_SIZE=str(world), LOCAL_RANK="0")
+            init_process_group()
+            shard_model(self.model)
+        self.trainer = Trainer(self.model, self.optim, temperature=self.temperature)
+        if trainer_state and world > 1:
+            if "optimizer_full" not in trainer_state:
+                raise RuntimeError("this checkpoint's optimizer state is from a single trainer; resume it with "
+                                   "ray.trainer_workers = 1")
+            load_full_optimizer_state(self.model, self.trainer.optimizer,
+                                      trainer_state["optimizer_full"] if rank == 0 else {})
+            self.trainer.step = trainer_state["step"]
+        elif trainer_state:
+            if "optimizer_full" in trainer_state:
+                raise RuntimeError("this checkpoint's optimizer state is from data-parallel trainers; resume it "
+                                   "with ray.trainer_workers > 1")
+            self.trainer.load_state_dict(trainer_state)
+        self.publish(self.version)
+        return self.ready()
 
     def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
         from rlonce.core.records import version_lags
@@ -387,20 +404,48 @@ class TrainerActor:
         for _, more in _ray().get(payload_refs, timeout=self.timeout):
             rows = rows + list(more)
         metrics = self.trainer.rl_step(rows, **kwargs)
-        metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))
+        metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))  # this rank's rows
         return metrics
 
-    def publish(self, version: int) -> list:
-        """Put the weights into the object store once; engines fetch them by reference."""
+    def _full_state(self) -> dict:
+        if self.world > 1:
+            from rlonce.train.distributed import full_state_dict
+
+            return full_state_dict(self.model)  # every rank takes part; rank 0 gets the weights
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def publish(self, version: int) -> list | None:
+        """Put the weights into the object store once (rank 0); engines fetch them by reference."""
+        state = self._full_state()
         self.version = version
-        self._published = [_ray().put(self.model.state_dict())]  # serialised (copied) now
+        if self.rank == 0:
+            self._published = [_ray().put(state)]  # serialised (copied) now
         return self._published
 
     def latest(self) -> tuple[int, list | None]:
         return self.version, self._published
 
     def state(self) -> tuple[dict, dict]:
-        return self.model.state_dict(), self.trainer.state_dict()
+        """(weights, optimizer state) for a checkpoint; complete on rank 0."""
+        model_state = self._full_state()
+        if self.world > 1:
+            from rlonce.train.distributed import full_optimizer_state
+
+            return model_state, {"optimizer_full": full_optimizer_state(self.model, self.trainer.optimizer),
+                                 "step": self.trainer.step}
+        return model_state, self.trainer.state_dict()
+
+
+def split_payloads(payloads: list, world: int) -> list[list]:
+    """Groups to ranks, most rows first to the rank with the fewest: each payload goes to exactly
+    one rank, which alone fetches it."""
+    shares: list[list] = [[] for _ in range(world)]
+    load = [0] * world
+    for p in sorted(payloads, key=lambda p: -p.rows):
+        r = min(range(world), key=load.__getitem__)
+        shares[r].append(p)
+        load[r] += p.rows
+    return shares
 
 
 class RayCluster:
@@ -416,15 +461,18 @@ class RayCluster:
         run_id = f"rlonce-{os.getpid()}-{time.time_ns() % 10**9}"
         trainer_name = f"{run_id}-trainer"
         engine_names = [f"{run_id}-engine-{i}" for i in range(rc.engines)]
-        trainer_cls = ray.remote(TrainerActor).options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus,
-                                                       max_concurrency=2, name=trainer_name)
-        self.trainer = trainer_cls.remote(str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature,
-                                          cfg.runtime.train_threads, [ray.put(state)], version, trainer_state,
-                                          rc.call_timeout_s)
-        self._wait([self.trainer], "trainer")
-        factory = engine_factory or TorchEngineFactory(
-            str(model_dir), m.dtype, m.lm_head_fp32, cfg.engine.max_batch_size, cfg.engine.batch_wait_s,
-            cfg.runtime.seed, cfg.runtime.rollout_threads)
+        n = rc.trainer_workers
+        trainer_cls = ray.remote(TrainerActor)
+        threads = max(1, cfg.runtime.train_threads // n)
+        self.trainers = [trainer_cls.options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus, max_concurrency=2,
+                                             name=trainer_name if r == 0 else f"{trainer_name}-{r}").remote(
+            str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature, threads, [ray.put(state)],
+            version, rc.call_timeout_s) for r in range(n)]
+        self.trainer = self.trainers[0]
+        self._wait(self.trainers, "trainer")
+        address = ray.get(self.trainer.rendezvous.remote(), timeout=rc.call_timeout_s) if n > 1 else None
+        self._get([t.setup.remote(r, n, address, trainer_state) for r, t in enumerate(self.trainers)], "trainer setup")
+        factory = engine_factory or EngineSpec.from_config(cfg, model_dir)
         engine_cls = ray.remote(EngineActor)
         self.engine_actors = [
             engine_cls.options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus, max_restarts=rc.max_restarts,
@@ -451,22 +499,36 @@ class RayCluster:
         except ray.exceptions.RayError as e:
             raise RuntimeError(f"the {what} actors failed to start: {_first_line(e)}") from None
 
+    def _get(self, refs: list, what: str) -> list:
+        ray = _ray()
+        try:
+            return ray.get(refs, timeout=self.rc.call_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"{what} did not finish within {self.rc.call_timeout_s:.0f} s (ray.call_timeout_s)") from None
+
     def executor(self) -> RayExecutor:
         return RayExecutor(self.pools, self.rc.group_timeout_s)
 
     async def train(self, payloads: list[RemotePayload], rows: list, kwargs: dict) -> dict:
-        ref = self.trainer.rl_step.remote([p.ref for p in payloads], rows, kwargs)
+        """One step on every trainer rank, each given its share of the groups (local rows, replayed
+        from a checkpoint, go to rank 0); the metrics are global, the lag counts summed."""
+        shares = split_payloads(payloads, len(self.trainers))
+        refs = [t.rl_step.remote([p.ref for p in share], rows if r == 0 else [], kwargs)
+                for r, (t, share) in enumerate(zip(self.trainers, shares))]
         try:
-            return await asyncio.wait_for(_awaitable(ref), self.rc.group_timeout_s)
+            out = await asyncio.wait_for(asyncio.gather(*(_awaitable(x) for x in refs)), self.rc.group_timeout_s)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"the trainer actor did not finish a step within {self.rc.group_timeout_s:.0f} s "
+            raise RuntimeError(f"the trainer actors did not finish a step within {self.rc.group_timeout_s:.0f} s "
                                "(ray.group_timeout_s)") from None
+        lags: Counter = Counter()
+        for m in out:
+            lags.update(m.pop("lag_counts"))
+        return {**out[0], "lag_counts": dict(lags)}
 
     def publish(self, version: int) -> None:
         """Trainer → object store → every engine, as ``version``; in-flight turns stop at their next
         token and continue under the new weights (the engines are paused for the swap)."""
-        ray = _ray()
-        refs = ray.get(self.trainer.publish.remote(version), timeout=self.rc.call_timeout_s)
+        refs = self._get([t.publish.remote(version) for t in self.trainers], "publishing weights")[0]
         self.engine.pause()
         try:
             self.engine.load_published(refs, version)
@@ -475,11 +537,11 @@ class RayCluster:
 
     def pull(self) -> tuple[dict, dict]:
         """The trainer's model and optimizer state (for a checkpoint)."""
-        return _ray().get(self.trainer.state.remote(), timeout=self.rc.call_timeout_s)
+        return self._get([t.state.remote() for t in self.trainers], "reading the trainer state")[0]
 
     def close(self) -> None:
         ray = _ray()
-        for a in [*self.pools, *self.engine_actors, self.trainer]:
+        for a in [*self.pools, *self.engine_actors, *self.trainers]:
             ray.kill(a, no_restart=True)
         if self.started:
             ray.shutdown()

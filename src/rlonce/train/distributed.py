@@ -135,3 +135,19 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model, optimizer) -> dict:
+    """The optimizer state unsharded and keyed by parameter name, on rank 0 (every rank must
+    call it): a checkpoint that any number of ranks can load (``load_full_optimizer_state``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_optimizer_state(model, optimizer, state: dict) -> None:
+    """Load ``full_optimizer_state``'s result (given on rank 0, ``{}`` elsewhere) into every rank's shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

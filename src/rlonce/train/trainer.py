@@ -74,7 +74,23 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     the trained tokens — and the other positions are 0: prompts and observations cost the
     decoder but not the vocabulary-wide head (a quarter of a 135M model's FLOPs, and most of its
     memory traffic).
+
+    The forward runs on the model's device; the B×T results come back on the CPU, where the
+    objective is computed (they are small: no vocabulary axis), and gradients flow back through
+    the copy. On a CPU model nothing moves.
     """
+    dev = _device(model)
+    lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temperature, with_entropy,
+                                    None if mask_BT is None else mask_BT.to(dev))
+    return lp_BT.cpu(), None if ent_BT is None else ent_BT.cpu()
+
+
+def _device(model) -> torch.device:
+    p = next(model.parameters(), None)
+    return torch.device("cpu") if p is None else p.device
+
+
+def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT):
     decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if mask_BT is None or decoder is None or head is None:
@@ -87,11 +103,11 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
     forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
     logp_NV = (forward(ids_BT, attn_BT, sel_BT).float() / temperature).log_softmax(-1)
-    lp_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype)
+    lp_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype, device=sel_BT.device)
     lp_BT = lp_BT.masked_scatter(sel_BT, logp_NV.gather(-1, ids_BT[:, 1:][sel_BT][:, None])[:, 0])
     ent_BT = None
     if with_entropy:
-        ent_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype).masked_scatter(
+        ent_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype, device=sel_BT.device).masked_scatter(
             sel_BT, -(logp_NV.exp() * logp_NV).sum(-1))
     return lp_BT, ent_BT
 

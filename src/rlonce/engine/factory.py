@@ -1,0 +1,59 @@
+"""Which engine a run builds: ``engine.backend`` — 'torch' (``TorchEngine``: any Hugging Face
+causal LM on the CPU) or 'vllm' (``VLLMEngine``: CUDA GPUs). Plain data, so a Ray engine
+actor can build the same engine from it in its own process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    backend: str
+    model_dir: str
+    dtype: str = "float32"
+    lm_head_fp32: bool = True
+    max_batch_size: int = 128
+    batch_wait_s: float = 0.01
+    seed: int = 0
+    threads: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+
+    @classmethod
+    def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
+        e, m = cfg.engine, cfg.model
+        return cls(e.backend, str(model_dir), m.dtype, m.lm_head_fp32, e.max_batch_size, e.batch_wait_s,
+                   cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
+                   e.tensor_parallel_size)
+
+    def build(self, index: int = 0, *, lm=None, version: int = 0):
+        """Engine ``index`` of the run (its seed is offset by the index); ``lm`` reuses an already
+        loaded model and tokenizer (the torch backend copies nothing: pass a copy if the caller
+        trains the original)."""
+        from rlonce.model import loader
+
+        seed = self.seed + 7919 * index
+        if self.backend == "vllm":
+            from rlonce.engine.vllm_engine import VLLMEngine
+
+            lm = lm or loader.load(self.model_dir, weights=False)
+            return VLLMEngine(self.model_dir, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+                              max_model_len=self.max_model_len, seed=seed, version=version,
+                              tensor_parallel_size=self.tensor_parallel_size, eos_token_ids=lm.eos_token_ids)
+        import torch
+
+        from rlonce.engine.torch_engine import TorchEngine
+
+        if lm is None:
+            torch.set_num_threads(self.threads)
+            lm = loader.load(self.model_dir, dtype=self.dtype, lm_head_fp32=self.lm_head_fp32)
+        pad = lm.tokenizer.pad_token_id
+        return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
+                           max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
+                           version=version)
+
+    def __call__(self, index: int):
+        return self.build(index)
