@@ -198,3 +198,27 @@ def test_ray_temp_dir_fits_unix_socket_paths(tmp_path):
     got = ray_temp_dir(deep)
     assert len(str(got)) < 45 and deep.is_symlink() and deep.resolve() == got.resolve()
     assert ray_temp_dir(deep) == got  # the same folder again, the link kept
+
+
+@pytest.mark.slow
+def test_job_on_a_ray_start_head_cluster(tmp_path):
+    """`ray start --head`, then a run joins it with ray.address=auto (stops every Ray process on
+    the machine afterwards: slow suite only)."""
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    temp = ray_temp_dir(tmp_path / "head")
+    subprocess.run([bin_dir / "ray", "start", "--head", "--num-cpus", "4", "--include-dashboard=false",
+                    f"--temp-dir={temp}", "--disable-usage-stats"], check=True, capture_output=True)
+    try:
+        out = tmp_path / "run"
+        r = subprocess.run([bin_dir / "rlonce", "train", str(REPO / "configs" / "tiny.toml"), "--executor", "ray",
+                            "--out", str(out), "ray.address=auto", "rl.steps=2", "sft.demos=64",
+                            "eval.heldout_tasks=4", "--quiet"], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        for e in read_jsonl(out / "ledger.jsonl"):
+            assert e["dispatched"] == e["finished"] + e["infra_failed"]
+        assert not (out / "ray").exists()  # the cluster's own temp dir was used
+    finally:
+        subprocess.run([bin_dir / "ray", "stop", "--force"], capture_output=True)

@@ -455,6 +455,9 @@ class RayCluster:
                  trainer_state: dict | None, optim, judge: Judge, engine_factory=None):
         ray = _ray()
         self.started = start_ray(cfg.ray, run_dir)
+        model_dir = Path(model_dir).absolute()  # actors do not share the driver's working directory
+        if cfg.task.pack:
+            cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": str(Path(cfg.task.pack).absolute())})})
         rc, m = cfg.ray, cfg.model
         self.rc = rc
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ confirmed hack: reward 0 and ``Sequence.hack_confirmed``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -110,7 +111,7 @@ class CodeEnv:
     async def grade(self, sequence: Sequence) -> float:
         scratch = Path(tempfile.mkdtemp(prefix="rlonce-grade-"))
         try:
-            diff = self.agent_diff(scratch)
+            diff = await asyncio.to_thread(self.agent_diff, scratch)  # copies and git: off the event loop
             self.metrics["diff_lines"] = float(diff.count("\n"))
             if _touches_runner(diff):
                 sequence.hack_confirmed = True
