@@ -2,7 +2,7 @@
 overhead of the Ray executor against the local one on the quickstart.
 
     python benchmarks/ray_scaling/run.py --out DIR [--pools 1,2,4,8] [--latency 0.5]
-                                         [--pool-sessions 16] [--steps 3] [--quickstart-steps N]
+                                         [--pool-sessions 16] [--steps 5] [--quickstart-steps N]
                                          [--skip-quickstart]
 
 **Scaling.** A simulated-latency workload through the real orchestrator: real toolfind tasks,
@@ -117,7 +117,8 @@ async def _steps(orch, steps: int) -> dict:
             e.check()
     dt = time.perf_counter() - t0
     await orch.close()
-    return {"retained_groups": groups, "seconds": dt, "groups_per_min": 60.0 * groups / dt, "infra_failed": infra}
+    return {"retained_groups": groups, "seconds": dt, "seconds_per_step": dt / steps,
+            "groups_per_min": 60.0 * groups / dt, "infra_failed": infra}
 
 
 def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
@@ -175,13 +176,14 @@ def quickstart(executor: str, out: Path, steps: int | None) -> dict:
     return r
 
 
-def plot(path: Path, scaling: list[dict]) -> None:
+def plot(path: Path, scaling: list[dict], quick: dict | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=100)
+    fig, axes = plt.subplots(1, 2 if quick else 1, figsize=(11 if quick else 6.5, 3.8), dpi=100, squeeze=False)
+    ax = axes[0][0]
     for executor, marker in (("local", "s"), ("ray", "o")):
         pts = [r for r in scaling if r["executor"] == executor]
         label = "Ray: N harness-pool actors" if executor == "ray" else "local executor, same session cap"
@@ -194,8 +196,22 @@ def plot(path: Path, scaling: list[dict]) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("harness pools (× sessions per pool = session cap)")
     ax.set_ylabel("retained groups / minute")
-    ax.set_title("simulated-latency workload through the real orchestrator")
+    ax.set_title("simulated-latency workload, real orchestrator", fontsize=10)
     ax.legend(fontsize=8)
+    if quick:
+        ax = axes[0][1]
+        names = ["local", "ray"]
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [quick[n]["baseline_success"] for n in names], 0.4, label="baseline (SFT)")
+        ax.bar([i + 0.2 for i in x], [quick[n]["final_success"] for n in names], 0.4, label="after GRPO")
+        for i, n in enumerate(names):
+            ax.text(i + 0.2, quick[n]["final_success"] + 0.01, f"{quick[n]['process_seconds']:.0f} s", ha="center",
+                    fontsize=8)
+        ax.set_xticks(list(x), [f"--executor {n}" for n in names])
+        ax.set_ylim(0, 1.1)
+        ax.set_ylabel("held-out success")
+        ax.set_title("quickstart: local vs Ray (wall time above the bars)", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -208,7 +224,7 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5, help="seconds per simulated model turn (default 0.5)")
     ap.add_argument("--pool-sessions", type=int, default=16, help="concurrent sequences per harness pool (default 16)")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up (default 3)")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up (default 5)")
     ap.add_argument("--quickstart-steps", type=int, help="RL steps of each quickstart run (default: the quickstart's)")
     ap.add_argument("--skip-quickstart", action="store_true")
     args = ap.parse_args()
@@ -234,7 +250,9 @@ def main() -> None:
     results: dict = {"settings": vars(args), "scaling": scaling,
                      "ray_speedup_over_1_pool": {n: r["groups_per_min"] / base for n, r in ray_pts.items()},
                      "ray_over_local": {n: ray_pts[n]["groups_per_min"] / local_pts[n]["groups_per_min"]
-                                        for n in ray_pts}}
+                                        for n in ray_pts},
+                     "ray_over_local_step_seconds": {n: ray_pts[n]["seconds_per_step"] / local_pts[n]["seconds_per_step"]
+                                                     for n in ray_pts}}
     if not args.skip_quickstart:
         print("quickstart, local vs Ray:", flush=True)
         qs = {e: quickstart(e, out / f"quickstart-{e}", args.quickstart_steps) for e in ("local", "ray")}
@@ -245,11 +263,13 @@ def main() -> None:
             "final_success_difference": qs["ray"]["final_success"] - qs["local"]["final_success"]}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
-    rows = [[str(n), f"{local_pts[n]['groups_per_min']:.1f}", f"{ray_pts[n]['groups_per_min']:.1f}",
-             f"{results['ray_speedup_over_1_pool'][n]:.2f}×", f"{results['ray_over_local'][n]:.2f}",
+    rows = [[str(n), str(ray_pts[n]["groups_per_step"]), f"{local_pts[n]['groups_per_min']:.1f}",
+             f"{ray_pts[n]['groups_per_min']:.1f}", f"{results['ray_speedup_over_1_pool'][n]:.2f}×",
+             f"{results['ray_over_local'][n]:.2f}", f"{results['ray_over_local_step_seconds'][n]:.2f}",
              f"{ray_pts[n]['start_seconds']:.0f}"] for n in sorted(ray_pts)]
-    table = write_table(out / "results.md", ["harness pools", "local groups/min", "Ray groups/min",
-                                             "Ray vs 1 pool", "Ray / local", "Ray actor start (s)"], rows)
+    table = write_table(out / "results.md", ["harness pools", "groups / step", "local retained / min",
+                                             "Ray retained / min", "Ray vs 1 pool", "Ray / local (retained)",
+                                             "Ray / local (s per step)", "Ray actor start (s)"], rows)
     if "quickstart" in results:
         q, r = results["quickstart"], results["quickstart_ray_over_local"]
         qrows = [[e, f"{q[e]['baseline_success']:.3f} → {q[e]['final_success']:.3f}", f"{q[e]['process_seconds']:.0f}",
@@ -260,7 +280,7 @@ def main() -> None:
                                                      "ledger balanced"], qrows)
         (out / "results.md").write_text(table + "\n\n" + qtable + "\n")
         table += "\n\n" + qtable
-    plot(out / "ray_scaling.png", scaling)
+    plot(out / "ray_scaling.png", scaling, results.get("quickstart"))
     print(table)
 
 

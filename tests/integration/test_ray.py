@@ -222,3 +222,13 @@ def test_job_on_a_ray_start_head_cluster(tmp_path):
         assert not (out / "ray").exists()  # the cluster's own temp dir was used
     finally:
         subprocess.run([bin_dir / "ray", "stop", "--force"], capture_output=True)
+
+
+def test_split_payloads_gives_each_group_to_one_rank_balanced_by_rows():
+    from rlonce.rollout.ray_executor import RemotePayload, split_payloads
+
+    payloads = [RemotePayload(f"ref{i}", rows, 1.0) for i, rows in enumerate([8, 3, 8, 5, 1, 7])]
+    shares = split_payloads(payloads, 2)
+    assert sorted(p.ref for s in shares for p in s) == sorted(p.ref for p in payloads)  # each exactly once
+    assert [sum(p.rows for p in s) for s in shares] == [16, 16]  # 8+7+1 | 8+5+3
+    assert split_payloads(payloads[:1], 3)[1:] == [[], []]  # a rank may get nothing (it still steps)
