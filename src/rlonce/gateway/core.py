@@ -39,6 +39,9 @@ class Gateway:
         self.sessions: dict[str, Session] = {}
         self.tokenizer = None
         """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
+        self.offload = None
+        """An executor for the sessions' rendering and tokenization (a Ray harness pool gives each
+        gateway one background thread, so its event loop keeps serving other sequences)."""
 
     def open(self, session_id: str | None = None, *, seed: int | None = None, budgets: Budgets | None = None,
              metadata: dict | None = None) -> Session:
@@ -50,6 +53,7 @@ class Gateway:
         s = Session(sid, self.engine, self.encode, self.decode, self.fmt, sampling=self.sampling,
                     budgets=budgets or self.budgets, seed=seed, honor_client_sampling=self.honor_client_sampling)
         s.render_tools = self.render_tools
+        s.offload = self.offload
         if metadata:
             s.metadata.update(metadata)
         self.sessions[sid] = s

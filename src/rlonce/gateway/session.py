@@ -94,6 +94,8 @@ class Session:
         self.branches: list[Branch] = []
         self.current: Branch | None = None
         """The context the last turn was sampled in."""
+        self.offload = None
+        """An executor to plan turns on (rendering and tokenization), or None: on the event loop."""
         self.events: list[dict] = []
         self.generations: list[Generation] = []
         self.status = "active"
@@ -193,7 +195,10 @@ class Session:
             raise SessionClosed(self.id, self.status)
         if not req.messages:
             raise ProtocolError("the request has no messages", param="messages")
-        plan = self._plan(req)
+        if self.offload is None:
+            plan = self._plan(req)
+        else:  # render and tokenize on a background thread; nothing else touches this session meanwhile
+            plan = await asyncio.get_running_loop().run_in_executor(self.offload, self._plan, req)
         room = self.budgets.max_context - len(plan.prompt_ids)
         prompt_cap = self.budgets.max_prompt or self.budgets.max_context
         if room <= 1 or len(plan.prompt_ids) > prompt_cap:

@@ -30,6 +30,7 @@ import logging
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -197,7 +198,9 @@ async def _awaitable(ref):
 class HarnessPool:
     """Hosts many concurrent sequences on one event loop: each group's sequences run through the
     same ``LocalExecutor`` (environment, gateway session, harness loop, grader) as a local run,
-    generating through ``RemoteEngine``; the group is judged here, where its tokens are."""
+    generating through ``RemoteEngine``; the group is judged here, where its tokens are. Blocking
+    work runs off the loop: sandbox commands are subprocesses, rendering and tokenization run on
+    one background thread, judging on another."""
 
     def __init__(self, cfg: dict, model_dir: str, engines: list[str], judge: Judge, call_timeout: float):
         import torch
@@ -215,6 +218,9 @@ class HarnessPool:
         self.domain = domain_for(run.task)
         self.engine = RemoteEngine([_ray().get_actor(name) for name in engines], call_timeout)
         self.executor = LocalExecutor(self.domain.env_factory, self.engine, rollout_spec(run, lm))
+        # one background thread renders and tokenizes for every session of this pool: off the event
+        # loop, and never two threads in one tokenizer at once
+        self.executor.gateway.offload = ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize")
         self.judge = judge
         self.active = 0
         self.groups = 0
