@@ -5,7 +5,8 @@
 - killing a harness-pool actor mid-step: its in-flight sequences are infra (worker_lost), the
   ledger balances, Ray restarts the actor and the next step runs on it;
 - a group that outlives its timeout is infra (call_timeout) and the step does not wait for it;
-- a short run of the whole job under ``executor = "ray"`` balances its ledger and trains.
+- a short async run of the whole job under ``executor = "ray"`` with two data-parallel trainer
+  ranks balances and chains its ledger, keeps the staleness bound and trains.
 """
 
 import asyncio
@@ -163,27 +164,32 @@ def test_group_past_its_timeout_is_infra_and_the_step_ends(job):
     e.check()
 
 
-def test_whole_job_on_ray_with_two_data_parallel_trainers(ray_instance, tmp_path):
+def test_whole_async_job_on_ray_with_two_data_parallel_trainers(ray_instance, tmp_path):
+    """Async rollout (partial rollout across weight updates) with two FSDP2 trainer ranks."""
     out = tmp_path / "ray-run"
-    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={out}", "executor=ray", "rl.steps=3",
-                                                       "eval.heldout_tasks=8", "checkpoint.every=2",
+    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={out}", "executor=ray", "rollout.mode=async",
+                                                       "rl.steps=3", "eval.heldout_tasks=8", "checkpoint.every=2",
                                                        "ray.trainer_workers=2"])
     summary = run(cfg, progress=False)
     assert summary["executor"] == "ray" and summary["rl_steps"] == 3
     ledger = read_jsonl(out / "ledger.jsonl")
     assert [e["step"] for e in ledger] == [1, 2, 3]
+    carried = 0
     for e in ledger:
-        assert e["dispatched"] == cfg.rl.tasks_per_step * cfg.rl.group_size
-        assert e["dispatched"] == e["finished"] + e["infra_failed"] and e["infra_failed"] == 0
-        assert e["finished"] == e["no_contrast_filtered"] + e["penalty_rejected"] + e["retained"]
+        assert e["carried_in"] == carried and e["infra_failed"] == 0
+        assert e["carried_in"] + e["dispatched"] == (e["no_contrast_filtered"] + e["penalty_rejected"]
+                                                     + e["stale_dropped"] + e["retained"] + e["carried_over"])
+        carried = e["carried_over"]
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     trained = [r for r in steps if r["retained_rows"]]
     assert trained, "no step had a contrastful group to train on"
     assert summary["policy_version"] == len(trained)
     for r in trained:
-        assert r["version_lag_max"] == 0 and r["staleness_violations"] == 0  # sync: every token on-policy
+        assert r["version_lag_max"] <= 1 and r["staleness_violations"] == 0  # async staleness 2
         # the engine actor got the weights the two FSDP ranks trained, gathered: their log-probs agree
-        assert r["mismatch_tokens"] > 0 and r["mismatch_kl"] < 1e-6
+        if r["mismatch_tokens"]:
+            assert r["mismatch_kl"] < 1e-6
+    assert any(r["mismatch_tokens"] for r in trained)
     traj = read_jsonl(sorted((out / "trajectories").glob("step-*.jsonl"))[-1])
     assert traj and all(t["text"] for t in traj if t["turns"])  # tokens fetched from the object store
     saved = torch.load(sorted((out / "checkpoints").glob("step-*"))[-1] / "trainer_state.pt", weights_only=False)
