@@ -37,13 +37,15 @@ from pathlib import Path
 
 from rlonce.config import load_config
 from rlonce.engine.base import Generation, SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
 from rlonce.telemetry.bench import write_table
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class SimEngine:
-    """An Engine whose turns take ``latency`` seconds and follow the toolfind expert."""
+class SimEngine(ScriptedEngine):
+    """An Engine whose turns take ``latency`` seconds and follow the toolfind expert (weights,
+    pause and resume as the scripted engine's: there are none to load)."""
 
     def __init__(self, model_dir: str, arm: str, latency: float, seed: int):
         from rlonce.config import TaskConfig
@@ -53,6 +55,7 @@ class SimEngine:
         from rlonce.model.chat import get_format
 
         lm = loader.load(model_dir, weights=False)
+        super().__init__([], lm.encode)
         self.encode, self.decode = lm.encode, lm.decode
         self.fmt = get_format(lm.chat_format)
         self.translate = get_arm(arm).translate
@@ -80,15 +83,6 @@ class SimEngine:
                                  translate=self.translate)
         ids = self.encode(calls[min(turn, len(calls) - 1)])[: sampling.max_tokens]
         return Generation(ids, [-0.5] * len(ids), [self.version] * len(ids), "stop")
-
-    def load_weights(self, state: dict, version: int) -> None:
-        self.version = version
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
 
     def close(self) -> None:
         pass

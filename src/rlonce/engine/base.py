@@ -53,6 +53,15 @@ class EngineError(RuntimeError):
     """The engine failed to serve a request (an infrastructure failure, not a model one)."""
 
 
+def check_prompt(prompt_ids: list[int], sampling: SamplingParams, max_context: int) -> None:
+    """Refuse an empty prompt, or one that leaves no room for ``max_tokens`` in the context."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty")
+    if len(prompt_ids) + sampling.max_tokens > max_context:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
+                         f"model's context of {max_context}")
+
+
 class Engine(Protocol):
     version: int
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.engine.base import EngineError, Generation, SamplingParams, check_prompt
 
 
 @dataclass
@@ -87,13 +87,7 @@ class TorchEngine:
 
     # ---- contract ------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if len(prompt_ids) + sampling.max_tokens > self.max_context:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
-                f"model's context of {self.max_context}"
-            )
+        check_prompt(prompt_ids, sampling, self.max_context)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._queue.put(_Request(list(prompt_ids), sampling, fut, loop))

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.engine.base import EngineError, Generation, SamplingParams, check_prompt
 
 INSTALL = "pip install 'rlonce[vllm]'"
 CHUNK_BYTES = 256 << 20
@@ -168,13 +168,7 @@ class VLLMEngine:
 
     # ---- contract ------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if len(prompt_ids) + sampling.max_tokens > self.max_context:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds the "
-                f"model's context of {self.max_context}"
-            )
+        check_prompt(prompt_ids, sampling, self.max_context)
         fut = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
         return await asyncio.wrap_future(fut)
 
