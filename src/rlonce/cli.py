@@ -305,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlonce.train.checkpoint import NoCheckpoint
         from rlonce.envs.domains import PackError as FilterPackError
         from rlonce.envs.reasoning.tasks import TaskSpecError
+        from rlonce.engine.base import BackendError
 
-        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError, FilterPackError, TaskSpecError)
+        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError, FilterPackError, TaskSpecError,
+                  BackendError)
     except ImportError:  # a broken install still gets its usage errors reported
         pass
     try:

@@ -1,5 +1,6 @@
 """Bad input gets one clear line on stderr, exit code 2, and no traceback."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -57,3 +58,16 @@ def test_model_folder_that_does_not_load(tmp_path, kind):
 
 def test_resume_without_a_run(tmp_path):
     check_one_line_error(rlonce("train", "--resume", str(tmp_path)), "not a run directory")
+
+
+@pytest.mark.sandbox
+def test_vllm_engine_without_vllm(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "engine.backend=vllm"),
+                         "needs vLLM", "pip install 'rlonce[vllm]'")
+
+
+def test_vllm_engine_actor_without_a_gpu_is_refused(tmp_path):
+    check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "--executor", "ray", "engine.backend=vllm"),
+                         "ray.engine_gpus")

@@ -53,6 +53,15 @@ class EngineError(RuntimeError):
     """The engine failed to serve a request (an infrastructure failure, not a model one)."""
 
 
+class BackendError(RuntimeError):
+    """A scale-out backend (Ray, vLLM) is missing, or its processes did not do what the run asked
+    in time; the message says what to do. The CLI prints it as one line."""
+
+
+class BackendMissing(BackendError, ImportError):
+    """A backend's package is not installed."""
+
+
 def check_prompt(prompt_ids: list[int], sampling: SamplingParams, max_context: int) -> None:
     """Refuse an empty prompt, or one that leaves no room for ``max_tokens`` in the context."""
     if not prompt_ids:

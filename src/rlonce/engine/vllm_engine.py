@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from rlonce.engine.base import EngineError, Generation, SamplingParams, check_prompt
+from rlonce.engine.base import BackendMissing, EngineError, Generation, SamplingParams, check_prompt
 
 INSTALL = "pip install 'rlonce[vllm]'"
 CHUNK_BYTES = 256 << 20
@@ -66,10 +66,10 @@ def _require_vllm() -> None:
         importlib.import_module("vllm")
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] == "vllm":
-            raise ImportError(f"the vllm engine needs vLLM, which is not installed: {INSTALL}") from None
-        raise ImportError(f"vLLM failed to import ({e}); reinstall it with: {INSTALL}") from None
+            raise BackendMissing(f"the vllm engine needs vLLM, which is not installed: {INSTALL}") from None
+        raise BackendMissing(f"vLLM failed to import ({e}); reinstall it with: {INSTALL}") from None
     except ImportError as e:
-        raise ImportError(f"vLLM failed to import ({e}); reinstall it with: {INSTALL}") from None
+        raise BackendMissing(f"vLLM failed to import ({e}); reinstall it with: {INSTALL}") from None
 
 
 # ---- weights as plain data ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
 from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
-from rlonce.engine.base import SamplingParams
+from rlonce.engine.base import BackendError, SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.engine.factory import EngineSpec
 from rlonce.envs.domains import domain_for
@@ -188,7 +188,7 @@ class Job:
             self.saved_trainer_state = saved.get("rl_trainer")
             if self.saved_trainer_state is not None and self.cfg.executor == "local":
                 if "optimizer_full" in self.saved_trainer_state:
-                    raise RuntimeError(f"{ckpt} holds the optimizer state of data-parallel trainers: resume it with "
+                    raise BackendError(f"{ckpt} holds the optimizer state of data-parallel trainers: resume it with "
                                        "executor = \"ray\" and ray.trainer_workers > 1")
                 self.rl_trainer.load_state_dict(self.saved_trainer_state)
             checkpoint.restore_rng(saved["rng"])

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlonce.core.records import FailureCategory
-from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.engine.base import BackendError, BackendMissing, EngineError, Generation, SamplingParams
 from rlonce.engine.factory import EngineSpec
 from rlonce.rollout.orchestrator import Judge, Judged
 
@@ -50,7 +50,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise RuntimeError("executor 'ray' needs Ray: pip install 'rlonce[ray]' (make test installs it)") from None
+        raise BackendMissing("executor 'ray' needs Ray: pip install 'rlonce[ray]' (make test installs it)") from None
     return ray
 
 
@@ -169,7 +169,7 @@ class RemoteEngine:
         try:
             return ray.get(refs, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"engine actors did not finish {method} within {self.timeout:.0f} s "
+            raise BackendError(f"engine actors did not finish {method} within {self.timeout:.0f} s "
                                "(ray.call_timeout_s); see the Ray logs under RUN/ray") from None
 
     def load_published(self, refs: list, version: int) -> None:
@@ -391,14 +391,14 @@ class TrainerActor:
         self.trainer = Trainer(self.model, self.optim, temperature=self.temperature)
         if trainer_state and world > 1:
             if "optimizer_full" not in trainer_state:
-                raise RuntimeError("this checkpoint's optimizer state is from a single trainer; resume it with "
+                raise BackendError("this checkpoint's optimizer state is from a single trainer; resume it with "
                                    "ray.trainer_workers = 1")
             load_full_optimizer_state(self.model, self.trainer.optimizer,
                                       trainer_state["optimizer_full"] if rank == 0 else {})
             self.trainer.step = trainer_state["step"]
         elif trainer_state:
             if "optimizer_full" in trainer_state:
-                raise RuntimeError("this checkpoint's optimizer state is from data-parallel trainers; resume it "
+                raise BackendError("this checkpoint's optimizer state is from data-parallel trainers; resume it "
                                    "with ray.trainer_workers > 1")
             self.trainer.load_state_dict(trainer_state)
         self.publish(self.version)
@@ -503,17 +503,17 @@ class RayCluster:
         try:
             ray.get([a.ready.remote() for a in actors], timeout=max(self.rc.call_timeout_s, 60.0))
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the {what} actors did not start within {self.rc.call_timeout_s:.0f} s: does the "
+            raise BackendError(f"the {what} actors did not start within {self.rc.call_timeout_s:.0f} s: does the "
                                "cluster have the CPUs/GPUs requested under [ray]? (`ray status` shows them)") from None
         except ray.exceptions.RayError as e:
-            raise RuntimeError(f"the {what} actors failed to start: {_first_line(e)}") from None
+            raise BackendError(f"the {what} actors failed to start: {_first_line(e)}") from None
 
     def _get(self, refs: list, what: str) -> list:
         ray = _ray()
         try:
             return ray.get(refs, timeout=self.rc.call_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"{what} did not finish within {self.rc.call_timeout_s:.0f} s (ray.call_timeout_s)") from None
+            raise BackendError(f"{what} did not finish within {self.rc.call_timeout_s:.0f} s (ray.call_timeout_s)") from None
 
     def executor(self) -> RayExecutor:
         return RayExecutor(self.pools, self.rc.group_timeout_s)
@@ -527,7 +527,7 @@ class RayCluster:
         try:
             out = await asyncio.wait_for(asyncio.gather(*(_awaitable(x) for x in refs)), self.rc.group_timeout_s)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"the trainer actors did not finish a step within {self.rc.group_timeout_s:.0f} s "
+            raise BackendError(f"the trainer actors did not finish a step within {self.rc.group_timeout_s:.0f} s "
                                "(ray.group_timeout_s)") from None
         lags: Counter = Counter()
         for m in out:
