@@ -1,3 +1,4 @@
+import asyncio
 import os
 import shutil
 
@@ -30,3 +31,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "sandbox" in item.keywords:
                 item.add_marker(skip)
+
+
+def gen_many(engine, prompts, sampling):
+    """Generate every prompt with its sampling parameters concurrently (one batch for the engine)."""
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sampling)))
+
+    return asyncio.run(go())

@@ -16,6 +16,7 @@ import torch
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.torch_engine import process_logits
 from rlonce.engine.vllm_engine import pack_tensors, unpack_tensor
+from conftest import gen_many
 from rlonce.train.trainer import token_logprobs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -36,13 +37,6 @@ def engine(embedded_dir, lm):
                      enforce_eager=True, eos_token_ids=lm.eos_token_ids)
     yield eng
     eng.close()
-
-
-def gen_many(engine, prompts, sampling):
-    async def go():
-        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sampling)))
-
-    return asyncio.run(go())
 
 
 def recomputed(model, prompt, token_ids, temperature=1.0):

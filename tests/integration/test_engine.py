@@ -7,6 +7,7 @@ import torch
 
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.torch_engine import TorchEngine, process_logits
+from conftest import gen_many
 from rlonce.train.trainer import token_logprobs
 
 
@@ -18,13 +19,6 @@ def engine(lm):
                       batch_wait_s=0.05)
     yield eng
     eng.close()
-
-
-def gen_many(engine, prompts, sampling):
-    async def go():
-        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, sampling)))
-
-    return asyncio.run(go())
 
 
 PROMPTS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93, 94, 95], [1, 100, 101]]

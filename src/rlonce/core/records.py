@@ -12,9 +12,8 @@ not three layers later inside a loss.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 

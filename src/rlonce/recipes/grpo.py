@@ -152,8 +152,9 @@ class Job:
         from rlonce.rollout.orchestrator import Judge
         from rlonce.rollout.ray_executor import RayCluster
 
-        self._say(f"starting Ray actors: 1 trainer, {self.cfg.ray.engines} engine(s), "
-                  f"{self.cfg.ray.harness_pools} harness pool(s)")
+        rc = self.cfg.ray
+        self._say(f"starting Ray actors: {rc.trainer_workers} trainer(s), {rc.engines} engine(s), "
+                  f"{rc.harness_pools} harness pool(s)")
         self.cluster = RayCluster(self.cfg, self.model_dir, self.out, state=self.lm.model.state_dict(),
                                   version=self.state.version, trainer_state=self.saved_trainer_state,
                                   optim=self.optim, judge=Judge(self.signal, self.cfg.harness.group_by_arm))
@@ -197,7 +198,6 @@ class Job:
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
         else:
             self.state = RunState()
-            self.saved_trainer_state = None
             save_config(self.cfg, self.out / "config.json")
             model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
             self._load(model_dir)
@@ -476,10 +476,11 @@ class Job:
 
     def _checkpoint(self) -> None:
         self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
-        trainer_state = self.rl_trainer.state_dict()
-        if self.cluster is not None:  # the trainer actor holds the current weights and optimizer
+        if self.cluster is not None:  # the trainer actors hold the current weights and optimizer
             model_state, trainer_state = self.cluster.pull()
             self.lm.model.load_state_dict(model_state)
+        else:
+            trainer_state = self.rl_trainer.state_dict()
         if self.state.orchestrator:
             self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
         checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),

@@ -154,7 +154,6 @@ class Orchestrator:
         self.executor = executor
         self.tasks = tasks
         self.mixer = mixer
-        self.signal = signal
         self.s = settings
         self.decode = decode
         self.judge = Judge(signal, settings.group_by_arm)

@@ -89,7 +89,6 @@ def start_ray(rc, run_dir: Path) -> bool:
     ray = _ray()
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     common = dict(include_dashboard=rc.dashboard, log_to_driver=False, logging_level=logging.WARNING)
     if rc.address:
         ray.init(address=rc.address, **common)
@@ -222,18 +221,13 @@ class HarnessPool:
         # loop, and never two threads in one tokenizer at once
         self.executor.gateway.offload = ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize")
         self.judge = judge
-        self.active = 0
         self.groups = 0
 
     def ready(self) -> dict:
-        return {"pid": os.getpid(), "active": self.active, "groups": self.groups}
+        return {"pid": os.getpid(), "groups": self.groups}
 
     async def run_group(self, task, source: str, dispatch_step: int, group_size: int):
-        self.active += group_size
-        try:
-            seqs = await self.executor.run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step), group_size)
-        finally:
-            self.active -= group_size
+        seqs = await self.executor.run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step), group_size)
         judged = await asyncio.to_thread(self.judge, task.task_id, source, dispatch_step, seqs, self.decode)
         self.groups += 1
         light = [replace(s, contexts=[]) for s in seqs]
@@ -288,7 +282,7 @@ class RayExecutor:
     def _mark_lost(self, i: int) -> None:
         self.healthy[i] = False
         task = self._recovering.get(i)
-        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+        if task is None or task.done():
             self._recovering[i] = asyncio.get_running_loop().create_task(self._recover(i))
 
     async def _pick(self) -> int:
@@ -296,10 +290,6 @@ class RayExecutor:
             live = [i for i, ok in enumerate(self.healthy) if ok]
             if live:
                 return min(live, key=self.load.__getitem__)
-            for i in range(len(self.pools)):  # probes left behind by an earlier event loop
-                task = self._recovering.get(i)
-                if task is None or task.get_loop() is not asyncio.get_running_loop():
-                    self._mark_lost(i)
             waiting = [t for t in self._recovering.values() if not t.done()]
             if not waiting:
                 raise ExecutorFailure("no harness pool is alive (all exhausted ray.max_restarts); see RUN/ray logs",
@@ -473,13 +463,14 @@ class RayCluster:
         n = rc.trainer_workers
         trainer_cls = ray.remote(TrainerActor)
         threads = max(1, cfg.runtime.train_threads // n)
+        state_refs = [ray.put(state)]  # once, for every rank
         self.trainers = [trainer_cls.options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus, max_concurrency=2,
                                              name=trainer_name if r == 0 else f"{trainer_name}-{r}").remote(
-            str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature, threads, [ray.put(state)],
+            str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature, threads, state_refs,
             version, rc.call_timeout_s) for r in range(n)]
         self.trainer = self.trainers[0]
         self._wait(self.trainers, "trainer")
-        address = ray.get(self.trainer.rendezvous.remote(), timeout=rc.call_timeout_s) if n > 1 else None
+        address = self._get([self.trainer.rendezvous.remote()], "the trainer rendezvous")[0] if n > 1 else None
         self._get([t.setup.remote(r, n, address, trainer_state) for r, t in enumerate(self.trainers)], "trainer setup")
         factory = engine_factory or EngineSpec.from_config(cfg, model_dir)
         engine_cls = ray.remote(EngineActor)
@@ -499,21 +490,18 @@ class RayCluster:
         self.start_seconds = time.perf_counter() - t0
 
     def _wait(self, actors: list, what: str) -> None:
-        ray = _ray()
-        try:
-            ray.get([a.ready.remote() for a in actors], timeout=max(self.rc.call_timeout_s, 60.0))
-        except ray.exceptions.GetTimeoutError:
-            raise BackendError(f"the {what} actors did not start within {self.rc.call_timeout_s:.0f} s: does the "
-                               "cluster have the CPUs/GPUs requested under [ray]? (`ray status` shows them)") from None
-        except ray.exceptions.RayError as e:
-            raise BackendError(f"the {what} actors failed to start: {_first_line(e)}") from None
+        self._get([a.ready.remote() for a in actors], f"starting the {what} actors",
+                  hint=": does the cluster have the CPUs/GPUs requested under [ray]? (`ray status` shows them)")
 
-    def _get(self, refs: list, what: str) -> list:
+    def _get(self, refs: list, what: str, hint: str = "") -> list:
         ray = _ray()
         try:
             return ray.get(refs, timeout=self.rc.call_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise BackendError(f"{what} did not finish within {self.rc.call_timeout_s:.0f} s (ray.call_timeout_s)") from None
+            raise BackendError(f"{what} did not finish within {self.rc.call_timeout_s:.0f} s "
+                               f"(ray.call_timeout_s){hint}") from None
+        except ray.exceptions.RayError as e:
+            raise BackendError(f"{what} failed: {_first_line(e)}") from None
 
     def executor(self) -> RayExecutor:
         return RayExecutor(self.pools, self.rc.group_timeout_s)
