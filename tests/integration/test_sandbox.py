@@ -94,9 +94,10 @@ def test_escape_probes_dns_tcp_and_pip(sb):
 def test_no_writes_outside_the_workspace(sb, tmp_path):
     marker = f"rlonce-escape-{os.getpid()}"
     r = run(sb, f"for d in /usr /usr/lib /etc/alternatives /bin; do touch $d/{marker} 2>/dev/null && echo wrote:$d; "
-                f"done; for d in /tmp /dev / /etc; do touch $d/{marker} && echo private:$d; done; touch /work/{marker}")
-    assert "wrote:" not in r.output  # the system directories are read-only
-    assert r.output.split() == ["private:/tmp", "private:/dev", "private:/", "private:/etc"]  # per-command tmpfs
+                f"done; for d in /dev / /etc; do touch $d/{marker} 2>/dev/null && echo wrote:$d; done; "
+                f"for d in /tmp /dev/shm; do touch $d/{marker} && echo private:$d; done; touch /work/{marker}")
+    assert "wrote:" not in r.output  # the system directories, the root and /dev are read-only
+    assert r.output.split() == ["private:/tmp", "private:/dev/shm"]  # per-command, size-capped tmpfs
     assert not any(Path(d, marker).exists() for d in ("/usr", "/etc", "/tmp", "/dev", "/"))
     assert (sb.workspace / marker).exists()  # the workspace is the one host directory it writes
 

@@ -1,27 +1,46 @@
 """Bubblewrap sandbox: each command runs in fresh Linux namespaces over a private workspace.
 
-What it protects against:
-  * reading the host: only system directories tools need are visible, read-only (``/usr`` and
-    the merged-usr links, ``/etc/alternatives``, ``/etc/ld.so.cache``); the host's home, the
-    project checkout, run directories and task packs are not mounted, so hidden tests and
-    reference answers cannot be reached by any path;
-  * the network: a new, empty network namespace (loopback only);
-  * other processes: own pid, ipc, uts and user namespaces; inside, the agent is uid 1000
-    with no capabilities; ``/tmp`` is a fresh tmpfs per command;
-  * runaway commands: rlimits on CPU seconds, address space, process count and file size
-    (via ``prlimit``), a wall-clock timeout that kills the whole process tree (bwrap's pid 1
-    dies, so the namespace dies), and a cap on captured output. RLIMIT_NPROC is not enforced
-    for root, so when the host's cgroup-v1 ``pids`` hierarchy is writable every command runs in
-    its own pids cgroup (``pids.max`` = the process limit), which also lets the sandbox kill
-    every process the command left behind.
+Threat model: everything a sandboxed process does is hostile — it was written by a policy under
+training that is rewarded for outcomes, and rlonce itself usually runs as root. The sandbox must
+keep that process from gaining host privilege, reading host secrets, exhausting the host, or
+reaching anything but its own workspace; and the host side must treat what the process leaves
+behind as hostile too (``rlonce.sandbox.hostfs``).
 
-What it does not protect against:
-  * kernel exploits: namespaces share the host kernel (use gVisor/Firecracker/VMs for hostile code);
-  * fork bombs when running as root on a host without a writable pids cgroup (only the
-    wall clock stops them there);
-  * disk exhaustion beyond one file's size limit: the workspace lives on a host directory;
-  * timing side channels and CPU contention with other sandboxes;
-  * reading the system directories that are mounted (they are public software, not secrets).
+What it defends, and how:
+  * **no host privilege**: when rlonce runs as root, the whole launch chain drops to an
+    unprivileged host uid before bubblewrap starts (``setpriv``; a fresh uid from
+    ``UID_BASE`` per sandbox, owning only that sandbox's workspace), so bwrap runs
+    unprivileged and uid 1000 inside maps to that host uid — never to host root. Nothing inside
+    holds a capability over the host's namespaces; nested user namespaces are disabled
+    (``--disable-userns``) and also denied by the seccomp filter;
+  * **kernel knobs**: a fresh procfs whose ``/proc/sys``, ``/proc/sysrq-trigger`` and similar
+    entries bwrap covers read-only, and which the unprivileged uid could not write anyway;
+    ``/sys`` is not mounted;
+  * **system calls**: a seccomp deny-list (``rlonce.sandbox.seccomp``: namespaces, mounts,
+    keyrings, io_uring, ptrace and other processes' memory, bpf, perf, modules, clocks, …);
+  * **secrets**: bwrap itself starts with an empty environment (its ``/proc/1/environ`` is
+    visible inside), the command gets only the variables the sandbox sets; a fresh anonymous
+    session keyring when ``keyctl`` (keyutils) is installed, and keyring system calls are
+    denied inside either way. Only system directories tools need are visible, read-only
+    (``/usr`` and the merged-usr links, ``/etc/alternatives``, ``/etc/ld.so.cache``) plus the
+    explicit ``ro_binds``; the host's home, the project, run directories and task packs are not;
+  * **the network**: a new, empty network namespace (loopback only). A sandbox that must reach
+    a service (an outside harness and its gateway) gets a Unix socket bound in, never the
+    host's network;
+  * **exhaustion**: rlimits on CPU seconds, address space, processes (per sandbox, since each
+    sandbox has its own uid) and file size; a cgroup-v1 ``pids`` group per command where the
+    hierarchy is writable; size-capped tmpfs for ``/tmp`` and ``/dev/shm``; ``/`` and ``/dev``
+    read-only; the workspace is a size-capped tmpfs of its own when rlonce runs as root; a
+    wall clock that returns from ``exec`` on time whatever the output rate, and a cap on
+    captured output. ``close()`` kills every process a command left behind.
+
+What it does not defend against:
+  * kernel exploits through the allowed system calls (namespaces share the host kernel: use
+    gVisor, Firecracker or VMs for code that may carry a kernel 0-day);
+  * when rlonce does not run as root: sandboxes run as the invoking user (their workspace is a
+    plain directory without a size cap; the file-size rlimit still holds);
+  * timing side channels and CPU contention between sandboxes;
+  * reading the system directories that are mounted (public software, not secrets).
 
 The workspace persists across ``exec`` calls of one sandbox; ``snapshot``/``restore`` copy it.
 """
@@ -29,18 +48,28 @@ The workspace persists across ``exec`` calls of one sandbox; ``snapshot``/``rest
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import secrets
 import shutil
 import signal
+import stat
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlonce.sandbox import hostfs, seccomp
 from rlonce.sandbox.base import ExecResult, SandboxError
 
 WORKDIR = "/work"
+UID_BASE = 2_000_000_000
+"""Sandboxes started by root run as host uid ``UID_BASE + k`` (k random below ``UID_SPAN``): ids
+no account uses, one per sandbox, so one sandbox's processes and files are not another's."""
+UID_SPAN = 1 << 24
+LAUNCH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The whole environment bwrap starts with (and so what ``/proc/1/environ`` shows inside)."""
 
 
 class BubblewrapMissing(SandboxError):
@@ -65,55 +94,99 @@ class Limits:
     file_size_mb: int = 16
     wall_seconds: float = 10.0
     output_bytes: int = 16384
+    workspace_mb: int = 512
+    """Size cap of the workspace (a tmpfs of its own when rlonce runs as root)."""
+    tmp_mb: int = 256
+    """Size cap of each of ``/tmp`` and ``/dev/shm`` inside (fresh for every command)."""
 
 
 class BwrapSandbox:
-    """``ro_binds`` maps extra host directories to read-only paths inside (e.g. a test runner's
-    site-packages); ``hide`` lists visible paths to cover with an empty tmpfs (e.g. a system
-    copy of a package under test); ``env`` adds environment variables."""
+    """``ro_binds`` maps extra host paths to read-only paths inside (e.g. a test runner's
+    site-packages, a gateway's Unix socket); ``hide`` lists visible paths to cover with an empty
+    tmpfs (e.g. a system copy of a package under test); ``env`` adds environment variables;
+    ``workspace`` and ``uid`` share another sandbox's workspace (its ``workspace`` and ``uid``;
+    it stays that sandbox's to remove)."""
 
     def __init__(self, limits: Limits | None = None, *, root: str | None = None,
                  ro_binds: dict[str, str] | None = None, hide: list[str] | None = None,
-                 env: dict[str, str] | None = None, workspace: Path | None = None, share_net: bool = False):
+                 env: dict[str, str] | None = None, workspace: Path | None = None, uid: int | None = None):
         self.limits = limits or Limits()
-        self.share_net = share_net
-        """Keep the host's network namespace (an outside agent must reach the gateway on loopback)."""
-        self.ro_binds = dict(ro_binds or {})
         self.hide = list(hide or [])
         self.env = dict(env or {})
         self._bwrap = find_bwrap()
         self._prlimit = shutil.which("prlimit")
+        self._keyctl = shutil.which("keyctl")
+        self._seccomp = seccomp.program()
+        self._as_root = os.geteuid() == 0
+        self.uid = uid if uid is not None else (UID_BASE + secrets.randbelow(UID_SPAN) if self._as_root else None)
+        """The host uid sandboxed processes run as (None: the invoking user's)."""
+        self._setpriv = shutil.which("setpriv") if self.uid is not None else None
+        if self.uid is not None and self._setpriv is None:
+            raise SandboxError("setpriv (util-linux) is missing: it is needed to drop root before bwrap starts")
         self._host_dir = Path(tempfile.mkdtemp(prefix="rlonce-sbx-", dir=root))
-        if workspace is not None:  # another sandbox's workspace, shared (not removed on close)
+        os.chmod(self._host_dir, 0o711)  # the sandbox uid traverses it to reach its workspace
+        self._mounts: list[Path] = []
+        self.ro_binds = {self._reachable(Path(host), i): dest for i, (host, dest) in enumerate((ro_binds or {}).items())}
+        self.workspace_capped = False
+        """Whether the workspace is a size-capped tmpfs (rlonce running as root)."""
+        if workspace is not None:
             self.workspace = Path(workspace)
         else:
             self.workspace = self._host_dir / "work"
-            self.workspace.mkdir()
+            self.workspace.mkdir(mode=0o700)
+            if self._as_root:
+                self.workspace_capped = _mount_tmpfs(self.workspace, self.limits.workspace_mb, self.uid)
+                if self.workspace_capped:
+                    self._mounts.append(self.workspace)
+        self._owns_workspace = workspace is None
         self._snapshots: dict[str, Path] = {}
+        self._running: dict[int, Path | None] = {}
         self._closed = False
 
+    def _reachable(self, host: Path, i: int) -> str:
+        """``host`` as a path the unprivileged sandbox uid can reach: itself when every directory
+        on the way is searchable by others, else a read-only bind mount of it staged under this
+        sandbox's host directory (root only)."""
+        host = host.resolve()
+        if not host.exists():
+            raise SandboxError(f"sandbox mount source {host} does not exist")
+        if self.uid is None or _world_reachable(host):
+            return str(host)
+        stage = self._host_dir / f"bind-{i}"
+        stage.mkdir() if host.is_dir() else stage.touch()
+        try:
+            _mount(str(host), stage, None, MS_BIND | MS_REC)
+        except OSError as e:
+            raise SandboxError(f"sandbox mount source {host} is not readable by the sandbox uid and could not be "
+                               f"staged ({e.strerror}); make its parent directories searchable (chmod o+x)") from e
+        self._mounts.append(stage)
+        return str(stage)
+
     # ---- files ---------------------------------------------------------------------------
-    def _host_path(self, path: str) -> Path:
+    @staticmethod
+    def _rel(path: str) -> str:
         rel = Path(path)
         if rel.is_absolute():
             rel = rel.relative_to(WORKDIR) if str(rel).startswith(WORKDIR + "/") else None
-        if rel is None or ".." in rel.parts:
+        if rel is None or ".." in rel.parts or not rel.parts:
             raise ValueError(f"path {path!r} is outside the sandbox workspace {WORKDIR}")
-        return self.workspace / rel
+        return rel.as_posix()
 
     def put_file(self, path: str, data: bytes | str) -> None:
-        dest = self._host_path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data.encode() if isinstance(data, str) else data)
+        """Write a file into the workspace from the host, following no link the agent planted."""
+        hostfs.write_file(self.workspace, self._rel(path), data.encode() if isinstance(data, str) else data)
 
-    def get_file(self, path: str) -> bytes:
-        return self._host_path(path).read_bytes()
+    def get_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a workspace file from the host: regular files only, no link followed, at most
+        ``max_bytes`` (default: the file-size limit). ``hostfs.HostileFile`` otherwise."""
+        cap = max_bytes if max_bytes is not None else self.limits.file_size_mb << 20
+        return hostfs.read_file(self.workspace, self._rel(path), cap)
 
     # ---- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> str:
         sid = uuid.uuid4().hex[:12]
         dest = self._host_dir / f"snap-{sid}"
-        shutil.copytree(self.workspace, dest, symlinks=True)
+        hostfs.copy_tree(self.workspace, dest, max_bytes=self.limits.workspace_mb << 20)
         self._snapshots[sid] = dest
         return sid
 
@@ -122,23 +195,15 @@ class BwrapSandbox:
             src = self._snapshots[snapshot_id]
         except KeyError:
             raise ValueError(f"unknown snapshot {snapshot_id!r}") from None
-        shutil.rmtree(self.workspace)
-        shutil.copytree(src, self.workspace, symlinks=True)
+        for entry in list(self.workspace.iterdir()):
+            hostfs.remove_tree(entry)
+        hostfs.copy_tree(src, self.workspace)
 
     # ---- execution -----------------------------------------------------------------------
-    def command(self, cmd: str) -> list[str]:
+    def command(self, cmd: str, seccomp_fd: int) -> list[str]:
+        """The bwrap argv (after the launch chain) that runs ``cmd``."""
         lim = self.limits
-        argv = []
-        if self._prlimit:
-            argv += [
-                self._prlimit,
-                f"--cpu={lim.cpu_seconds}",
-                f"--as={lim.address_space_mb << 20}",
-                f"--nproc={lim.processes}",
-                f"--fsize={lim.file_size_mb << 20}",
-                "--",
-            ]
-        argv += [self._bwrap, "--ro-bind", "/usr", "/usr"]
+        argv = [self._bwrap, "--ro-bind", "/usr", "/usr"]
         for link, target in (("/bin", "usr/bin"), ("/sbin", "usr/sbin"), ("/lib", "usr/lib"),
                              ("/lib64", "usr/lib64"), ("/lib32", "usr/lib32")):
             if os.path.islink(link):
@@ -152,10 +217,12 @@ class BwrapSandbox:
             if os.path.exists(path):
                 argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         argv += [
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(lim.tmp_mb << 20), "--tmpfs", "/tmp",
+            "--size", str(lim.tmp_mb << 20), "--tmpfs", "/dev/shm",
             "--bind", str(self.workspace), WORKDIR, "--chdir", WORKDIR,
-            *(["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-              if self.share_net else ["--unshare-all", "--unshare-user"]),
+            "--remount-ro", "/", "--remount-ro", "/dev",
+            "--unshare-all", "--unshare-user", "--disable-userns",
             "--uid", "1000", "--gid", "1000",
             "--hostname", "sandbox", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--clearenv",
@@ -164,32 +231,66 @@ class BwrapSandbox:
         ]
         for k, v in self.env.items():  # after --clearenv, which bwrap applies where it stands
             argv += ["--setenv", k, v]
-        argv += ["--", "/bin/sh", "-c", cmd]
+        argv += ["--seccomp", str(seccomp_fd), "--", "/bin/sh", "-c", cmd]
         return argv
+
+    def _launcher(self, group: Path | None) -> list[str]:
+        """What runs before bwrap: join the pids cgroup (as root), a fresh session keyring,
+        drop to the sandbox uid, set rlimits. Each step execs the next (one process)."""
+        lim = self.limits
+        argv: list[str] = []
+        if group is not None:
+            argv += ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh"]
+        if self._keyctl:
+            argv += [self._keyctl, "session", "-"]
+        if self._setpriv:
+            argv += [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
+        if self._prlimit:
+            argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20}",
+                     f"--nproc={lim.processes}", f"--fsize={lim.file_size_mb << 20}", "--"]
+        return argv
+
+    def _hand_over(self) -> None:
+        """Give the sandbox uid what the host wrote into the workspace since the last command."""
+        if self.uid is None:
+            return
+        os.chown(self.workspace, self.uid, self.uid)
+        try:
+            for rel, st in hostfs.walk(self.workspace, max_depth=64):
+                if st.st_uid != self.uid:
+                    os.chown(self.workspace / rel, self.uid, self.uid, follow_symlinks=False)
+        except (hostfs.HostileFile, FileNotFoundError):
+            pass  # deeper than any host write: the agent's own tree, already its uid's
 
     async def exec(self, cmd: str, timeout: float | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
-        argv = self.command(cmd)
+        self._hand_over()
         group = _pids_cgroup(self.limits.processes)
-        if group is not None:  # join the cgroup before anything forks
-            argv = ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *argv]
+        r, w = os.pipe()
         try:
+            os.write(w, self._seccomp)
+            os.close(w)
+            argv = self._launcher(group) + self.command(cmd, r)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(r,), env=LAUNCH_ENV,
             )
         except OSError as e:
             _remove_cgroup(group)
             raise SandboxError(f"could not start bwrap: {e}") from e
-        try:
-            return await self._wait(proc, wall, t0)
         finally:
+            os.close(r)
+        self._running[proc.pid] = group
+        try:
+            return await self._wait(proc, group, wall, t0)
+        finally:  # leftovers died with the pid namespace; the cgroup catches any that raced it
+            self._running.pop(proc.pid, None)
             _remove_cgroup(group)
 
-    async def _wait(self, proc, wall: float, t0: float) -> ExecResult:
+    async def _wait(self, proc, group: Path | None, wall: float, t0: float) -> ExecResult:
         cap = self.limits.output_bytes
         buf = bytearray()
         truncated = timed_out = False
@@ -201,6 +302,7 @@ class BwrapSandbox:
                 room = max(cap - len(buf), 0)
                 truncated = truncated or len(chunk) > room
                 buf.extend(chunk[:room])
+                await asyncio.sleep(0)  # a full pipe never suspends read(): let the wall clock fire
             await proc.wait()
 
         try:
@@ -208,7 +310,11 @@ class BwrapSandbox:
         except asyncio.TimeoutError:
             timed_out = True
             _kill_tree(proc.pid)
-            await proc.wait()
+            _kill_cgroup(group)
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                pass
         except asyncio.CancelledError:
             _kill_tree(proc.pid)
             raise
@@ -219,9 +325,17 @@ class BwrapSandbox:
                           time.perf_counter() - t0)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            shutil.rmtree(self._host_dir, ignore_errors=True)
+        """Kill every process a command of this sandbox left running, then remove its files."""
+        if self._closed:
+            return
+        self._closed = True
+        for pid, group in list(self._running.items()):
+            _kill_tree(pid)
+            _kill_cgroup(group)
+        for mount in reversed(self._mounts):
+            _umount(mount)
+        self._mounts.clear()
+        hostfs.remove_tree(self._host_dir)
 
     def __del__(self) -> None:  # best effort; close() is the contract
         try:
@@ -230,6 +344,46 @@ class BwrapSandbox:
             pass
 
 
+# ---- host mounts (root only) --------------------------------------------------------------
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
+MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str | None = None) -> None:
+    rc = _libc.mount(source.encode(), str(target).encode(), fstype.encode() if fstype else None,
+                     ctypes.c_ulong(flags), data.encode() if data else None)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(target))
+
+
+def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> bool:
+    """Mount a size-capped tmpfs owned by ``uid`` at ``path``; False where mounting is not allowed."""
+    opts = f"size={size_mb}m,mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
+    try:
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    except OSError:
+        return False
+    return True
+
+
+def _umount(path: Path) -> None:
+    _libc.umount2(str(path).encode(), MNT_DETACH)
+
+
+def _world_reachable(path: Path) -> bool:
+    """Whether a process of any uid can reach ``path`` (every directory on the way searchable by
+    others, and ``path`` itself readable by others)."""
+    for parent in reversed(path.parents):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+    mode = os.stat(path).st_mode
+    need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+    return mode & need == need
+
+
+# ---- process clean-up ---------------------------------------------------------------------
 PIDS_ROOT = Path("/sys/fs/cgroup/pids")
 
 
@@ -246,8 +400,8 @@ def _pids_cgroup(limit: int) -> Path | None:
     return group
 
 
-def _remove_cgroup(group: Path | None) -> None:
-    """Kill whatever the command left in its group, then remove the group."""
+def _kill_cgroup(group: Path | None) -> None:
+    """SIGKILL every process in ``group`` until it is empty (forks racing the kill included)."""
     if group is None:
         return
     for _ in range(50):
@@ -256,13 +410,20 @@ def _remove_cgroup(group: Path | None) -> None:
         except OSError:
             return
         if not pids:
-            break
+            return
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.01)
+
+
+def _remove_cgroup(group: Path | None) -> None:
+    """Kill whatever the command left in its group, then remove the group."""
+    if group is None:
+        return
+    _kill_cgroup(group)
     try:
         group.rmdir()
     except OSError:
@@ -274,4 +435,3 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
