@@ -1,12 +1,16 @@
 """Outside agents as held-out harnesses: any command that takes a base URL and an API key.
 
 ``run_outside`` sets up the task's environment, opens a gateway session for the sequence, and
-runs the command in a bubblewrap sandbox over the task's workspace (mounted at ``/work``,
-the network namespace shared so the agent reaches the gateway on loopback). The command
-gets, as environment variables:
+runs the command in a bubblewrap sandbox over the task's workspace (mounted at ``/work``). The
+sandbox has no network of its own: the gateway is reached through a Unix socket bound in from
+the host and relayed to ``127.0.0.1:8080`` inside (``rlonce.sandbox.relay``), so the agent
+reaches the gateway and nothing else — no internet, no other loopback service. Of rlonce it sees
+only what a harness needs: the virtual environment's packages (the agent CLI installed there),
+and a package tree holding just ``rlonce.harness.mswea`` (the mini-swe-agent glue), never the
+rest of rlonce's sources. The command gets, as environment variables:
 
-    OPENAI_BASE_URL     http://127.0.0.1:PORT/sessions/ID/v1   (Chat Completions, Responses)
-    ANTHROPIC_BASE_URL  http://127.0.0.1:PORT/sessions/ID      (Messages)
+    OPENAI_BASE_URL     http://127.0.0.1:8080/sessions/ID/v1   (Chat Completions, Responses)
+    ANTHROPIC_BASE_URL  http://127.0.0.1:8080/sessions/ID      (Messages)
     OPENAI_API_KEY / ANTHROPIC_API_KEY   ID   (the key also names the session)
     RLONCE_MODEL        the served model name
     RLONCE_TASK         the task: the environment's instructions and question
@@ -19,33 +23,58 @@ the model was ever asked is an infrastructure failure, never a low score.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import rlonce
 from rlonce.core.records import FailureCategory, Sequence, Status
 from rlonce.envs.base import grade_or_infra
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.session import session_metrics
+from rlonce.sandbox import hostfs, relay
 from rlonce.sandbox.base import SandboxError
 from rlonce.sandbox.bwrap import WORKDIR, BwrapSandbox, Limits
 
 ANSWER = ".rlonce-answer"
+PORT = 8080
+"""Where the gateway answers inside the sandbox (its own loopback)."""
+HARNESS_FILES = ("harness/mswea.py",)
+"""The only rlonce modules an outside harness sees (under an otherwise empty ``rlonce`` package)."""
 
 
-def _python_binds() -> tuple[dict[str, str], str, str]:
+def _stage_harness_tree(stage: Path) -> None:
+    """A package tree with only the harness glue, and the relay, for ``/opt/rlonce/src``."""
+    src = Path(rlonce.__file__).resolve().parent
+    (stage / "rlonce" / "harness").mkdir(mode=0o755, parents=True)
+    for rel in ("__init__.py", "harness/__init__.py"):
+        (stage / "rlonce" / rel).touch()
+    for rel in HARNESS_FILES:
+        shutil.copyfile(src / rel, stage / "rlonce" / rel)
+    shutil.copyfile(relay.__file__, stage / "relay.py")
+    for d in (stage, stage / "rlonce"):
+        d.chmod(0o755)
+
+
+def _python_binds(stage: Path, sockets: Path) -> tuple[dict[str, str], list[str]]:
     """Read-only mounts that let the agent command run this Python environment (an agent such
-    as mini-swe-agent is installed in it): the virtual environment and rlonce's sources under
-    ``/opt/rlonce`` (the sandbox's own ``/work`` and ``/tmp`` would hide them at their host
-    paths), the base interpreter where the environment expects it. Returns (host → sandbox
-    mounts, venv path, source path)."""
+    as mini-swe-agent is installed in it): the virtual environment under ``/opt/rlonce/venv``
+    (the sandbox's own ``/work`` and ``/tmp`` would hide it at its host path), the base
+    interpreter where the environment expects it, the staged harness tree and the gateway's
+    socket directory. Also returns paths to hide: rlonce itself, if installed into the venv."""
     base = os.path.realpath(sys.base_prefix)
     if any(base == p or base.startswith(p + "/") for p in (WORKDIR, "/tmp")):
         raise SandboxError(f"the Python installation at {base} lies under {WORKDIR} or /tmp, which the sandbox "
                            "replaces; use an interpreter installed elsewhere to run outside harnesses")
-    src = str(Path(rlonce.__file__).resolve().parents[1])
-    return {sys.prefix: "/opt/rlonce/venv", base: base, src: "/opt/rlonce/src"}, "/opt/rlonce/venv", "/opt/rlonce/src"
+    binds = {sys.prefix: "/opt/rlonce/venv", base: base, str(stage): "/opt/rlonce/src", str(sockets): "/run/rlonce"}
+    pkg = Path(rlonce.__file__).resolve().parent
+    hide = []
+    if pkg.is_relative_to(Path(sys.prefix).resolve()):  # a regular (non-editable) install
+        hide.append("/opt/rlonce/venv/" + pkg.relative_to(Path(sys.prefix).resolve()).as_posix())
+    return binds, hide
 
 
 def outside_limits(timeout: float) -> Limits:
@@ -66,23 +95,13 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
         except Exception:  # noqa: BLE001 - the retry boundary
             status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
         else:
-            binds, venv, src = _python_binds()
-            sbx = BwrapSandbox(outside_limits(timeout), ro_binds=binds, share_net=True, workspace=env.sandbox.workspace,
-                               env={"OPENAI_BASE_URL": f"{base_url}/sessions/{session.id}/v1",
-                                    "ANTHROPIC_BASE_URL": f"{base_url}/sessions/{session.id}",
-                                    "OPENAI_API_KEY": session.id, "ANTHROPIC_API_KEY": session.id,
-                                    "RLONCE_MODEL": gateway.model_name,
-                                    "RLONCE_TASK": f"{env.system_prompt()}\n\n{env.user_prompt()}",
-                                    "RLONCE_ANSWER_FILE": f"{WORKDIR}/{ANSWER}",
-                                    "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": src})
+            result = await _run_in_sandbox(env, session.id, gateway.model_name, base_url, command, timeout)
             try:
-                result = await sbx.exec(command)
-            finally:
-                sbx.close()
-            answer_path = env.sandbox.workspace / ANSWER
-            if answer_path.is_file():
-                answer = answer_path.read_text(errors="replace").strip()
-                answer_path.unlink()
+                answer = env.sandbox.get_file(ANSWER, max_bytes=1 << 16).decode(errors="replace").strip()
+            except (FileNotFoundError, hostfs.HostileFile):
+                answer = None
+            else:
+                hostfs.remove_tree(env.sandbox.workspace / ANSWER)
             if answer is None:
                 if not session.generations:
                     status, failure = Status.INFRA, FailureCategory.HARNESS_ERROR
@@ -102,3 +121,34 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
     if result is not None:
         session.metadata["harness_output_tail"] = result.output[-2000:]
     return seq
+
+
+async def _run_in_sandbox(env, key: str, model: str, base_url: str, command: str, timeout: float):
+    """Run ``command`` over ``env``'s workspace with the gateway at ``base_url`` relayed in."""
+    scratch = Path(tempfile.mkdtemp(prefix="rlonce-outside-"))
+    scratch.chmod(0o755)
+    stage, sockets = scratch / "src", scratch / "run"
+    sockets.mkdir(mode=0o755)
+    _stage_harness_tree(stage)
+    url = urlsplit(base_url)
+    server = await relay.unix_to_tcp(str(sockets / "gateway.sock"), url.hostname, url.port)
+    try:
+        binds, hide = _python_binds(stage, sockets)
+        inside = f"http://127.0.0.1:{PORT}/sessions/{key}"
+        sbx = BwrapSandbox(outside_limits(timeout), ro_binds=binds, hide=hide, workspace=env.sandbox.workspace,
+                           uid=env.sandbox.uid,
+                           env={"OPENAI_BASE_URL": f"{inside}/v1", "ANTHROPIC_BASE_URL": inside,
+                                "OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": key, "RLONCE_MODEL": model,
+                                "RLONCE_TASK": f"{env.system_prompt()}\n\n{env.user_prompt()}",
+                                "RLONCE_ANSWER_FILE": f"{WORKDIR}/{ANSWER}",
+                                "PATH": "/opt/rlonce/venv/bin:/usr/local/bin:/usr/bin:/bin",
+                                "PYTHONPATH": "/opt/rlonce/src"})
+        try:
+            return await sbx.exec(f"/usr/bin/python3 /opt/rlonce/src/relay.py {PORT} /run/rlonce/gateway.sock && "
+                                  f"{command}")
+        finally:
+            sbx.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+        hostfs.remove_tree(scratch)
