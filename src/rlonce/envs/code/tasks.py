@@ -98,10 +98,25 @@ def load_pack(pack: Path) -> list[CodeTask]:
     if not (pack / "pack.json").is_file() or not (pack / "tasks.jsonl").is_file():
         raise PackError(f"{pack} is not a task pack (expected pack.json and tasks.jsonl); "
                         "build one with `rlonce tasks build code --out DIR`")
+    path = pack / "tasks.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PackError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}; rebuild the pack with "
+                        "`rlonce tasks build code --out DIR`") from None
     tasks = []
-    for line in (pack / "tasks.jsonl").read_text().splitlines():
-        if line.strip():
-            tasks.append(CodeTask(**json.loads(line), pack_dir=str(pack.resolve())))
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+            tasks.append(CodeTask(**record, pack_dir=str(pack.resolve())))
+        except (ValueError, TypeError, RecursionError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise PackError(f"{path} line {n} is not a task ({reason[:120]}); rebuild the pack with "
+                            "`rlonce tasks build code --out DIR`") from None
     return tasks
 
 
