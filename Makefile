@@ -11,6 +11,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
 	test -x /usr/bin/python3 || missing="$$missing python3"; \
 	missing="$${missing# }"; \
 	if [ -n "$$missing" ]; then \

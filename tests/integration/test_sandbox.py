@@ -45,13 +45,6 @@ def test_host_home_project_and_runs_are_invisible(sb):
     assert visible <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "sbin", "tmp", "usr", "work"}
 
 
-def test_no_network(sb):
-    r = run(sb, "cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net 2>/dev/null; "
-                "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=1)\"")
-    assert r.exit_code != 0
-    assert "Network is unreachable" in r.output or "OSError" in r.output
-
-
 def test_wall_clock_timeout_kills_the_tree(sb):
     r = run(sb, "sleep 30 & sleep 30; echo never", timeout=1)
     assert r.timed_out and "never" not in r.output
@@ -79,16 +72,6 @@ def test_closed_sandbox_refuses(sb):
     sb.close()
     with pytest.raises(SandboxError):
         run(sb, "true")
-
-
-def test_escape_probes_dns_tcp_and_pip(sb):
-    r = run(sb, "getent hosts pypi.org; echo dns=$?; "
-                "python3 -c \"import socket; socket.create_connection(('151.101.0.223', 443), timeout=1)\"; "
-                "echo tcp=$?; python3 -m pip download --no-deps -d /tmp/x six 2>&1 | tail -1; echo pip=$?",
-            timeout=10)
-    assert "dns=2" in r.output or "dns=1" in r.output
-    assert "tcp=1" in r.output
-    assert "Successfully downloaded" not in r.output
 
 
 def test_no_writes_outside_the_workspace(sb, tmp_path):
@@ -119,8 +102,9 @@ def test_nothing_left_running_after_close():
 
     marker = f"rlonce-orphan-{os.getpid()}"
     box = BwrapSandbox(Limits(wall_seconds=3))
-    run(box, f"(setsid sh -c 'exec -a {marker} sleep 300' &) ; nohup sh -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 &"
-             " echo started")
+    sleeper = f"python3 -c 'import time; time.sleep(300)' {marker}"
+    r = run(box, f"(setsid {sleeper} &) ; nohup {sleeper} >/dev/null 2>&1 & sleep 0.5; pgrep -fc {marker}")
+    assert int(r.output.strip()) >= 2  # both were running when the command returned
     box.close()
     import time
 

@@ -217,7 +217,7 @@ class BwrapSandbox:
             if os.path.exists(path):
                 argv += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         argv += [
-            "--proc", "/proc", "--dev", "/dev",
+            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
             "--size", str(lim.tmp_mb << 20), "--tmpfs", "/tmp",
             "--size", str(lim.tmp_mb << 20), "--tmpfs", "/dev/shm",
             "--bind", str(self.workspace), WORKDIR, "--chdir", WORKDIR,
@@ -235,12 +235,12 @@ class BwrapSandbox:
         return argv
 
     def _launcher(self, group: Path | None) -> list[str]:
-        """What runs before bwrap: join the pids cgroup (as root), a fresh session keyring,
-        drop to the sandbox uid, set rlimits. Each step execs the next (one process)."""
+        """What runs before bwrap: join the pids cgroup (as root), a fresh anonymous session
+        keyring, drop to the sandbox uid, set rlimits. Each step execs the next (one process);
+        keyctl's "Joined session keyring" notice is kept out of the command's output."""
         lim = self.limits
-        argv: list[str] = []
-        if group is not None:
-            argv += ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh"]
+        join = f"echo $$ > {group}/cgroup.procs && " if group is not None else ""
+        argv = ["/bin/sh", "-c", join + ('exec 9>&2 2>/dev/null; exec "$@"' if self._keyctl else 'exec "$@"'), "sh"]
         if self._keyctl:
             argv += [self._keyctl, "session", "-"]
         if self._setpriv:
@@ -248,6 +248,8 @@ class BwrapSandbox:
         if self._prlimit:
             argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20}",
                      f"--nproc={lim.processes}", f"--fsize={lim.file_size_mb << 20}", "--"]
+        if self._keyctl:
+            argv += ["/bin/sh", "-c", 'exec 2>&9 9>&-; exec "$@"', "sh"]
         return argv
 
     def _hand_over(self) -> None:
@@ -311,8 +313,8 @@ class BwrapSandbox:
             timed_out = True
             _kill_tree(proc.pid)
             _kill_cgroup(group)
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
+            try:  # read to EOF: a paused pipe keeps asyncio from reporting the exit
+                await asyncio.wait_for(_drain(proc), 5)
             except asyncio.TimeoutError:
                 pass
         except asyncio.CancelledError:
@@ -342,6 +344,12 @@ class BwrapSandbox:
             self.close()
         except Exception:
             pass
+
+
+async def _drain(proc) -> None:
+    while await proc.stdout.read(1 << 20):
+        pass
+    await proc.wait()
 
 
 # ---- host mounts (root only) --------------------------------------------------------------
