@@ -27,6 +27,8 @@ from rlonce.model.chat import get_format
 
 pytestmark = pytest.mark.sandbox
 FMT = get_format("hermes")
+ADMIN = {"authorization": "Bearer test-admin-key"}
+"""The trainer's key: the trajectory, reward and re-render routes need it."""
 TOOLS = [BASH_TOOL, SUBMIT_TOOL]
 
 
@@ -50,7 +52,7 @@ class Recording:
 def check_last_turn(base_url, sid, engine):
     """The trajectory's newest model segment is exactly the engine's last generation, and the
     prompt the engine saw is exactly the recorded context before it."""
-    traj = httpx.get(f"{base_url}/sessions/{sid}/trajectory").json()
+    traj = httpx.get(f"{base_url}/sessions/{sid}/trajectory", headers=ADMIN).json()
     prompt, gen = engine.calls[-1]
     for ctx in traj["contexts"]:
         ids = [t for s in ctx["segments"] for t in s["token_ids"]]
@@ -73,7 +75,7 @@ def served(lm):
         engine = Recording(ScriptedEngine(turns, lm.encode))
         gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64), auto_open=True, **kw)
         gw.tokenizer = lm.tokenizer
-        srv = ServerThread(make_app(gw)).start()
+        srv = ServerThread(make_app(gw, admin_key="test-admin-key")).start()
         started.append(srv)
         return gw, engine, srv.base_url
 
@@ -178,15 +180,15 @@ def test_sdk_completes_a_task_with_exact_tokens(served, lm, mode):
     finally:
         asyncio.run(env.cleanup())
     assert verify.score(task.answer, answer) == 1.0
-    r = httpx.post(f"{base}/sessions/s-{mode}/reward", json={"reward": 1.0})
+    r = httpx.post(f"{base}/sessions/s-{mode}/reward", json={"reward": 1.0}, headers=ADMIN)
     assert r.status_code == 200
-    traj = httpx.get(f"{base}/sessions/s-{mode}/trajectory").json()
+    traj = httpx.get(f"{base}/sessions/s-{mode}/trajectory", headers=ADMIN).json()
     assert traj["reward"] == 1.0 and traj["events"] == [] and len(traj["contexts"]) == 1
     segs = traj["contexts"][0]["segments"]
     assert [s["role"] for s in segs] == ["prompt"] + ["model", "observation"] * (len(engine.calls) - 1) + ["model"]
     assert [s["token_ids"] for s in segs if s["role"] == "model"] == [g.token_ids for _, g in engine.calls]
     # the trained tokens are what was sampled; a re-render through the template agrees here
-    report = httpx.get(f"{base}/sessions/s-{mode}/rerender").json()["contexts"][0]
+    report = httpx.get(f"{base}/sessions/s-{mode}/rerender", headers=ADMIN).json()["contexts"][0]
     assert report["first_divergence"] is None and report["model_tokens_changed"] == 0
 
 
@@ -246,7 +248,7 @@ def test_embedded_model_over_http_records_sampled_log_probs(lm):
     engine = Recording(TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=3))
     gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=24), auto_open=True)
     try:
-        with ServerThread(make_app(gw)) as srv:
+        with ServerThread(make_app(gw, admin_key="test-admin-key")) as srv:
             for mode in EPISODES:
                 for _ in _free_turns(srv.base_url, "emb-" + mode, mode, 2):
                     traj = check_last_turn(srv.base_url, "emb-" + mode, engine)
@@ -405,8 +407,8 @@ def test_bad_requests_get_protocol_shaped_4xx_and_leave_the_session_intact(serve
         else:
             assert err["error"]["message"] and err["error"]["type"]
     assert httpx.post(f"{base}/v1/chat/completions", json=good).status_code == 401  # no key
-    assert httpx.get(f"{base}/sessions/nope/trajectory").status_code == 404
-    assert httpx.post(f"{base}/sessions/b/reward", json={"reward": "high"}).status_code == 400
+    assert httpx.get(f"{base}/sessions/nope/trajectory", headers=ADMIN).status_code == 404
+    assert httpx.post(f"{base}/sessions/b/reward", json={"reward": "high"}, headers=ADMIN).status_code == 400
     assert gw.sessions["b"].export() == before  # nothing refused touched the session
     r = httpx.post(f"{base}/v1/chat/completions?api-version=2024&x=1", json=good, headers=h)
     assert r.status_code == 200  # query strings are tolerated
@@ -417,7 +419,7 @@ def test_bad_requests_get_protocol_shaped_4xx_and_leave_the_session_intact(serve
 def test_unknown_sessions_are_refused_unless_the_gateway_opens_them(lm):
     gw, _ = _gw(lm, [FMT.assistant_text("ok", [])])
     with ServerThread(make_app(gw)) as srv:
-        r = httpx.post(f"{srv.base_url}/sessions/ghost/v1/messages",
+        r = httpx.post(f"{srv.base_url}/sessions/ghost/v1/messages", headers={"x-api-key": "k"},
                        json={"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 404 and r.json()["type"] == "error"
 

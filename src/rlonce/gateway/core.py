@@ -3,10 +3,21 @@
 ``Gateway.call`` is the in-process fast path the built-in harnesses use — the same request
 and reply bodies as over HTTP, without a socket. ``rlonce.gateway.http`` serves the very same
 object over FastAPI for outside agents.
+
+Every session has an owner key: the key that opened it over HTTP, or a random secret when the
+trainer opens it (``Session.key``, handed to an outside harness). ``session_for`` is how the
+HTTP layer reaches a session, and it refuses any other key — a client holding a session's
+*id* cannot continue it. Sessions also expire, so a long-running ``rlonce serve`` cannot fill
+up: one unused for ``idle_ttl`` seconds, or ended (truncated, closed) and unused for
+``ended_ttl``, is dropped at the next sweep; opening a session past ``max_sessions`` sweeps
+first. The trainer's own gateways keep both TTLs off and drop their sessions themselves.
 """
 
 from __future__ import annotations
 
+import hmac
+import secrets
+import time
 import uuid
 from dataclasses import replace
 
@@ -20,7 +31,8 @@ from rlonce.model.chat import HermesFormat
 class Gateway:
     def __init__(self, engine: Engine, encode, decode, fmt: HermesFormat, *, sampling: SamplingParams,
                  budgets: Budgets = Budgets(), model_name: str = "rlonce", auto_open: bool = False,
-                 honor_client_sampling: bool = False, render_tools: bool = True, max_sessions: int = 100_000):
+                 honor_client_sampling: bool = False, render_tools: bool = True, max_sessions: int = 100_000,
+                 idle_ttl: float | None = None, ended_ttl: float | None = None):
         self.engine = engine
         self.encode = encode
         self.decode = decode
@@ -36,22 +48,31 @@ class Gateway:
         at the run's temperature, so a client must not change the sampling distribution."""
         self.render_tools = render_tools
         self.max_sessions = max_sessions
+        self.idle_ttl = idle_ttl
+        """Drop a session unused for this many seconds (None: never)."""
+        self.ended_ttl = ended_ttl
+        """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
         self.sessions: dict[str, Session] = {}
+        self._swept = 0.0
         self.tokenizer = None
         """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
         self.offload = None
         """An executor for the sessions' rendering and tokenization (a Ray harness pool gives each
         gateway one background thread, so its event loop keeps serving other sequences)."""
 
-    def open(self, session_id: str | None = None, *, seed: int | None = None, budgets: Budgets | None = None,
-             metadata: dict | None = None) -> Session:
+    def open(self, session_id: str | None = None, *, key: str | None = None, seed: int | None = None,
+             budgets: Budgets | None = None, metadata: dict | None = None) -> Session:
+        """A new session owned by ``key`` (default: a fresh random secret, ``Session.key``)."""
         sid = session_id or uuid.uuid4().hex
         if sid in self.sessions:
             raise ProtocolError(f"session {sid!r} already exists", status=409)
-        if len(self.sessions) >= self.max_sessions:
-            raise ProtocolError("too many open sessions; close finished ones", status=429, kind="rate_limit_error")
+        if len(self.sessions) >= self.max_sessions and not self.expire(force=True):
+            ttl = f"; idle sessions expire after {self.idle_ttl:g} s" if self.idle_ttl is not None else ""
+            raise ProtocolError(f"too many open sessions ({self.max_sessions}): close finished ones or retry later{ttl}",
+                                status=429, kind="rate_limit_error")
         s = Session(sid, self.engine, self.encode, self.decode, self.fmt, sampling=self.sampling,
                     budgets=budgets or self.budgets, seed=seed, honor_client_sampling=self.honor_client_sampling)
+        s.key = key or secrets.token_urlsafe(24)
         s.render_tools = self.render_tools
         s.offload = self.offload
         if metadata:
@@ -67,6 +88,40 @@ class Gateway:
             s = self.open(session_id)
         return s
 
+    def session_for(self, key: str, session_id: str | None = None) -> Session:
+        """The session an HTTP request addresses — by path, or else named by its key — if
+        ``key`` owns it; an unknown one is opened for ``key`` when ``auto_open`` is on."""
+        self.expire()
+        sid = session_id if session_id is not None else key
+        s = self.sessions.get(sid)
+        if s is None:
+            if not self.auto_open:
+                raise ProtocolError(f"unknown session {sid!r}: open it first or check its id", status=404,
+                                    kind="not_found")
+            return self.open(sid, key=key)
+        if not hmac.compare_digest(s.key.encode(), key.encode()):
+            raise ProtocolError(f"session {sid!r} belongs to another key: send the key that opened it, or use "
+                                "a new session id", status=403, kind="permission_error")
+        return s
+
+    def expire(self, *, force: bool = False) -> int:
+        """Drop expired sessions (at most one sweep a second unless ``force``); how many went."""
+        if self.idle_ttl is None and self.ended_ttl is None:
+            return 0
+        now = time.monotonic()
+        if not force and now - self._swept < 1.0:
+            return 0
+        self._swept = now
+        gone = [sid for sid, s in self.sessions.items() if not s.lock.locked() and self._expired(s, now - s.last_used)]
+        for sid in gone:
+            del self.sessions[sid]
+        return len(gone)
+
+    def _expired(self, s: Session, idle: float) -> bool:
+        if self.idle_ttl is not None and idle > self.idle_ttl:
+            return True
+        return self.ended_ttl is not None and s.status != "active" and idle > self.ended_ttl
+
     async def call(self, protocol: str, body: dict, session_id: str) -> dict | list[str]:
         """One request in protocol ``protocol``: the reply body, or the SSE events when the
         request streams. Raises ``ProtocolError`` for anything the protocol answers with a 4xx."""
@@ -75,13 +130,17 @@ class Gateway:
         if session.lock.locked():
             raise ProtocolError(f"session {session_id!r} is busy with another request", status=409)
         async with session.lock:
+            session.last_used = time.monotonic()
             if protocol == "openai-responses":
                 req = proto.parse(body, session.responses)
             else:
                 req = proto.parse(body)
             if not req.model:
                 req = replace(req, model=self.model_name)
-            turn = await session.turn(req)
+            try:
+                turn = await session.turn(req)
+            finally:
+                session.last_used = time.monotonic()
             if protocol == "openai-responses":
                 rid = proto.new_id()
                 sampled = turn.completion_tokens and session.current is not None

@@ -5,11 +5,17 @@ a system prompt, user turns, assistant turns that may call tools, tool results â
 shapes. The adapters in ``rlonce.gateway.protocols`` turn a request into a ``ChatRequest`` of
 ``Message``s and a ``Turn`` back into the protocol's reply; the session only ever compares and
 encodes ``Message``s.
+
+``check_json`` is the gate every client-supplied JSON value passes (request bodies over HTTP,
+tool-call arguments sent as strings): bounded nesting, no lone UTF-16 surrogates (they cannot
+be encoded to UTF-8, so the tokenizer would fail on them), no infinities (``1e400`` parses as
+``inf``, which no reply may carry). Each is a 400 naming where it was found.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from rlonce.model.chat import ToolCall
@@ -82,17 +88,64 @@ class Turn:
     turn_index: int = 0
 
 
+MAX_DEPTH = 64
+"""The deepest nesting of arrays and objects a request may hold (tool schemas need ~10)."""
+
+
+def check_json(value, where: str = "body", max_depth: int = MAX_DEPTH) -> None:
+    """Refuse nesting deeper than ``max_depth``, strings with lone surrogates and non-finite
+    numbers anywhere in ``value`` (iteratively: a deep value cannot exhaust the stack here)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > max_depth:
+                raise ProtocolError(f"{where} is nested deeper than {max_depth} levels: flatten it", param=where)
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, x in items:
+                if isinstance(k, str):
+                    _check_text(k, where)
+                stack.append((x, depth + 1))
+        elif isinstance(v, str):
+            _check_text(v, where)
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ProtocolError(f"{where} holds a number out of range ({v}): send finite numbers", param=where)
+
+
+def _check_text(s: str, where: str) -> None:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): "
+                                "send valid Unicode", param=where) from None
+
+
+def loads(raw: str | bytes, where: str = "body", max_depth: int = MAX_DEPTH):
+    """Parse client JSON and ``check_json`` it; anything wrong is a ``ProtocolError`` (400)."""
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ProtocolError(f"{where} is nested deeper than {max_depth} levels: flatten it", param=where) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"{where} is not valid JSON: {e}", param=where) from None
+    check_json(value, where, max_depth)
+    return value
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_arguments(raw, where: str) -> dict:
     """Tool-call arguments arrive as a JSON string (OpenAI) or an object (Anthropic)."""
     if isinstance(raw, dict):
+        check_json(raw, where)
         return raw
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            raise ProtocolError(f"{where}: arguments are not valid JSON", param=where) from None
+        value = loads(raw, f"{where} arguments")
         if isinstance(value, dict):
             return value
     raise ProtocolError(f"{where}: arguments must be a JSON object", param=where)

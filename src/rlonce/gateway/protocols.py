@@ -5,6 +5,10 @@ the protocol's official SDK expects — a JSON object, or the server-sent-event 
 streaming mode — and renders refusals in the protocol's error shape. Fields a client sends
 that rlonce does not use are ignored. Tool results and tool calls travel in each protocol's
 own shape; inside the gateway they are ``Message``s.
+
+Sampling values are bounded here (``LIMITS``) so that an absurd one is a 400 naming the field
+and its range, never an engine failure or a non-finite number echoed back; replies are
+serialised with ``allow_nan=False``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,15 @@ from rlonce.gateway.messages import ChatRequest, Message, ProtocolError, Turn, p
 from rlonce.model.chat import ToolCall
 
 
+LIMITS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+"""Accepted ranges of client sampling values (OpenAI's; Anthropic's are narrower)."""
+MAX_TOKENS = 1 << 20
+"""The largest per-request output cap accepted (the session's own cap still applies)."""
+
+
 def _sse(data: dict, event: str | None = None) -> str:
     head = f"event: {event}\n" if event else ""
-    return head + "data: " + json.dumps(data, ensure_ascii=False) + "\n\n"
+    return head + "data: " + json.dumps(data, ensure_ascii=False, allow_nan=False) + "\n\n"
 
 
 def _chunks(text: str, size: int = 24) -> list[str]:
@@ -43,8 +53,8 @@ def _opt_int(body: dict, *keys: str) -> int | None:
         v = body.get(k)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ProtocolError(f"'{k}' must be a positive integer", param=k)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
+            raise ProtocolError(f"'{k}' must be an integer from 1 to {MAX_TOKENS}", param=k)
         return v
     return None
 
@@ -53,8 +63,9 @@ def _opt_float(body: dict, key: str) -> float | None:
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ProtocolError(f"'{key}' must be a number", param=key)
+    lo, hi = LIMITS[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # NaN fails too
+        raise ProtocolError(f"'{key}' must be a number from {lo:g} to {hi:g}", param=key)
     return float(v)
 
 
@@ -161,8 +172,9 @@ class OpenAIChat:
 
 class AnthropicMessages:
     name = "anthropic-messages"
-    _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    409: "invalid_request_error", 413: "request_too_large", 422: "invalid_request_error"}
+    _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
+                    413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "api_error"}
 
     def parse(self, body) -> ChatRequest:
         body = _obj(body)

@@ -27,12 +27,18 @@ that counts observations. Hitting the prompt or trajectory budget ends the sessi
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, replace
 
 from rlonce.core.records import Context, Role, Segment
 from rlonce.engine.base import Engine, Generation, SamplingParams
 from rlonce.gateway.messages import CallOut, ChatRequest, Message, ProtocolError, Turn
 from rlonce.model.chat import HermesFormat
+
+
+GREEDY_BELOW = 1e-3
+"""A client temperature below this (0 included) decodes greedily: dividing logits by a tiny
+temperature overflows to inf in float32 (``1e-300`` would give NaN probabilities)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,9 @@ class Session:
         self.interrupts = 0
         """Turns continued after the engine paused mid-generation (partial rollout)."""
         self.metadata: dict = {}
+        self.key = ""
+        """The owner's key: only requests carrying it reach this session over HTTP."""
+        self.last_used = time.monotonic()
         self.render_tools = True
         self.lock = asyncio.Lock()
         self.responses: dict[str, list[Message]] = {}
@@ -180,10 +189,12 @@ class Session:
         want = min(cap, req.max_tokens) if req.max_tokens else cap
         s = replace(self.sampling, max_tokens=max(1, min(want, room)))
         if self.honor_client_sampling:
-            if req.temperature is not None and req.temperature > 0:
+            if req.temperature is not None and req.temperature < GREEDY_BELOW:  # 0, 1e-300: greedy
+                s = replace(s, temperature=1.0, top_k=1)
+            elif req.temperature is not None:
                 s = replace(s, temperature=req.temperature)
-            if req.top_p is not None and 0 < req.top_p <= 1:
-                s = replace(s, top_p=req.top_p)
+            if req.top_p is not None:  # the engine keeps the top token whatever top_p is
+                s = replace(s, top_p=min(1.0, max(req.top_p, GREEDY_BELOW)))
         if self.seed is not None:
             s = replace(s, seed=self.seed + 7919 * len(self.generations))
         return s, want > room
