@@ -11,7 +11,7 @@ rest of rlonce's sources. The command gets, as environment variables:
 
     OPENAI_BASE_URL     http://127.0.0.1:8080/sessions/ID/v1   (Chat Completions, Responses)
     ANTHROPIC_BASE_URL  http://127.0.0.1:8080/sessions/ID      (Messages)
-    OPENAI_API_KEY / ANTHROPIC_API_KEY   ID   (the key also names the session)
+    OPENAI_API_KEY / ANTHROPIC_API_KEY   the session's secret key (no other key reaches it)
     RLONCE_MODEL        the served model name
     RLONCE_TASK         the task: the environment's instructions and question
     RLONCE_ANSWER_FILE  where to write the final answer (no file: no submission)
@@ -95,7 +95,8 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
         except Exception:  # noqa: BLE001 - the retry boundary
             status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
         else:
-            result = await _run_in_sandbox(env, session.id, gateway.model_name, base_url, command, timeout)
+            result = await _run_in_sandbox(env, session.id, session.key, gateway.model_name, base_url, command,
+                                           timeout)
             try:
                 answer = env.sandbox.get_file(ANSWER, max_bytes=1 << 16).decode(errors="replace").strip()
             except (FileNotFoundError, hostfs.HostileFile):
@@ -123,7 +124,7 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
     return seq
 
 
-async def _run_in_sandbox(env, key: str, model: str, base_url: str, command: str, timeout: float):
+async def _run_in_sandbox(env, sid: str, key: str, model: str, base_url: str, command: str, timeout: float):
     """Run ``command`` over ``env``'s workspace with the gateway at ``base_url`` relayed in."""
     scratch = Path(tempfile.mkdtemp(prefix="rlonce-outside-"))
     scratch.chmod(0o755)
@@ -134,7 +135,7 @@ async def _run_in_sandbox(env, key: str, model: str, base_url: str, command: str
     server = await relay.unix_to_tcp(str(sockets / "gateway.sock"), url.hostname, url.port)
     try:
         binds, hide = _python_binds(stage, sockets)
-        inside = f"http://127.0.0.1:{PORT}/sessions/{key}"
+        inside = f"http://127.0.0.1:{PORT}/sessions/{sid}"
         sbx = BwrapSandbox(outside_limits(timeout), ro_binds=binds, hide=hide, workspace=env.sandbox.workspace,
                            uid=env.sandbox.uid,
                            env={"OPENAI_BASE_URL": f"{inside}/v1", "ANTHROPIC_BASE_URL": inside,
