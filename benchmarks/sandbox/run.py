@@ -3,6 +3,10 @@
     python benchmarks/sandbox/run.py --out DIR [--pack runs/packs/code] [--tasks 20]
 
 * lifecycle: ``BwrapSandbox()`` + ``exec("true")`` + ``close()`` vs ``sh -c true`` in a subprocess;
+* hardening: the same lifecycle, and one ``exec("true")`` in a live sandbox, vs the sandbox class
+  as it was before the hardening of issue 15 (``--before REV``, read from git history: bwrap
+  started as root with uid 1000 inside mapped to host root, no seccomp filter, no uid drop, no
+  keyring, no size-capped mounts), measured interleaved in one run;
 * restore: ``snapshot()``/``restore()`` of a code-task workspace vs copying the same tree with
   ``shutil.copytree``;
 * grading: ``CodeEnv.grade`` of an untouched workspace (diff, fresh sandbox, test patch, the
@@ -22,6 +26,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +51,48 @@ def lifecycle(n: int) -> tuple[list[float], list[float]]:
         subprocess.run(["/bin/sh", "-c", "true"], check=True)
         bare.append(time.perf_counter() - t0)
     return sb, bare
+
+
+BEFORE = "aef8867"
+"""The last commit before the hardening of issue 15."""
+
+
+def load_before(rev: str):
+    """``rlonce.sandbox.bwrap`` as it was at ``rev`` (read from git history), as a module."""
+    import importlib.util
+
+    src = subprocess.run(["git", "show", f"{rev}:src/rlonce/sandbox/bwrap.py"], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    path = Path(tempfile.mkdtemp()) / "bwrap_before.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("bwrap_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bwrap_before"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def hardening(n: int, rev: str) -> dict[str, tuple[list[float], list[float]]]:
+    """Hardened vs pre-hardening sandbox class: whole lifecycle, and one exec in a live sandbox."""
+    from rlonce.sandbox.bwrap import BwrapSandbox
+
+    Before = load_before(rev).BwrapSandbox
+    life, life_old, ex, ex_old = [], [], [], []
+    live, live_old = BwrapSandbox(), Before()
+    for _ in range(n):
+        for cls, out in ((BwrapSandbox, life), (Before, life_old)):
+            t0 = time.perf_counter()
+            box = cls()
+            asyncio.run(box.exec("true"))
+            box.close()
+            out.append(time.perf_counter() - t0)
+        for box, out in ((live, ex), (live_old, ex_old)):
+            t0 = time.perf_counter()
+            asyncio.run(box.exec("true"))
+            out.append(time.perf_counter() - t0)
+    live.close()
+    live_old.close()
+    return {"hardening_lifecycle": (life, life_old), "hardening_exec": (ex, ex_old)}
 
 
 def restore(tasks, n: int) -> tuple[list[float], list[float]]:
@@ -104,6 +151,7 @@ def main() -> None:
     ap.add_argument("--pack", default="runs/packs/code")
     ap.add_argument("--tasks", type=int, default=20, help="tasks sampled for restore and grading")
     ap.add_argument("--repeats", type=int, default=30, help="sandbox lifecycles measured")
+    ap.add_argument("--before", default=BEFORE, help="git revision of the pre-hardening sandbox to compare with")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +161,12 @@ def main() -> None:
     step = max(1, len(tasks) // args.tasks)
     tasks = tasks[::step][: args.tasks]
     rows = {}
+    hard = hardening(args.repeats, args.before)
     for name, what, (sb, bare) in (
         ("lifecycle", "create + exec(true) + destroy vs sh -c true", lifecycle(args.repeats)),
+        ("hardening_lifecycle", "create + exec(true) + destroy: hardened vs pre-hardening sandbox",
+         hard["hardening_lifecycle"]),
+        ("hardening_exec", "exec(true) in a live sandbox: hardened vs pre-hardening sandbox", hard["hardening_exec"]),
         ("restore", "workspace restore vs copytree of the same tree", restore(tasks, len(tasks))),
         ("grading", "grade one task (fresh sandbox) vs the same pytest on the host", grading(tasks)),
     ):
@@ -125,7 +177,8 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     from rlonce.telemetry.bench import paired_bars, write_table
 
-    table = write_table(out / "results.md", ["measurement", "n", "sandboxed p50 / p95 (s)", "bare p50 / p95 (s)",
+    table = write_table(out / "results.md", ["measurement", "n", "sandboxed p50 / p95 (s)",
+                                             "bare (or pre-hardening) p50 / p95 (s)",
                                              "ratio p50", "ratio p95"],
                         [[r["what"], str(r["n"]), f"{r['sandbox_p50_s']:.3f} / {r['sandbox_p95_s']:.3f}",
                           f"{r['bare_p50_s']:.3f} / {r['bare_p95_s']:.3f}", f"{r['ratio_p50']:.2f}",

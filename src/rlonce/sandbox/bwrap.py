@@ -28,8 +28,7 @@ What it defends, and how:
     a service (an outside harness and its gateway) gets a Unix socket bound in, never the
     host's network;
   * **exhaustion**: rlimits on CPU seconds, address space, processes (per sandbox, since each
-    sandbox has its own uid) and file size; a cgroup-v1 ``pids`` group per command where the
-    hierarchy is writable; size-capped tmpfs for ``/tmp`` and ``/dev/shm``; ``/`` and ``/dev``
+    sandbox has its own uid) and file size; size-capped tmpfs for ``/tmp`` and ``/dev/shm``; ``/`` and ``/dev``
     read-only; the workspace is a size-capped tmpfs of its own when rlonce runs as root; a
     wall clock that returns from ``exec`` on time whatever the output rate, and a cap on
     captured output. ``close()`` kills every process a command left behind.
@@ -140,7 +139,7 @@ class BwrapSandbox:
                     self._mounts.append(self.workspace)
         self._owns_workspace = workspace is None
         self._snapshots: dict[str, Path] = {}
-        self._running: dict[int, Path | None] = {}
+        self._running: set[int] = set()
         self._closed = False
 
     def _reachable(self, host: Path, i: int) -> str:
@@ -234,15 +233,15 @@ class BwrapSandbox:
         argv += ["--seccomp", str(seccomp_fd), "--", "/bin/sh", "-c", cmd]
         return argv
 
-    def _launcher(self, group: Path | None) -> list[str]:
-        """What runs before bwrap: join the pids cgroup (as root), a fresh anonymous session
-        keyring, drop to the sandbox uid, set rlimits. Each step execs the next (one process);
-        keyctl's "Joined session keyring" notice is kept out of the command's output."""
+    def _launcher(self) -> list[str]:
+        """What runs before bwrap: a fresh anonymous session keyring, drop to the sandbox uid, set
+        rlimits. Each step execs the next (one process); keyctl's "Joined session keyring" notice
+        is kept out of the command's output. RLIMIT_NPROC counts the processes of one real uid,
+        so with a uid per sandbox it is a per-sandbox process cap."""
         lim = self.limits
-        join = f"echo $$ > {group}/cgroup.procs && " if group is not None else ""
-        argv = ["/bin/sh", "-c", join + ('exec 9>&2 2>/dev/null; exec "$@"' if self._keyctl else 'exec "$@"'), "sh"]
+        argv: list[str] = []
         if self._keyctl:
-            argv += [self._keyctl, "session", "-"]
+            argv += ["/bin/sh", "-c", 'exec 9>&2 2>/dev/null; exec "$@"', "sh", self._keyctl, "session", "-"]
         if self._setpriv:
             argv += [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         if self._prlimit:
@@ -270,29 +269,26 @@ class BwrapSandbox:
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
         self._hand_over()
-        group = _pids_cgroup(self.limits.processes)
         r, w = os.pipe()
         try:
             os.write(w, self._seccomp)
             os.close(w)
-            argv = self._launcher(group) + self.command(cmd, r)
+            argv = self._launcher() + self.command(cmd, r)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(r,), env=LAUNCH_ENV,
             )
         except OSError as e:
-            _remove_cgroup(group)
             raise SandboxError(f"could not start bwrap: {e}") from e
         finally:
             os.close(r)
-        self._running[proc.pid] = group
-        try:
-            return await self._wait(proc, group, wall, t0)
-        finally:  # leftovers died with the pid namespace; the cgroup catches any that raced it
-            self._running.pop(proc.pid, None)
-            _remove_cgroup(group)
+        self._running.add(proc.pid)
+        try:  # whatever the command left running dies with its pid namespace
+            return await self._wait(proc, wall, t0)
+        finally:
+            self._running.discard(proc.pid)
 
-    async def _wait(self, proc, group: Path | None, wall: float, t0: float) -> ExecResult:
+    async def _wait(self, proc, wall: float, t0: float) -> ExecResult:
         cap = self.limits.output_bytes
         buf = bytearray()
         truncated = timed_out = False
@@ -312,7 +308,6 @@ class BwrapSandbox:
         except asyncio.TimeoutError:
             timed_out = True
             _kill_tree(proc.pid)
-            _kill_cgroup(group)
             try:  # read to EOF: a paused pipe keeps asyncio from reporting the exit
                 await asyncio.wait_for(_drain(proc), 5)
             except asyncio.TimeoutError:
@@ -331,9 +326,8 @@ class BwrapSandbox:
         if self._closed:
             return
         self._closed = True
-        for pid, group in list(self._running.items()):
-            _kill_tree(pid)
-            _kill_cgroup(group)
+        for pid in list(self._running):
+            _kill_tree(pid)  # bwrap dies, so its pid namespace and everything in it
         for mount in reversed(self._mounts):
             _umount(mount)
         self._mounts.clear()
@@ -392,52 +386,6 @@ def _world_reachable(path: Path) -> bool:
 
 
 # ---- process clean-up ---------------------------------------------------------------------
-PIDS_ROOT = Path("/sys/fs/cgroup/pids")
-
-
-def _pids_cgroup(limit: int) -> Path | None:
-    """A fresh cgroup-v1 pids group capped at ``limit`` processes, or None where unavailable."""
-    if not os.access(PIDS_ROOT, os.W_OK):
-        return None
-    group = PIDS_ROOT / f"rlonce-{uuid.uuid4().hex[:12]}"
-    try:
-        group.mkdir()
-        (group / "pids.max").write_text(str(limit))
-    except OSError:
-        return None
-    return group
-
-
-def _kill_cgroup(group: Path | None) -> None:
-    """SIGKILL every process in ``group`` until it is empty (forks racing the kill included)."""
-    if group is None:
-        return
-    for _ in range(50):
-        try:
-            pids = [int(x) for x in (group / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-
-
-def _remove_cgroup(group: Path | None) -> None:
-    """Kill whatever the command left in its group, then remove the group."""
-    if group is None:
-        return
-    _kill_cgroup(group)
-    try:
-        group.rmdir()
-    except OSError:
-        pass
-
-
 def _kill_tree(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
