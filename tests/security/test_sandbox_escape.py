@@ -408,3 +408,27 @@ def test_snapshot_keeps_links_as_links_and_skips_fifos(box):
     box.restore(sid)
     names = sorted(p.name for p in box.workspace.iterdir())
     assert names == ["f", "link"] and (box.workspace / "link").is_symlink()
+
+
+@needs_root
+def test_a_bind_source_behind_a_private_directory_is_staged_read_only_and_unmounted_on_close(tmp_path):
+    private = tmp_path / "private"
+    (private / "data").mkdir(parents=True)
+    (private / "data" / "f").write_text("visible")
+    private.chmod(0o700)  # the sandbox uid cannot traverse it
+    box = BwrapSandbox(ro_binds={str(private / "data"): "/opt/data"})
+    try:
+        r = run(box, "cat /opt/data/f; touch /opt/data/g; echo rc=$?")
+        assert r.output.startswith("visible") and "rc=0" not in r.output
+        staged = [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(box._host_dir) in m]
+        assert len(staged) == 2  # the workspace tmpfs and the staged bind
+    finally:
+        box.close()
+    assert str(box._host_dir) not in Path("/proc/self/mounts").read_text() and not box._host_dir.exists()
+
+
+def test_an_unclosed_sandbox_leaves_no_mount_after_the_process_exits(tmp_path):
+    code = ("import asyncio; from rlonce.sandbox.bwrap import BwrapSandbox; b = BwrapSandbox(); "
+            "asyncio.run(b.exec('echo x > f')); print(b._host_dir)")
+    host_dir = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert host_dir not in Path("/proc/self/mounts").read_text() and not Path(host_dir).exists()

@@ -47,6 +47,7 @@ The workspace persists across ``exec`` calls of one sandbox; ``snapshot``/``rest
 from __future__ import annotations
 
 import asyncio
+import atexit
 import ctypes
 import os
 import secrets
@@ -56,6 +57,7 @@ import stat
 import tempfile
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,10 +139,10 @@ class BwrapSandbox:
                 self.workspace_capped = _mount_tmpfs(self.workspace, self.limits.workspace_mb, self.uid)
                 if self.workspace_capped:
                     self._mounts.append(self.workspace)
-        self._owns_workspace = workspace is None
         self._snapshots: dict[str, Path] = {}
         self._running: set[int] = set()
         self._closed = False
+        _LIVE.add(self)
 
     def _reachable(self, host: Path, i: int) -> str:
         """``host`` as a path the unprivileged sandbox uid can reach: itself when every directory
@@ -333,7 +335,7 @@ class BwrapSandbox:
         self._mounts.clear()
         hostfs.remove_tree(self._host_dir)
 
-    def __del__(self) -> None:  # best effort; close() is the contract
+    def __del__(self) -> None:  # best effort; close() is the contract (and atexit closes the rest)
         try:
             self.close()
         except Exception:
@@ -344,6 +346,16 @@ async def _drain(proc) -> None:
     while await proc.stdout.read(1 << 20):
         pass
     await proc.wait()
+
+
+_LIVE: weakref.WeakSet[BwrapSandbox] = weakref.WeakSet()
+"""Sandboxes not yet closed: closed at interpreter exit, so no workspace mount outlives the process."""
+
+
+@atexit.register
+def _close_live() -> None:
+    for box in list(_LIVE):
+        box.close()
 
 
 # ---- host mounts (root only) --------------------------------------------------------------
