@@ -432,3 +432,14 @@ def test_an_unclosed_sandbox_leaves_no_mount_after_the_process_exits(tmp_path):
             "asyncio.run(b.exec('echo x > f')); print(b._host_dir)")
     host_dir = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert host_dir not in Path("/proc/self/mounts").read_text() and not Path(host_dir).exists()
+
+
+@needs_root
+def test_workspace_inodes_are_capped():
+    box = BwrapSandbox(Limits(workspace_mb=8, wall_seconds=20))
+    try:
+        r = run(box, "python3 -c \"\nn = 0\ntry:\n    while n < 5000:\n        open(f'f{n}', 'w').close(); n += 1\n"
+                     "except OSError as e:\n    print('stopped', n, e.errno)\"", timeout=20)
+        assert r.output.startswith("stopped") and int(r.output.split()[1]) <= 8 * 128
+    finally:
+        box.close()

@@ -95,13 +95,19 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
             reward = await grade_or_infra(env, seq)
     finally:
-        await env.cleanup()
+        try:
+            await env.cleanup()
+        except Exception:  # noqa: BLE001 - a workspace that resists clean-up must not end the run
+            cleanup_failed = 1.0
+        else:
+            cleanup_failed = 0.0
         gateway.sessions.pop(session.id, None)
     seq.reward = reward
     seq.metrics = {
         **getattr(env, "metrics", {}),
         **session_metrics(session),
         "seconds": time.perf_counter() - t0,
+        "cleanup_failed": cleanup_failed,
         "model_tokens": float(session.model_tokens()),
         "context_tokens": float(sum(len(c) for c in session.contexts)),
         "versions_spanned": float(len({v for c in session.contexts for g in c.segments if g.versions

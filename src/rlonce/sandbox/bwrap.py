@@ -373,8 +373,9 @@ def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str 
 
 
 def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> bool:
-    """Mount a size-capped tmpfs owned by ``uid`` at ``path``; False where mounting is not allowed."""
-    opts = f"size={size_mb}m,mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
+    """Mount a tmpfs owned by ``uid`` at ``path``, capped at ``size_mb`` and at 128 inodes per MiB
+    (empty files cost memory too); False where mounting is not allowed."""
+    opts = f"size={size_mb}m,nr_inodes={size_mb * 128},mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
     try:
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     except OSError:
