@@ -12,13 +12,67 @@ Verbs:
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
 
 class UsageError(Exception):
     pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit code 2, like every other usage error."""
+
+    def error(self, message: str):
+        verb = self.prog.removeprefix("rlonce").strip()
+        raise UsageError(f"{verb + ': ' if verb else ''}{message} (see `{self.prog} --help`)")
+
+
+def _int(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is out of range: use {lo}..{hi}")
+        return v
+    return parse
+
+
+def _float(lo: float, hi: float, *, open_low: bool = True):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or not (lo < v if open_low else lo <= v) or v > hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: use a finite value in "
+                                             f"{'(' if open_low else '['}{lo:g}, {hi:g}]")
+        return v
+    return parse
+
+
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _host(text: str) -> str:
+    """An IP address or an RFC 1123 host name (a dotted all-digit name must be a valid IPv4)."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    labels = text.removesuffix(".").split(".")
+    if (len(text) <= 253 and all(_HOSTNAME.fullmatch(x) for x in labels)
+            and not all(x.isdigit() for x in labels)):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not an IP address or host name (e.g. 127.0.0.1, localhost)")
 
 
 def _writable_dir(path: str) -> Path:
@@ -34,7 +88,7 @@ def _writable_dir(path: str) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
+    ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     q = sub.add_parser("quickstart", help="train the embedded agent with the embedded defaults")
@@ -55,22 +109,27 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="held-out success of a model on the embedded domain")
     e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
-    e.add_argument("--tasks", type=int, default=200, help="number of held-out tasks (default 200)")
+    e.add_argument("--tasks", type=_int(1, 1_000_000), default=200, help="number of held-out tasks (default 200)")
     e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
     e.add_argument("--harness-cmd", metavar="CMD",
                    help="also evaluate an outside agent command that reads OPENAI_BASE_URL/OPENAI_API_KEY (or the "
                         "ANTHROPIC_ ones), e.g. 'python -m rlonce.harness.mswea' (mini-swe-agent)")
     e.add_argument("--harness-name", default="outside", help="label of the outside harness in the report")
-    e.add_argument("--harness-tasks", type=int, default=20, help="held-out tasks for the outside harness (default 20)")
-    e.add_argument("--harness-timeout", type=float, default=300.0, help="seconds per outside episode (default 300)")
+    e.add_argument("--harness-tasks", type=_int(1, 1_000_000), default=20,
+                   help="held-out tasks for the outside harness (default 20)")
+    e.add_argument("--harness-timeout", type=_float(0, 86_400), default=300.0,
+                   help="seconds per outside episode, in (0, 86400] (default 300)")
     e.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
 
     sv = sub.add_parser("serve", help="serve a model through the gateway (OpenAI and Anthropic protocols)")
     sv.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
-    sv.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000; 0 picks a free one)")
-    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    sv.add_argument("--max-context", type=int, help="trajectory budget per session in tokens (default: the model's)")
-    sv.add_argument("--max-tokens", type=int, default=256, help="per-turn output cap (default 256)")
+    sv.add_argument("--port", type=_int(0, 65535), default=8000,
+                    help="port, 0..65535 (default 8000; 0 picks a free one)")
+    sv.add_argument("--host", type=_host, default="127.0.0.1",
+                    help="bind address: an IP address or host name (default loopback only)")
+    sv.add_argument("--max-context", type=_int(1, 1_048_576),
+                    help="trajectory budget per session in tokens (default: the model's)")
+    sv.add_argument("--max-tokens", type=_int(1, 1_048_576), default=256, help="per-turn output cap, >= 1 (default 256)")
     sv.add_argument("--out", default="runs/serve", help="where the embedded model is materialised if needed")
 
     tk = sub.add_parser("tasks", help="build or validate a task pack")
@@ -78,28 +137,30 @@ def _parser() -> argparse.ArgumentParser:
     tb = tsub.add_parser("build", help="synthesise tasks from real packages")
     tb.add_argument("domain", choices=["code"])
     tb.add_argument("--out", required=True, help="pack directory to write")
-    tb.add_argument("--per-package", type=int, default=40, help="tasks per package (default 40)")
+    tb.add_argument("--per-package", type=_int(1, 100_000), default=40, help="tasks per package, >= 1 (default 40)")
     tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
-    tb.add_argument("--seed", type=int, default=0)
+    tb.add_argument("--seed", type=_int(0, 2**32 - 1), default=0)
     tf = tsub.add_parser("filter", help="keep tasks whose pass rate under a model is in (0, max-pass)")
     tf.add_argument("domain", choices=["reasoning"])
     tf.add_argument("--out", required=True, help="folder for filter.json / filter.jsonl (use it as task.pack)")
     tf.add_argument("--model", default="smollm2", help="'embedded', 'smollm2' or a model folder (default smollm2)")
-    tf.add_argument("--tasks", type=int, default=256, help="train tasks to measure, from index 0 (default 256)")
-    tf.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
-    tf.add_argument("--max-pass", type=float, default=0.9, help="keep pass rates strictly below this (default 0.9)")
+    tf.add_argument("--tasks", type=_int(1, 1_000_000), default=256,
+                    help="train tasks to measure, from index 0 (default 256)")
+    tf.add_argument("--k", type=_int(1, 1024), default=8, help="samples per task (default 8)")
+    tf.add_argument("--max-pass", type=_float(0, 1), default=0.9,
+                    help="keep pass rates strictly below this, in (0, 1] (default 0.9)")
     tf.add_argument("--config", help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
     tf.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
     tv.add_argument("pack", help="pack directory")
-    tv.add_argument("--reruns", type=int, default=8, help="runs per state for the stability gate (default 8)")
+    tv.add_argument("--reruns", type=_int(1, 1000), default=8, help="runs per state for the stability gate (default 8)")
     tv.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
     pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack")
     pr.add_argument("domain", choices=["code"])
     pr.add_argument("--pack", required=True)
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
-    pr.add_argument("--limit", type=int, help="probe N validated tasks spread evenly over the pack")
+    pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
     pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -293,6 +354,16 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
+_ONE_LINE_OS_ERRORS = {
+    errno.ENOSPC: "free disk space or choose another --out",
+    errno.EDQUOT: "free disk space or choose another --out",
+    errno.EADDRINUSE: "another process listens there: choose another --port (0 picks a free one)",
+    errno.EADDRNOTAVAIL: "that --host is not an address of this machine",
+    errno.EACCES: "check the permissions (ports below 1024 need root)",
+}
+"""OS errors that are the user's to fix, printed as one line with what to do."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlonce.config import ConfigError
 
@@ -302,19 +373,26 @@ def main(argv: list[str] | None = None) -> int:
         from rlonce.sandbox.base import SandboxError
         from rlonce.envs.code.packages import PackageError
         from rlonce.envs.code.tasks import PackError
-        from rlonce.train.checkpoint import NoCheckpoint
+        from rlonce.train.checkpoint import CheckpointError, NoCheckpoint
+        from rlonce.telemetry.metrics import RunFileError
         from rlonce.envs.domains import PackError as FilterPackError
         from rlonce.envs.reasoning.tasks import TaskSpecError
         from rlonce.engine.base import BackendError
 
         known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError, FilterPackError, TaskSpecError,
-                  BackendError)
+                  BackendError, CheckpointError, RunFileError)
     except ImportError:  # a broken install still gets its usage errors reported
         pass
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except known as e:
         print(f"rlonce: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _ONE_LINE_OS_ERRORS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"rlonce: error: {e.strerror or e}{where}; {_ONE_LINE_OS_ERRORS[e.errno]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlonce: interrupted", file=sys.stderr)

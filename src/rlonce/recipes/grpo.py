@@ -184,15 +184,28 @@ class Job:
         if resume:
             ckpt = checkpoint.latest(self.out)
             saved = checkpoint.load_state(ckpt)
-            self.state = RunState(**saved["run_state"])
-            self._load(ckpt)
+            state_file = ckpt / checkpoint.STATE_FILE
+            try:
+                self.state = RunState(**saved["run_state"])
+            except TypeError as e:
+                raise checkpoint.damaged(ckpt, state_file, f"run state: {e}") from None
+            try:
+                self._load(ckpt)
+            except loader.ModelLoadError as e:
+                raise checkpoint.damaged(ckpt, ckpt, str(e)) from None
             self.saved_trainer_state = saved.get("rl_trainer")
             if self.saved_trainer_state is not None and self.cfg.executor == "local":
                 if "optimizer_full" in self.saved_trainer_state:
                     raise BackendError(f"{ckpt} holds the optimizer state of data-parallel trainers: resume it with "
                                        "executor = \"ray\" and ray.trainer_workers > 1")
-                self.rl_trainer.load_state_dict(self.saved_trainer_state)
-            checkpoint.restore_rng(saved["rng"])
+                try:
+                    self.rl_trainer.load_state_dict(self.saved_trainer_state)
+                except (KeyError, ValueError, RuntimeError, TypeError) as e:
+                    raise checkpoint.damaged(ckpt, state_file, f"optimizer state: {str(e)[:160]}") from None
+            try:
+                checkpoint.restore_rng(saved["rng"])
+            except (KeyError, ValueError, RuntimeError, TypeError) as e:
+                raise checkpoint.damaged(ckpt, state_file, f"RNG state: {str(e)[:160]}") from None
             keep = self.state.rl_step
             save_config(self.cfg, self.out / "config.json")  # overrides given at resume stay with the run
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")

@@ -1,19 +1,53 @@
-"""Run-directory writers: one JSON object per line, appended and flushed as each step ends."""
+"""Run-directory writers: one JSON object per line, appended and flushed as each step ends.
+
+A crash or a full disk can leave the last line of a file half written. Readers drop such a
+torn last line with a warning on stderr (and a resumed run rewrites the file without it); a
+bad line anywhere else means the file was edited or damaged, and is an error naming the line.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+
+class RunFileError(ValueError):
+    """A run-directory file is damaged beyond a torn last line; the message names it."""
+
+
+def _parse(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise RunFileError(f"cannot read {path}: {e.strerror or e}") from None
+    numbered = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    records = []
+    for i, (n, ln) in enumerate(numbered):
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, RecursionError):
+            if i == len(numbered) - 1:
+                print(f"rlonce: warning: dropped the torn last line {n} of {path} ({len(ln)} characters)",
+                      file=sys.stderr)
+                break
+            raise RunFileError(f"{path} line {n} is not a JSON object; remove that line (or the run directory "
+                               "to start over)") from None
+        records.append(rec)
+    return records
 
 
 class JsonlWriter:
     def __init__(self, path: Path, *, keep_until_step: int | None = None):
-        """Open ``path`` for appending; on resume, drop lines past ``keep_until_step``."""
+        """Open ``path`` for appending; on resume, drop lines past ``keep_until_step`` (and a torn last line)."""
         self.path = path
         if keep_until_step is not None and path.exists():
-            kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= keep_until_step]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            kept = [r for r in _parse(path) if r.get("step", 0) <= keep_until_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            tmp.replace(path)
         self._f = path.open("a")
 
     def write(self, record: dict) -> None:
@@ -27,4 +61,4 @@ class JsonlWriter:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return _parse(path)
