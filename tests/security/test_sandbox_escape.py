@@ -443,3 +443,29 @@ def test_workspace_inodes_are_capped():
         assert r.output.startswith("stopped") and int(r.output.split()[1]) <= 8 * 128
     finally:
         box.close()
+
+
+def test_fast_output_tool_call_does_not_hang_the_sequence(lm):
+    """One ``yes`` tool call once hung ``run_sequence`` with nothing above it timing out."""
+    from rlonce.core.records import Status
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.scripted import ScriptedEngine
+    from rlonce.envs.toolfind.env import ToolfindEnv
+    from rlonce.envs.toolfind.tasks import make_task
+    from rlonce.harness.loop import HarnessLimits
+    from rlonce.model.chat import ToolCall, get_format
+    from rlonce.rollout.runner import RolloutSpec, run_sequence
+
+    fmt = get_format("hermes")
+    task = make_task("train", 1)
+    turns = [fmt.assistant_text("", [ToolCall("bash", {"command": "yes"})]),
+             fmt.assistant_text("", [ToolCall("submit", {"answer": "x"})])]
+    spec = RolloutSpec(lm.encode, lm.decode, fmt, SamplingParams(max_tokens=64), HarnessLimits(max_turns=4),
+                       max_context=1024)
+
+    def env_factory(t):
+        return ToolfindEnv(t, Limits(wall_seconds=2, output_bytes=2000))
+
+    t0 = time.monotonic()
+    seq = asyncio.run(run_sequence(task, env_factory, ScriptedEngine(turns, lm.encode), spec))
+    assert time.monotonic() - t0 < 6 and seq.status is Status.SUBMITTED and seq.reward == 0.0
