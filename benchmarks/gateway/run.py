@@ -6,7 +6,8 @@ Each session is an 8-turn tool-calling conversation in OpenAI Chat Completions f
 client re-sends the whole history every turn, as real clients do), answered by a scripted
 model whose generation costs nothing, so the time measured is the gateway's: parsing,
 prefix matching, delta encoding, recording, rendering the reply — plus, over HTTP, FastAPI,
-uvicorn and the httpx client on loopback (the HTTP clients run in a separate process, as an
+uvicorn, the hops to the server's parsing/tokenizing executor and the httpx client on loopback
+(the HTTP clients run in a separate process, as an
 outside agent would). The engine-only time of the same turns is measured alongside. In-process and HTTP runs alternate within each repeat. p50/p95 per turn, the
 HTTP / in-process ratios and turns/s go to ``results.json``, ``results.md`` and ``gateway.png``.
 """
@@ -76,7 +77,8 @@ async def run_mode(mode: str, gw, base_url: str, sessions: int, turns: int, tag:
                 return lambda body: gw.call("openai-chat", body, sid)
 
             async def send(body):
-                r = await client.post(f"{base_url}/sessions/{sid}/v1/chat/completions", json=body)
+                r = await client.post(f"{base_url}/sessions/{sid}/v1/chat/completions", json=body,
+                                      headers={"authorization": f"Bearer {sid}"})  # the key that owns it
                 r.raise_for_status()
                 return r.json()
             return send
@@ -140,12 +142,13 @@ def main() -> None:
 
     lm = loader.load(loader.resolve("embedded", out / "cache"))
     turn_s = pct(model_turn(lm), 0.5)
-    gw, _ = make_gateway(lm)
+    gw, _ = make_gateway(lm)  # the in-process path, as the built-in arms use it (no server, no executor)
+    served, _ = make_gateway(lm)  # served over HTTP: make_app gives it an executor for parsing and tokenizing
     results = {}
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ServerThread(make_app(gw)) as srv, ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+    with ServerThread(make_app(served)) as srv, ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         pool.submit(pow, 2, 2).result()  # start the client process before timing anything
         for c in (int(x) for x in args.concurrency.split(",")):
             lat = {"in-process": [], "http": []}
@@ -159,6 +162,7 @@ def main() -> None:
                     lat[mode] += xs
                     wall[mode] += w
                     gw.sessions.clear()
+                    served.sessions.clear()
             eng = asyncio.run(engine_only(gw, 200))
             row = {"sessions": c, "turns": len(lat["http"]), "engine_p50_s": pct(eng, 0.5)}
             for mode in lat:
