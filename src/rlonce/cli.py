@@ -131,6 +131,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="trajectory budget per session in tokens (default: the model's)")
     sv.add_argument("--max-tokens", type=_int(1, 1_048_576), default=256, help="per-turn output cap, >= 1 (default 256)")
     sv.add_argument("--out", default="runs/serve", help="where the embedded model is materialised if needed")
+    sv.add_argument("--admin-key-file", help="file holding the admin key for the trajectory, reward and listing "
+                    "routes; made (mode 0600, a fresh key) if missing (default OUT/admin-key)")
+    sv.add_argument("--session-ttl", type=_float(0, 1e7), default=900.0,
+                    help="seconds an unused session is kept (default 900; ended sessions: at most 60)")
 
     tk = sub.add_parser("tasks", help="build or validate a task pack")
     tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -244,11 +248,16 @@ def _serve(args) -> int:
     from rlonce.engine.base import SamplingParams
     from rlonce.engine.torch_engine import TorchEngine
     from rlonce.gateway.core import Gateway
-    from rlonce.gateway.http import AsyncServer, make_app
+    from rlonce.gateway.http import AsyncServer, load_admin_key, make_app
     from rlonce.gateway.session import Budgets
     from rlonce.model import loader
     from rlonce.model.chat import get_format
 
+    key_file = Path(args.admin_key_file or _writable_dir(args.out) / "admin-key")
+    try:
+        admin_key = load_admin_key(key_file)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"serve: cannot use the admin key file {key_file}: {e}") from None
     lm = loader.load(loader.resolve(args.model, _writable_dir(args.out) / "cache"))
     pad = lm.tokenizer.pad_token_id
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0)
@@ -256,15 +265,17 @@ def _serve(args) -> int:
     name = "embedded" if args.model == "embedded" else Path(args.model).name
     gw = Gateway(engine, lm.encode, lm.decode, get_format(lm.chat_format), model_name=name, auto_open=True,
                  honor_client_sampling=True, sampling=SamplingParams(max_tokens=args.max_tokens),
-                 budgets=Budgets(args.max_tokens, limit))
+                 budgets=Budgets(args.max_tokens, limit), idle_ttl=args.session_ttl,
+                 ended_ttl=min(args.session_ttl, 60.0))
     gw.tokenizer = lm.tokenizer
 
     async def main() -> None:
-        async with AsyncServer(make_app(gw), host=args.host, port=args.port) as srv:
+        async with AsyncServer(make_app(gw, admin_key=admin_key), host=args.host, port=args.port) as srv:
             print(f"rlonce gateway for {name} at {srv.base_url}\n"
-                  f"  OpenAI:    base_url={srv.base_url}/v1  (any API key opens or continues the session it names)\n"
+                  f"  OpenAI:    base_url={srv.base_url}/v1  (an API key opens a session; only that key continues it)\n"
                   f"  Anthropic: base_url={srv.base_url}\n"
-                  f"  trajectory: GET {srv.base_url}/sessions/KEY/trajectory   Ctrl-C stops", flush=True)
+                  f"  trajectory: GET {srv.base_url}/sessions/KEY/trajectory with the admin key in {key_file}\n"
+                  f"  Ctrl-C stops", flush=True)
             await srv.task
 
     try:
