@@ -611,6 +611,8 @@ def validate(data: dict, overrides: list[str] | None = None) -> RunConfig:
 def _read_text(p: Path, what: str) -> str:
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a directory; pass a file")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"{what} {p} is not a regular file; pass a file")
     if not p.is_file():
         raise ConfigError(f"{what} {p} does not exist")
     try:

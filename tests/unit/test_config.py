@@ -140,3 +140,115 @@ def test_train_takes_the_config_file_as_a_positional_argument(tmp_path):
         assert (cfg.rl.steps, cfg.rl.lr, cfg.out, resume) == (7, 0.001, str(tmp_path / "o"), False)
     with pytest.raises(cli.UsageError, match="two configs"):
         cli.train_config(cli.parse_args(["train", "--config", str(p), str(p)]))
+
+
+def _numeric_fields():
+    """(key, FieldInfo) of every int/float config field, objective variants included."""
+    from rlonce.config import _VARIANTS, AlgoConfig, PenaltyConfig, RunConfig, _numeric, _section_type
+
+    out = []
+
+    def walk(section, prefix):
+        for name, info in section.model_fields.items():
+            sub = _section_type(info.annotation)
+            if section is AlgoConfig and name == "objective":
+                for v in _VARIANTS.values():
+                    walk(v, f"{prefix}objective.{v.model_fields['name'].default}.")
+            elif sub is not None:
+                walk(sub, f"{prefix}{name}.")
+            elif _numeric(info.annotation) and "dict" not in str(info.annotation):
+                out.append((f"{prefix}{name}", info))
+
+    walk(RunConfig, "")
+    assert PenaltyConfig not in [type(i) for _, i in out]
+    return out
+
+
+def test_every_numeric_field_states_bounds_and_a_description():
+    from rlonce.config import bounds
+
+    fields = _numeric_fields()
+    assert len(fields) == 82
+    unbounded = [k for k, info in fields if not bounds(info) and "entropy_band" not in k]
+    assert unbounded == []
+    undocumented = [k for k, info in fields if not info.description]
+    assert undocumented == []
+
+
+def test_nan_inf_and_booleans_are_refused_for_every_number():
+    from rlonce.config import _VARIANTS
+
+    for key, _ in _numeric_fields():
+        parts = key.split(".")
+        pre = []
+        if parts[1:2] == ["objective"]:
+            pre, key = [f"algo.objective={parts[2]}"], ".".join(parts[:2] + parts[3:])
+        for bad in ("nan", "inf", "-inf", "true"):
+            with pytest.raises(ConfigError, match=f"config key '{key}' = "):
+                load_config(None, [*pre, f"{key}={bad}"])
+    assert set(_VARIANTS) == {"ppo", "four_bound", "cispo", "unified"}
+
+
+def test_bounds_text_and_error_line_are_exact():
+    from rlonce.config import RLConfig, bounds
+
+    assert [bounds(RLConfig.model_fields[k]) for k in ("lr", "group_size", "steps", "adam_eps")] == \
+        ["(0, 1]", "[2, 1024]", "[0, 1000000]", "(0, 1]"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rl.group_size=1"])
+    assert str(e.value) == "config key 'rl.group_size' = 1 is out of range: use a finite value in [2, 1024]"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rl.steps=true"])
+    assert str(e.value) == ("config key 'rl.steps' = 'true': Input should be a valid integer, unable to parse string "
+                            "as an integer (bounds: [0, 1000000])")
+    cfg = load_config(None, ["rl.group_size=2", "rl.lr=1", "harness.top_p=1", "eval.every=0", "checkpoint.keep=0"])
+    assert (cfg.rl.group_size, cfg.rl.lr, cfg.harness.top_p, cfg.eval.every, cfg.checkpoint.keep) == (2, 1.0, 1.0, 0, 0)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match=r"^harness.max_tokens_per_turn \(2000\) exceeds harness.max_context \(1024\)"):
+        load_config(None, ["harness.max_tokens_per_turn=2000"])
+    assert load_config(None, ["harness.max_tokens_per_turn=2000", "harness.max_context=2000"]).harness.max_context == 2000
+    with pytest.raises(ConfigError, match=r"^algo.length.deadzone \(1.0\) must be below algo.length.saturation"):
+        load_config(None, ["algo.length.deadzone=1"])
+    with pytest.raises(ConfigError, match=r"the band \[0.8, 0.3\] is empty"):
+        load_config(None, ["algo.objective=four_bound", "algo.objective.entropy_band=[0.8, 0.3]"])
+    with pytest.raises(ConfigError, match="penalty strategy 'adv_signed' has no parameter 'kapa'; its parameters: kappa"):
+        load_config(None, ["algo.penalties=[{rule = 'tool_call', strategy = 'adv_signed', "
+                           "strategy_params = {kapa = 3.0}}]"])
+
+
+def test_penalty_parameter_names_match_the_functions():
+    import inspect
+
+    from rlonce.algo import penalties
+    from rlonce.config import PENALTY_PARAMS
+
+    funcs = {**penalties.RULES, **penalties.ROW_STRATEGIES, **penalties.GROUP_STRATEGIES}
+    assert set(funcs) == set(PENALTY_PARAMS)
+    for name, fn in funcs.items():
+        kw = [p.name for p in inspect.signature(fn).parameters.values()
+              if p.kind is p.KEYWORD_ONLY and p.name != "weights"]
+        assert tuple(kw) == PENALTY_PARAMS[name], name
+
+
+def test_saved_config_that_is_not_an_object_or_not_utf8(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a usable saved config: not a JSON object"):
+        read_saved_config(p)
+    t = tmp_path / "c.toml"
+    t.write_bytes(b"[rl]\nsteps = 3 # \xff\n")
+    with pytest.raises(ConfigError, match=f"config file {t} is not UTF-8 text"):
+        load_config(t)
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory"):
+        load_config(tmp_path)
+
+
+def test_docs_config_md_lists_every_key_as_the_schema_does():
+    from pathlib import Path
+
+    from rlonce.config import reference
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    assert reference() in doc, "docs/config.md is stale: regenerate its table with rlonce.config.reference()"
