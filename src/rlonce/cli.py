@@ -239,9 +239,29 @@ def _probe(args) -> int:
     return 0
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Resolve ``host`` and bind ``host:port`` once before the model loads, so that a bad address or
+    a taken port is one line now rather than the server's failure later."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise UsageError(f"serve: cannot resolve --host {host!r}: {e.strerror}; pass an IP address or a known "
+                         "host name") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            hint = _ONE_LINE_OS_ERRORS.get(e.errno, "choose another --host or --port")
+            raise UsageError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}; {hint}") from None
+
+
 def _serve(args) -> int:
     import asyncio
 
+    _check_listen(args.host, args.port)
     import torch
 
     torch.set_num_threads(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,7 @@ CASES = [
     ("eval_override_bad", ["eval", "--model", "embedded", "harness.temperature=-1"], ["'harness.temperature' = -1"]),
     # files given to train
     ("config_is_a_directory", ["train", "--config", "{root}/cfgdir"], ["{root}/cfgdir is a directory"]),
+    ("config_not_a_regular_file", ["train", "--config", "/dev/null"], ["/dev/null is not a regular file"]),
     ("config_missing", ["train", "--config", "{root}/nope.toml"], ["{root}/nope.toml does not exist"]),
     ("config_not_utf8", ["train", "--config", "{root}/latin1.toml"], ["{root}/latin1.toml is not UTF-8"]),
     ("resume_a_file", ["train", "--resume", "{root}/not_a_run"], ["{root}/not_a_run is not a run directory"]),
@@ -93,6 +95,12 @@ CASES = [
     ("serve_port_negative", ["serve", "--model", "embedded", "--port", "-1"], ["--port: -1", "0..65535"]),
     ("serve_host_bad_ip", ["serve", "--model", "embedded", "--host", "256.1.1.1"], ["--host: '256.1.1.1'"]),
     ("serve_host_garbage", ["serve", "--model", "embedded", "--host", "my host!"], ["--host: 'my host!'"]),
+    ("serve_host_unresolvable", ["serve", "--model", "embedded", "--host", "no-such-host.invalid"],
+     ["cannot resolve --host 'no-such-host.invalid'"]),
+    ("serve_host_not_local", ["serve", "--model", "embedded", "--host", "10.254.254.254", "--port", "18000"],
+     ["cannot listen on 10.254.254.254:18000", "not an address of this machine"]),
+    ("serve_port_in_use", ["serve", "--model", "embedded", "--port", "{port}"],
+     ["cannot listen on 127.0.0.1:{port}: Address already in use", "choose another --port"]),
     ("serve_max_tokens_zero", ["serve", "--model", "embedded", "--max-tokens", "0"], ["--max-tokens: 0", "1..1048576"]),
     ("serve_max_context_zero", ["serve", "--model", "embedded", "--max-context", "0"], ["--max-context: 0"]),
     ("eval_tasks_zero", ["eval", "--model", "embedded", "--tasks", "0"], ["--tasks: 0", "1..1000000"]),
@@ -137,16 +145,25 @@ def table_results(tmp_path_factory):
     """Every case of the table run through the real CLI, four at a time."""
     where = _files(tmp_path_factory.mktemp("bad_input"))
     env = {**os.environ, "HOME": where["root"]}  # nothing lands in the real home
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    where["port"] = str(taken.getsockname()[1])
 
     def one(case):
         name, argv, needles = case
-        fill = lambda text: text.replace("{root}", where["root"]).replace("{pack}", where["pack"])  # noqa: E731
+
+        def fill(text: str) -> str:
+            for k, v in where.items():
+                text = text.replace("{" + k + "}", v)
+            return text
+
         argv = [fill(a) for a in argv]
         if argv[0] in ("train", "quickstart") and not any(a.startswith(("--out", "--resume", "out=")) for a in argv):
             argv += ["--out", f"{where['root']}/runs/{name}"]
         return name, (rlonce(*argv, env=env, cwd=where["root"]), [fill(n) for n in needles])
 
-    with ThreadPoolExecutor(4) as pool:
+    with taken, ThreadPoolExecutor(4) as pool:
         return dict(pool.map(one, CASES))
 
 
