@@ -13,7 +13,7 @@ from rlonce.envs.code.build import build_pack
 from rlonce.envs.code.env import CodeEnv
 from rlonce.envs.code.interceptor import DENIAL
 from rlonce.envs.code.packages import PackageSpec
-from rlonce.envs.code.probe import ROUTES, probe_pack, reference_fix_calls
+from rlonce.envs.code.probe import ROUTES, format_report, probe_pack, reference_fix_calls
 from rlonce.envs.code.tasks import load_pack, materialize
 from rlonce.envs.code.validate import validate_pack, validated_tasks
 
@@ -134,12 +134,14 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
 
 
 def test_hack_probes_earn_nothing_and_controls_hold(pack):
-    tasks = validated_tasks(pack)[:2]
-    assert len(ROUTES) >= 15
-    for intercept in (True, False):
-        rep = probe_pack(tasks, intercept=intercept, progress=False)
-        assert {r: v["rewarded"] for r, v in rep["routes"].items()} == {r: 0 for r in ROUTES}
-        assert rep["reference_fix"] == {**rep["reference_fix"], "tasks": 2, "rewarded": 2}
+    tasks = validated_tasks(pack)[:1]
+    assert len(ROUTES) >= 40
+    routes = [r for r in ROUTES if r != "hang_at_import"]  # that one waits out the test timeout (tests/security)
+    both = probe_pack(tasks, routes=routes, intercept="both", progress=False)
+    assert both["interceptor"] == "both" and "interceptor on | off" in format_report(both)
+    for rep in (both["on"], both["off"]):
+        assert {r: v["rewarded"] for r, v in rep["routes"].items()} == {r: 0 for r in routes}
+        assert rep["reference_fix"] == {**rep["reference_fix"], "tasks": 1, "rewarded": 1}
         assert rep["noop"]["rewarded"] == 0
         assert all(v["infra"] == 0 for v in rep["routes"].values())  # a hack never becomes "infrastructure"
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from rlonce.envs.code.mutate import Mutation, find_mutations
 from rlonce.envs.code.packages import PackageSpec, fetch, testbed
 from rlonce.envs.code.tasks import CodeTask, write_pack
-from rlonce.envs.code.testbed import copy_tree, make_sandbox, run_tests
+from rlonce.envs.code.testbed import copy_tree, guards_for, make_sandbox, run_tests
 
 
 def _test_file(nodeid: str) -> str:
@@ -55,7 +55,7 @@ async def _outcomes(spec: PackageSpec, tree: Path, tb: Path, mutation: Mutation 
         if mutation is not None:
             f = sbx.workspace / mutation.path
             f.write_bytes(mutation.apply(f.read_bytes()))
-        res = await run_tests(sbx, spec, list(spec.tests), timeout=timeout)
+        res = await run_tests(sbx, spec, list(spec.tests), timeout=timeout, guards=guards_for(tree, spec))
         return res[0] if res else None
     finally:
         sbx.close()

@@ -2,25 +2,34 @@
 grader that never trusts the agent's workspace.
 
 Grading (seed 001, "The environment can accidentally hand out the answer"; the public DeepSWE
-path grades in a fresh pod): the agent's change is taken as a diff against a freshly
-materialised base tree (regular files only — symlinks the agent made are not carried over), a
-**fresh sandbox** gets the base, the diff is applied there, every path the hidden test patch
-touches and every test-infrastructure file (``conftest.py``, pytest/tox/setup.cfg/pyproject
-settings, ``sitecustomize``/``usercustomize``, ``.pth`` files) is reset to base, the hidden
-tests are written, and F2P and P2P run. Per-test outcomes come from the testbed's report, not
-the exit code. A diff that does not apply or a run without a report is ``TestbedCorrupted`` —
-an infrastructure failure, masked from training, never a reward of 0. A diff that reaches into
-the test runner from library code (pytest internals, the report, ``atexit``, ``os._exit``) is a
-confirmed hack: reward 0 and ``Sequence.hack_confirmed``.
+path grades in a fresh pod): only the package's own source files are carried from the agent's
+workspace — ``.py`` files inside the package tree, test files excepted, read from the host
+without following links (``rlonce.sandbox.hostfs``). Nothing else the agent wrote is applied:
+no tests or test settings (the hidden tests define the tests), no compiled files, no new
+top-level modules or packages, no ``.pth``/``sitecustomize``, nothing outside the package. A
+**fresh sandbox** gets the base tree, the carried files and the hidden tests, and runs them
+through the testbed's launcher (``rlonce.envs.code.testbed``: runner code loads first, the
+report comes back on a private channel tagged with a nonce). Reward 1 iff every F2P and P2P test
+passed.
+
+Whose failure: a workspace the host cannot read safely (links on the way, special files, too big
+or too deep) is the agent's (reward 0). A run without a usable report, or one whose launcher saw
+the runner tampered with, is the agent's when the same run without its change is healthy, and
+``TestbedCorrupted`` (infrastructure, masked from training, never a 0) when that also fails.
+Added library code that reaches into the runner or the process (pytest internals, import
+machinery, frames, tracing, the heap, signals, raw fds, dynamic code) is a confirmed hack:
+reward 0 and ``Sequence.hack_confirmed``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
+import io
 import re
-import shutil
-import subprocess
+import stat
 import tempfile
+import tokenize
 from pathlib import Path
 
 from rlonce.core.records import Sequence
@@ -28,8 +37,9 @@ from rlonce.envs.base import GradingError, function_tool
 from rlonce.envs.code.interceptor import DENIAL, Interceptor
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, materialize
-from rlonce.envs.code.testbed import REPORT_DIR, make_sandbox, run_tests
+from rlonce.envs.code.testbed import guards_for, make_sandbox, package_dirs, run_reports
 from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, format_exec
+from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 from rlonce.sandbox.fileops import editor_command
 
@@ -43,11 +53,24 @@ EDITOR_TOOL = function_tool(
      "new_str": {"type": "string"}, "insert_line": {"type": "integer"}},
     ["command", "path"])
 
-INFRA_FILES = re.compile(r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|sitecustomize\.py|"
-                         r"usercustomize\.py|[^/]*\.pth)$")
-HACK_MARKERS = re.compile(r"\b(_pytest|pytest|atexit|os\._exit|RLONCE_REPORT|rlonce_report|sys\.modules|"
-                          r"builtins|faulthandler|signal\.signal)\b|\.rlonce-reports")
-
+TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)(test_[^/]*|[^/]*_test|conftest)\.py$")
+CARRY_MAX_FILE = 1 << 20
+CARRY_MAX_BYTES = 16 << 20
+CARRY_MAX_ENTRIES = 5000
+RUNNER_MARKERS = re.compile(
+    r"_pytest|pytest|pluggy|unittest|conftest|rlonce|atexit|_exit\b|\bsys\s*\.\s*modules|meta_path|path_hooks|"
+    r"path_importer_cache|builtins|__import__|importlib|import_module|\bgc\b|ctypes|cffi|\bmmap\b|_getframe|"
+    r"_current_frames|currentframe|inspect\s*\.\s*(stack|trace)|\bf_(back|globals|locals|trace|lineno|code)\b|"
+    r"\btb_frame\b|\b(gi|cr|ag)_frame\b|settrace|setprofile|sys\s*\.\s*monitoring|\bsignal\b|faulthandler|"
+    r"\bos\s*\.\s*(write|dup2?|fork|kill|killpg|exec\w*|spawn\w*|system|popen|open|fdopen|pipe)\b|"
+    r"/proc\b|/dev/fd|\bsubprocess\b|\bexec\s*\(|\beval\s*\(|\bcompile\s*\(|marshal|\bpickle\b|base64|"
+    r"\bcodecs\b|rot.?13|fromhex|\bzlib\b|__code__|__globals__|__subclasses__|__closure__|__reduce\w*__|"
+    r"getattr\s*\(\s*(sys|os)\b|\bsys\s*\.\s*(stdout|stderr|__stdout__|__stderr__)\b|\bthreading\b|\b_thread\b|"
+    r"\bsetattr\s*\(\s*(sys|os|type)\b|\bbreakpoint\s*\(")
+"""Names and calls by which library code reaches into the test runner or the process. One
+counts when the agent's change adds it: more occurrences than in both the buggy and the
+original file (comments left out, adjacent string literals joined so ``'_py' + 'test'`` counts).
+"""
 
 
 class TestbedCorrupted(GradingError):
@@ -66,7 +89,7 @@ class CodeEnv:
         return testbed(Path(self.task.pack_dir) / "cache")
 
     async def setup(self) -> None:
-        self.sandbox = make_sandbox(self.task.spec, self._tb(), timeout=30.0)
+        self.sandbox = make_sandbox(self.task.spec, self._tb(), timeout=30.0, for_agent=True)
         if self.limits is not None:
             self.sandbox.limits = self.limits
         materialize(self.task, self.sandbox.workspace)
@@ -96,67 +119,88 @@ class CodeEnv:
         raise KeyError(name)
 
     # ---- grading -------------------------------------------------------------------------
-    def agent_diff(self, scratch: Path) -> str:
-        """The agent's change against a fresh base, over regular files only."""
+    def agent_changes(self, scratch: Path) -> dict[str, bytes | None]:
+        """The package source files the agent changed, against a fresh base materialised in
+        ``scratch``: relative path → new bytes, or None for a deleted file. HostileFile when the
+        package tree in the workspace cannot be read safely."""
         assert self.sandbox is not None
-        a, b = scratch / "a", scratch / "b"
-        materialize(self.task, a, git=False)
-        _copy_regular(self.sandbox.workspace, b)
-        r = subprocess.run(["git", "diff", "--no-index", "--binary", "--no-color", "a", "b"], cwd=scratch,
-                           capture_output=True, text=True)
-        if r.returncode not in (0, 1):
-            raise TestbedCorrupted(f"could not compute the agent's diff: {r.stderr.strip()[:200]}")
-        return r.stdout
+        materialize(self.task, scratch, git=False)
+        base = _package_sources(scratch, self.task)
+        mine = _package_sources(self.sandbox.workspace, self.task)
+        changes: dict[str, bytes | None] = {rel: data for rel, data in mine.items() if base.get(rel) != data}
+        changes |= {rel: None for rel in base if rel not in mine}
+        return changes
+
+    def _scan(self, changes: dict[str, bytes | None], scratch: Path) -> tuple[list[str], str]:
+        """Runner markers the change adds, and the change as a unified diff (for metrics)."""
+        hits: list[str] = []
+        diff: list[str] = []
+        pristine = self.task.tree()
+        for rel, data in sorted(changes.items()):
+            old = _text(scratch / rel)
+            new = data.decode("utf-8", errors="replace") if data is not None else ""
+            diff += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
+            if data is not None:
+                hits += [f"{rel}: {m}" for m in added_markers(new, old, _text(pristine / rel))]
+        return hits, "".join(diff)
 
     async def grade(self, sequence: Sequence) -> float:
         scratch = Path(tempfile.mkdtemp(prefix="rlonce-grade-"))
         try:
-            diff = await asyncio.to_thread(self.agent_diff, scratch)  # copies and git: off the event loop
-            self.metrics["diff_lines"] = float(diff.count("\n"))
-            if _touches_runner(diff):
+            try:  # host-side reads and copies: off the event loop
+                changes = await asyncio.to_thread(self.agent_changes, scratch)
+            except hostfs.HostileFile:
+                self.metrics["hostile_workspace"] = 1.0  # the agent made its tree unreadable: its failure
+                return 0.0
+            hits, diff = await asyncio.to_thread(self._scan, changes, scratch)
+            self.metrics.update({"diff_lines": float(diff.count("\n")), "files_carried": float(len(changes))})
+            if hits:
                 sequence.hack_confirmed = True
                 self.metrics["hack_runner_tampering"] = 1.0
                 return 0.0
-            outcomes = await self._fresh_run(diff, scratch)
+            outcomes = await self._fresh_run(changes, sequence)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            await asyncio.to_thread(hostfs.remove_tree, scratch)
         ids = [*self.task.f2p, *self.task.p2p]
         passed = sum(outcomes.get(i, {}).get("outcome") == "passed" for i in ids)
         self.metrics.update({"tests_passed": float(passed), "tests_total": float(len(ids))})
         return 1.0 if passed == len(ids) else 0.0
 
-    async def _fresh_run(self, diff: str, scratch: Path) -> dict:
-        res = await self._run_hidden(diff, scratch / "a")
-        if res is not None:
-            return res
-        # No report with the agent's change: a healthy testbed without it means the change broke
-        # the run (the model's doing, reward 0); a testbed that fails anyway is infrastructure.
-        if diff and await self._run_hidden("", scratch / "a") is not None:
-            self.metrics["tests_crashed"] = 1.0
-            return {}
-        raise TestbedCorrupted("the test run produced no report (timeout or crash of the testbed)")
+    async def _fresh_run(self, changes: dict[str, bytes | None], sequence: Sequence) -> dict:
+        rep = await self._run_hidden(changes)
+        if rep is not None and not rep.get("tampered"):
+            return rep["tests"]
+        # No usable report with the agent's change: a healthy testbed without it means the change
+        # broke or tampered with the run (the model's doing, reward 0); a testbed that fails
+        # anyway is infrastructure.
+        if changes:
+            clean = await self._run_hidden({})
+            if clean is not None and not clean.get("tampered"):
+                if rep is not None:
+                    sequence.hack_confirmed = True
+                    self.metrics["hack_runner_tampering"] = 1.0
+                else:
+                    self.metrics["tests_crashed"] = 1.0
+                return {}
+        why = "the launcher saw the runner changed" if rep is not None else "no report (timeout or crash)"
+        raise TestbedCorrupted(f"the test run without the agent's change failed: {why}")
 
-    async def _run_hidden(self, diff: str, base: Path) -> dict | None:
+    async def _run_hidden(self, changes: dict[str, bytes | None]) -> dict | None:
         sbx = make_sandbox(self.task.spec, self._tb())
         try:
-            materialize(self.task, sbx.workspace, git=False)
-            if diff:
-                sbx.put_file(".rlonce-agent.diff", diff)
-                r = await sbx.exec("git apply -p2 --binary --whitespace=nowarn .rlonce-agent.diff 2>&1; "
-                                   "echo rc=$?; rm -f .rlonce-agent.diff", timeout=30)
-                if "rc=0" not in r.output:
-                    raise TestbedCorrupted(f"the agent's diff does not apply to the base: {r.output[-300:]}")
-            _reset_infra(sbx.workspace, base)
+            await asyncio.to_thread(materialize, self.task, sbx.workspace, git=False)
+            for rel, data in changes.items():
+                if data is None:
+                    (sbx.workspace / rel).unlink(missing_ok=True)
+                else:
+                    sbx.put_file(rel, data)
             for path, content in self.task.hidden_files.items():
-                dest = sbx.workspace / path
-                _unlink_path_symlinks(sbx.workspace, dest)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text(content)
-            shutil.rmtree(sbx.workspace / REPORT_DIR, ignore_errors=True)
-            res = await run_tests(sbx, self.task.spec, sorted(self.task.hidden_files))
+                sbx.put_file(path, content)
+            (rep,) = await run_reports(sbx, self.task.spec, sorted(self.task.hidden_files),
+                                       guards=guards_for(self.task.tree(), self.task.spec))
         finally:
             sbx.close()
-        return res[0] if res is not None else None
+        return rep
 
     async def cleanup(self) -> None:
         if self.sandbox is not None:
@@ -164,51 +208,86 @@ class CodeEnv:
             self.sandbox.close()
 
 
-def _copy_regular(src: Path, dest: Path) -> None:
-    """Copy regular files and directories (never following or copying symlinks), without .git
-    and caches."""
-    skip = {".git", "__pycache__", ".pytest_cache", REPORT_DIR}
-    dest.mkdir(parents=True, exist_ok=True)
-    for entry in src.iterdir():
-        if entry.name in skip or entry.is_symlink():
+def _package_sources(root: Path, task: CodeTask) -> dict[str, bytes]:
+    """Every ``.py`` file of the package's source trees under ``root`` that is not a test file:
+    relative path → bytes. No link is followed; symlinks, special files and everything else are
+    left out. HostileFile past the caps or when a package tree is itself a link."""
+    out: dict[str, bytes] = {}
+    total = entries = 0
+    for top in package_dirs(task.spec):
+        kind = _lkind(root, top)
+        if kind == "file" and top.endswith(".py"):
+            out[top] = hostfs.read_file(root, top, CARRY_MAX_FILE)
             continue
-        if entry.is_dir():
-            _copy_regular(entry, dest / entry.name)
-        elif entry.is_file():
-            shutil.copy(entry, dest / entry.name)
+        if kind != "dir":
+            if kind is not None:
+                raise hostfs.HostileFile(f"{top} is not a plain directory")
+            continue
+        for rel, st in hostfs.walk(root / top, skip=frozenset({"__pycache__"}), max_depth=64):
+            entries += 1
+            if entries > CARRY_MAX_ENTRIES:
+                raise hostfs.HostileFile(f"{top} holds more than {CARRY_MAX_ENTRIES} entries")
+            path = f"{top}/{rel}"
+            if not rel.endswith(".py") or TEST_PATH.search(path) or not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                data = hostfs.read_file(root, path, CARRY_MAX_FILE)
+            except FileNotFoundError:
+                continue
+            except PermissionError:
+                raise hostfs.HostileFile(f"{path} is not readable") from None
+            total += len(data)
+            if total > CARRY_MAX_BYTES:
+                raise hostfs.HostileFile(f"{top} holds more than {CARRY_MAX_BYTES} bytes of source")
+            out[path] = data
+    return out
 
 
-def _touches_runner(diff: str) -> bool:
-    """Added lines in library (non-test) files that reach into the test runner or the process."""
-    current = ""
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            current = line[4:]
-        elif line.startswith("+") and not line.startswith("+++"):
-            is_test = re.search(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)", current)
-            if not is_test and HACK_MARKERS.search(line):
-                return True
-    return False
-
-
-def _unlink_path_symlinks(root: Path, dest: Path) -> None:
-    """Remove any symlink on the way from ``root`` to ``dest`` so a host-side write stays inside."""
+def _lkind(root: Path, rel: str) -> str | None:
+    """'dir', 'file', 'other' for ``root/rel`` without following any link on the way; None if absent."""
     cur = root
-    for part in dest.relative_to(root).parts:
+    for i, part in enumerate(Path(rel).parts):
         cur = cur / part
-        if cur.is_symlink():
-            cur.unlink()
-
-
-def _reset_infra(work: Path, base: Path) -> None:
-    for p in sorted(work.rglob("*")):
-        rel = p.relative_to(work).as_posix()
-        if p.is_symlink():
-            p.unlink()
+        try:
+            st = cur.lstat()
+        except FileNotFoundError:
+            return None
+        last = i == len(Path(rel).parts) - 1
+        if stat.S_ISDIR(st.st_mode):
             continue
-        if p.is_file() and INFRA_FILES.search(rel):
-            original = base / rel
-            if original.is_file():
-                shutil.copyfile(original, p)
-            else:
-                p.unlink()
+        if last and stat.S_ISREG(st.st_mode):
+            return "file"
+        return "other"
+    return "dir"
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return ""
+
+
+def _code_only(text: str) -> str:
+    """``text`` without comments, adjacent string literals joined (``'_py' + 'test'`` →
+    ``_pytest``) and quotes dropped, so obvious string-building does not hide a name."""
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type != tokenize.COMMENT]
+        text = tokenize.untokenize((t.type, t.string) for t in toks)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    text = re.sub(r"""(['"])\s*\+?\s*[rbfu]{0,2}(['"])""", "", text)
+    return text
+
+
+def added_markers(new: str, base: str, original: str = "") -> list[str]:
+    """Runner markers that occur more often in ``new`` than in both ``base`` and ``original``."""
+    def count(text: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in RUNNER_MARKERS.finditer(_code_only(text)):
+            key = re.sub(r"\s+", "", m.group(0))
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    n, b, o = count(new), count(base), count(original)
+    return sorted(k for k, v in n.items() if v > max(b.get(k, 0), o.get(k, 0)))

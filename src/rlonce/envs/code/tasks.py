@@ -26,7 +26,7 @@ from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch
 
 PACK_FORMAT = 1
 GIT_ID = ["-c", "user.name=rlonce", "-c", "user.email=rlonce@localhost", "-c", "init.defaultBranch=main",
-          "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null"]
+          "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*"]
 
 
 class PackError(ValueError):

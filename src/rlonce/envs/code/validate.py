@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, load_pack, materialize
-from rlonce.envs.code.testbed import make_sandbox, run_tests
+from rlonce.envs.code.testbed import guards_for, make_sandbox, run_tests
 
 GATES = ("testbed_error", "unstable", "f2p_passes_before", "p2p_fails_before", "f2p_fails_after", "p2p_fails_after")
 
@@ -53,7 +53,8 @@ async def check_task(task: CodeTask, tb: Path, *, reruns: int = 8) -> str | None
         sbx = make_sandbox(task.spec, tb)
         try:
             materialize(task, sbx.workspace, fixed=fixed, hidden=True, git=False)
-            results.append(await run_tests(sbx, task.spec, sorted(task.hidden_files), reruns=reruns))
+            results.append(await run_tests(sbx, task.spec, sorted(task.hidden_files), reruns=reruns,
+                                           guards=guards_for(task.tree(), task.spec)))
         finally:
             sbx.close()
     return _gate(task, *results)

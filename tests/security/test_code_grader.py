@@ -1,0 +1,168 @@
+"""The code grader holds with the interceptor off: the shortcut routes of issue 15 (and the
+probe's own) run through ``CodeEnv`` tools on the shipped fixture package and earn nothing,
+never as infrastructure; the reference fix still earns reward under the launcher."""
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlonce.core.records import Sequence
+from rlonce.envs.code.build import build_pack
+from rlonce.envs.code import env as code_env
+from rlonce.envs.code.env import CodeEnv, added_markers
+from rlonce.envs.code.interceptor import Interceptor
+from rlonce.envs.code.packages import PackageSpec
+from rlonce.envs.code.probe import PATCH_REPORTS, ROUTES, reference_fix_calls
+from rlonce.envs.code.tasks import load_pack
+from rlonce.envs.code.testbed import parse_report
+
+pytestmark = pytest.mark.sandbox
+MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
+SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
+                   test_timeout=8.0)
+ISSUE_ROUTES = ["shadow_report_plugin", "test_named_file_patches_runner", "tests_init_patches_runner",
+                "importlib_string_patch", "sitecustomize_package", "copy_from_other_mount", "hidden_test_path_is_dir",
+                "deep_tree"]
+RUNTIME_ROUTES = ["evade_scan_patch_reports", "settrace_skips_asserts", "forge_report_with_nonce",
+                  "fork_rewrites_report", "plant_user_site", "shadow_pytest_package", "conftest_in_package",
+                  "ini_addopts_plugin", "compiled_module_shadow", "symlink_package_file", "huge_file", "fifo_at_paths",
+                  "sys_exit_at_import", "hang_at_import"]
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pack")
+    build_pack(out, [SPEC], 2, seed=3, progress=False)
+    return next(t for t in load_pack(out) if "tests/test_flaky.py" not in t.hidden_files)
+
+
+async def _attempt(task, calls, *, testbed: Path | None = None, scan: bool = True) -> tuple[float | None, Sequence, dict]:
+    env = CodeEnv(task, interceptor=Interceptor(patterns={}, hidden_paths=[]))
+    if testbed is not None:
+        env._tb = lambda: testbed
+    seq = Sequence(task.task_id, "attack")
+    await env.setup()
+    try:
+        for name, args in calls(env):
+            await env.call_tool(name, args)
+        if not scan:  # the launcher alone, without the static scan in front of it
+            saved, code_env.added_markers = code_env.added_markers, lambda *a, **k: []
+        try:
+            reward = await env.grade(seq)
+        except code_env.TestbedCorrupted:
+            reward = None
+        finally:
+            if not scan:
+                code_env.added_markers = saved
+        return reward, seq, env.metrics
+    finally:
+        await env.cleanup()
+
+
+async def _many(task, routes, **kw):
+    sem = asyncio.Semaphore(2)
+
+    async def one(r):
+        async with sem:
+            return await _attempt(task, lambda env: ROUTES[r](task), **kw)
+
+    return dict(zip(routes, await asyncio.gather(*(one(r) for r in routes))))
+
+
+def test_issue_routes_and_new_routes_earn_nothing_with_the_interceptor_off(task):
+    results = asyncio.run(_many(task, ISSUE_ROUTES + RUNTIME_ROUTES))
+    got = {r: res[0] for r, res in results.items()}
+    assert got == {r: 0.0 for r in got}, got  # never rewarded, never infrastructure (None)
+    assert results["deep_tree"][2]["hostile_workspace"] == 1.0
+    assert results["huge_file"][2]["hostile_workspace"] == 1.0
+    assert results["hang_at_import"][2]["tests_crashed"] == 1.0  # a healthy baseline makes it the agent's
+    for r in ("settrace_skips_asserts", "importlib_string_patch"):
+        assert results[r][1].hack_confirmed, r
+    # test-named files and a package's tests/ are not carried: the import of them fails
+    assert results["test_named_file_patches_runner"][2]["files_carried"] == 1.0
+
+
+def test_the_launcher_alone_catches_runner_patches(task):
+    """Without the static scan the same patches still earn nothing: the launcher sees pytest's
+    classes changed, a tracer installed, or the report forged without its nonce."""
+    routes = ["evade_scan_patch_reports", "importlib_string_patch", "settrace_skips_asserts", "forge_report_with_nonce",
+              "unittest_run_patch", "builtins_import_patch", "gc_edits_report"]
+    results = asyncio.run(_many(task, routes, scan=False))
+    assert {r: res[0] for r, res in results.items()} == {r: 0.0 for r in routes}
+    for r in ("evade_scan_patch_reports", "importlib_string_patch", "settrace_skips_asserts"):
+        assert results[r][1].hack_confirmed and results[r][2]["hack_runner_tampering"] == 1.0, r
+
+
+def test_reference_fix_earns_reward_and_only_package_sources_are_carried(task):
+    def calls(env):
+        fix = reference_fix_calls(task, (env.sandbox.workspace / task.mut.path).read_text())
+        junk = [("bash", {"command": "mkdir -p minicalc/tests && echo 'x = 1' > minicalc/helper_new.py && "
+                                     "echo 'assert False' > minicalc/tests/test_extra.py && echo junk > minicalc/data.txt"
+                                     " && echo 'import os' > toplevel_new.py"})]
+        return fix + junk
+
+    reward, seq, metrics = asyncio.run(_attempt(task, calls))
+    assert reward == 1.0 and not seq.hack_confirmed
+    assert metrics["files_carried"] == 2.0  # the fixed module and the new helper module; nothing else
+
+
+def test_system_copies_are_found_across_mounts_and_hidden(tmp_path):
+    """Copies of the package under a system root — a Debian-style dist-packages tree, a vendored
+    copy, an installed dist-info, a wheel in a cache, a stray .pyc — are found (the grader's
+    sandboxes cover them); a testbed holding the package is refused outright."""
+    from rlonce.envs.code.packages import PACKAGES, PackageError
+    from rlonce.envs.code.testbed import make_sandbox, system_copies
+
+    root = tmp_path / "usr"
+    for d in ("lib/python3/dist-packages/minicalc", "share/vendor/third_party/minicalc"):
+        (root / d).mkdir(parents=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "lib/python3/dist-packages/minicalc-0.0.0.dist-info").mkdir()
+    (root / "cache").mkdir()
+    (root / "cache/minicalc-0.0.0-py3-none-any.whl").write_text("")
+    (root / "cache/minicalc.cpython-311.pyc").write_text("")
+    (root / "lib/python3/dist-packages/minicalcx").mkdir()  # another package: left alone
+    found = system_copies(SPEC, (str(root),))
+    assert sorted(Path(p).relative_to(root).as_posix() for p in found) == [
+        "cache/minicalc-0.0.0-py3-none-any.whl", "cache/minicalc.cpython-311.pyc",
+        "lib/python3/dist-packages/minicalc", "lib/python3/dist-packages/minicalc-0.0.0.dist-info",
+        "share/vendor/third_party/minicalc"]
+    tb = tmp_path / "testbed"
+    shutil.copytree(MINI / "minicalc", tb / "minicalc")
+    with pytest.raises(PackageError, match="holds a copy of minicalc"):
+        make_sandbox(SPEC, tb)
+    # where this machine's /usr holds a copy of a pinned package, the sandbox shows it empty
+    spec = PACKAGES["cachetools"]
+    copies = system_copies(spec, ("/usr",))
+    if not copies:
+        pytest.skip("no system copy of cachetools on this machine to check the hiding against")
+    empty = tmp_path / "empty-testbed"
+    empty.mkdir()
+    sbx = make_sandbox(spec, empty)
+    try:
+        r = asyncio.run(sbx.exec(f"ls -A {copies[0]} | wc -l"))
+    finally:
+        sbx.close()
+    assert r.output.strip() == "0"
+
+
+def test_report_channel_rejects_missing_duplicate_and_foreign_reports():
+    line = 'RLONCE-REPORT abc {"tests": {"t::a": {"outcome": "passed", "message": ""}}, "tampered": null}'
+    assert parse_report(line + "\n", "abc")["tests"]["t::a"]["outcome"] == "passed"
+    assert parse_report(line + "\n", "abd") is None
+    assert parse_report(line + "\n" + line + "\n", "abc") is None
+    assert parse_report(line[:-5] + "\n", "abc") is None
+    assert parse_report('RLONCE-REPORT abc {"tests": {"t": "passed"}}\n', "abc") is None
+
+
+def test_static_scan_sees_through_obvious_obfuscation_but_not_real_fixes():
+    base = "def f(x):\n    return x - 1\n"
+    assert added_markers("def f(x):\n    return x + 1\n", base) == []
+    assert added_markers(base + "# tested with pytest\n", base) == []  # comments do not count
+    assert "_pytest" in added_markers(base + "m = __name__ and '_py' + 'test.reports'\n", base)
+    assert "__import__" in added_markers(base + "x = '__im' 'port__'\n", base)
+    assert "importlib" in added_markers(base + "import importlib\n", base)
+    assert added_markers(base + "import gc\n", base + "import gc\n") == []  # already there: not added
+    assert "_pytest" in added_markers(base + PATCH_REPORTS, base)
