@@ -432,3 +432,28 @@ def test_ended_sessions_expire_before_idle_ones(serve, lm):
     time.sleep(1.1)  # past ended_ttl and the once-a-second sweep
     assert _chat(base, "later").status_code == 200
     assert set(gw.sessions) == {"active", "later"}
+
+
+def test_async_server_that_cannot_bind_raises_oserror_not_systemexit():
+    """uvicorn exits the process when it cannot bind; the gateway turns that into an OSError
+    the CLI prints as one line."""
+    import asyncio
+    import socket
+
+    from fastapi import FastAPI
+
+    from rlonce.gateway.server import AsyncServer
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    app = FastAPI()
+    app.state.admin_key = "k"
+
+    async def go():
+        async with AsyncServer(app, port=taken.getsockname()[1]):
+            pass
+
+    try:
+        with pytest.raises(OSError, match="could not listen on 127.0.0.1"):
+            asyncio.run(go())
+    finally:
+        taken.close()

@@ -120,7 +120,7 @@ class AsyncServer:
         self.admin_key = app.state.admin_key
 
     async def __aenter__(self) -> AsyncServer:
-        self.task = asyncio.create_task(self.server.serve())
+        self.task = asyncio.create_task(self._serve())
         while not self.server.started:
             if self.task.done():
                 self.task.result()
@@ -129,6 +129,14 @@ class AsyncServer:
         host, port = self.server.servers[0].sockets[0].getsockname()[:2]
         self.base_url = f"http://{host}:{port}"
         return self
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve()
+        except SystemExit:  # uvicorn exits the process when it cannot bind; here that is an error
+            cfg = self.server.config
+            raise OSError(f"the gateway could not listen on {cfg.host}:{cfg.port} (address in use or not "
+                          "available); choose another --host/--port") from None
 
     async def __aexit__(self, *exc) -> None:
         self.server.should_exit = True
