@@ -164,6 +164,7 @@ def test_group_past_its_timeout_is_infra_and_the_step_ends(job):
     e.check()
 
 
+@pytest.mark.slow  # a whole job (90 s on 2 cores); the default suite keeps one whole-job smoke run (tests/e2e)
 def test_whole_async_job_on_ray_with_two_data_parallel_trainers(ray_instance, tmp_path):
     """Async rollout (partial rollout across weight updates) with two FSDP2 trainer ranks."""
     out = tmp_path / "ray-run"

@@ -227,8 +227,8 @@ def test_host_loopback_services_are_unreachable(sb, host_tcp_service):
 
 def test_package_index_on_the_host_is_unreachable(sb, host_tcp_service):
     port, hits = host_tcp_service
-    r = run(sb, f"python3 -m pip download --no-deps --index-url http://127.0.0.1:{port}/simple -d /tmp/x six 2>&1 | tail -2",
-            timeout=30)
+    r = run(sb, f"python3 -m pip download --no-deps --retries 0 --timeout 2 --disable-pip-version-check "
+                f"--index-url http://127.0.0.1:{port}/simple -d /tmp/x six 2>&1 | tail -2", timeout=30)
     assert "Successfully downloaded" not in r.output and not hits
 
 
