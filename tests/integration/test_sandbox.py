@@ -111,3 +111,39 @@ def test_nothing_left_running_after_close():
     time.sleep(0.5)
     ps = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert ps.stdout.strip() == ""
+
+
+def test_the_launch_chain_keeps_the_seccomp_descriptor_open_whatever_its_number():
+    """The launch chain parks stderr on a spare descriptor; that must never be the one bwrap
+    reads its seccomp filter from (a collision once failed one exec in ~200 under load)."""
+    import subprocess
+
+    box = BwrapSandbox()
+    opened = []
+    try:
+        for fd in range(3, 13):
+            try:
+                os.fstat(fd)
+            except OSError:  # free here: put something on it
+                os.dup2(os.open(os.devnull, os.O_RDONLY), fd)
+                opened.append(fd)
+            r = subprocess.run([*box._launcher(fd), "/bin/sh", "-c", f"test -e /proc/self/fd/{fd} && echo open"],
+                               pass_fds=(fd,), capture_output=True, text=True)
+            assert r.stdout == "open\n", (fd, r.stderr)
+    finally:
+        for fd in opened:
+            os.close(fd)
+        box.close()
+
+
+def test_many_concurrent_commands_all_run():
+    boxes = [BwrapSandbox(Limits(wall_seconds=20)) for _ in range(24)]
+
+    async def go():
+        return await asyncio.gather(*(b.exec(f"echo {i}") for i, b in enumerate(boxes)))
+
+    try:
+        assert [r.output for r in asyncio.run(go())] == [f"{i}\n" for i in range(24)]
+    finally:
+        for b in boxes:
+            b.close()

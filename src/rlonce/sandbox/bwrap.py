@@ -235,22 +235,24 @@ class BwrapSandbox:
         argv += ["--seccomp", str(seccomp_fd), "--", "/bin/sh", "-c", cmd]
         return argv
 
-    def _launcher(self) -> list[str]:
+    def _launcher(self, keep_fd: int) -> list[str]:
         """What runs before bwrap: a fresh anonymous session keyring, drop to the sandbox uid, set
         rlimits. Each step execs the next (one process); keyctl's "Joined session keyring" notice
-        is kept out of the command's output. RLIMIT_NPROC counts the processes of one real uid,
-        so with a uid per sandbox it is a per-sandbox process cap."""
+        is kept out of the command's output (stderr parked on a spare fd other than ``keep_fd``).
+        RLIMIT_NPROC counts the processes of one real uid, so with a uid per sandbox it is a
+        per-sandbox process cap."""
         lim = self.limits
+        spare = 3 if keep_fd != 3 else 4
         argv: list[str] = []
         if self._keyctl:
-            argv += ["/bin/sh", "-c", 'exec 9>&2 2>/dev/null; exec "$@"', "sh", self._keyctl, "session", "-"]
+            argv += ["/bin/sh", "-c", f'exec {spare}>&2 2>/dev/null; exec "$@"', "sh", self._keyctl, "session", "-"]
         if self._setpriv:
             argv += [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         if self._prlimit:
             argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20}",
                      f"--nproc={lim.processes}", f"--fsize={lim.file_size_mb << 20}", "--"]
         if self._keyctl:
-            argv += ["/bin/sh", "-c", 'exec 2>&9 9>&-; exec "$@"', "sh"]
+            argv += ["/bin/sh", "-c", f'exec 2>&{spare} {spare}>&-; exec "$@"', "sh"]
         return argv
 
     def _hand_over(self) -> None:
@@ -271,11 +273,9 @@ class BwrapSandbox:
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
         self._hand_over()
-        r, w = os.pipe()
+        r = _seccomp_fd(self._seccomp)
         try:
-            os.write(w, self._seccomp)
-            os.close(w)
-            argv = self._launcher() + self.command(cmd, r)
+            argv = self._launcher(r) + self.command(cmd, r)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(r,), env=LAUNCH_ENV,
@@ -340,6 +340,16 @@ class BwrapSandbox:
             self.close()
         except Exception:
             pass
+
+
+def _seccomp_fd(program: bytes) -> int:
+    """The read end of a pipe holding the filter (it fits in a pipe's buffer), for ``--seccomp``."""
+    r, w = os.pipe()
+    try:
+        os.write(w, program)
+    finally:
+        os.close(w)
+    return r
 
 
 async def _drain(proc) -> None:
