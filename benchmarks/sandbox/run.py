@@ -9,9 +9,9 @@
   keyring, no size-capped mounts), measured interleaved in one run;
 * restore: ``snapshot()``/``restore()`` of a code-task workspace vs copying the same tree with
   ``shutil.copytree``;
-* grading: ``CodeEnv.grade`` of an untouched workspace (diff, fresh sandbox, test patch, the
-  hidden tests) vs running the same pytest command (same interpreter, testbed and report plugin)
-  on the same files directly on the host.
+* grading: ``CodeEnv.grade`` of an untouched workspace (carried sources, fresh sandbox, the
+  hidden tests through the testbed's launcher) vs running the same launcher command (same
+  interpreter, testbed and report) on the same files directly on the host.
 
 Each pair is measured interleaved; p50/p95 and the ratios (sandboxed / bare) go to
 ``results.json``, ``results.md`` and ``sandbox.png``. Needs a built task pack
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -122,6 +123,7 @@ def grading(tasks) -> tuple[list[float], list[float]]:
     from rlonce.envs.code.env import CodeEnv
     from rlonce.envs.code.packages import testbed
     from rlonce.envs.code.tasks import materialize
+    from rlonce.envs.code.testbed import TESTBED_MOUNT, launcher_command, parse_report
 
     sb, bare = [], []
     for t in tasks:
@@ -133,13 +135,15 @@ def grading(tasks) -> tuple[list[float], list[float]]:
         asyncio.run(env.cleanup())
         d = Path(tempfile.mkdtemp())
         materialize(t, d, hidden=True, git=False)
-        root = d if t.spec.import_root in ("", ".") else d / t.spec.import_root
         tb = testbed(Path(t.pack_dir) / "cache")
-        t0 = time.perf_counter()  # the same interpreter, testbed and report plugin, without bwrap
-        subprocess.run(["/usr/bin/python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rlonce_report",
-                        "--tb=line", *t.spec.pytest_args, *sorted(t.hidden_files)], cwd=d,
-                       env={"PYTHONPATH": f"{tb}:{root}", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
-                            "PYTHONHASHSEED": "0", "RLONCE_REPORT": str(d / "report.json")}, capture_output=True)
+        (d / "nonce").write_text("bench")
+        argv = [a.replace(TESTBED_MOUNT, str(tb)) if a.startswith(TESTBED_MOUNT) else
+                str(d) + a[len("/work"):] if a == "/work" or a.startswith("/work/") else a
+                for a in shlex.split(launcher_command(t.spec, sorted(t.hidden_files), str(d / "nonce")))]
+        t0 = time.perf_counter()  # the same interpreter, testbed and launcher, without bwrap
+        out = subprocess.run(argv, cwd=d, env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, capture_output=True,
+                             text=True).stdout
+        assert parse_report(out, "bench") is not None, out[-500:]
         bare.append(time.perf_counter() - t0)
         shutil.rmtree(d)
     return sb, bare

@@ -165,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--pack", required=True)
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
     pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
-    pr.add_argument("--no-interceptor", action="store_true", help="probe the grader with the action guard off")
+    pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",
+                    help="run the routes with the action guard on, off (the grader alone) or both in turn (default)")
+    pr.add_argument("--no-interceptor", action="store_true", help="the same as --interceptor off")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
     for p in (q, t, e, tb, tv, tf, pr, sv):
@@ -219,10 +221,8 @@ def _tasks(args) -> int:
 def _probe(args) -> int:
     import json
 
-    from rlonce.envs.code.probe import format_report, probe_pack
+    from rlonce.envs.code.probe import ROUTES, format_report, probe_pack
     from rlonce.envs.code.validate import validated_tasks
-
-    from rlonce.envs.code.probe import ROUTES
 
     routes = args.routes.split(",") if args.routes else None
     unknown = [r for r in routes or [] if r not in ROUTES]
@@ -233,8 +233,9 @@ def _probe(args) -> int:
         tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
     if not tasks:
         raise UsageError(f"{args.pack} has no validated tasks to probe")
-    report = probe_pack(tasks, routes=routes,
-                        intercept=not args.no_interceptor, progress=not args.quiet and not args.json)
+    mode = "off" if args.no_interceptor else args.interceptor
+    report = probe_pack(tasks, routes=routes, intercept={"both": "both", "on": True, "off": False}[mode],
+                        progress=not args.quiet and not args.json)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
 
