@@ -199,10 +199,12 @@ def test_cli_json_reports(pack):
 
     rep = cli("tasks", "validate", str(pack), "--json", "--reruns", "2")
     assert {"validated", "dropped", "packages"} <= set(rep) and rep["tasks"] == 6
-    rep = cli("probe", "code", "--pack", str(pack), "--limit", "1", "--routes", "plant_conftest,git_reflog", "--json")
-    assert set(rep["routes"]) == {"plant_conftest", "git_reflog"}
-    assert all(v["tasks"] == 1 and v["rewarded"] == 0 for v in rep["routes"].values())
-    assert rep["reference_fix"]["rewarded"] == 1 and rep["noop"]["rewarded"] == 0
+    both = cli("probe", "code", "--pack", str(pack), "--limit", "1", "--routes", "plant_conftest,git_reflog", "--json")
+    assert both["interceptor"] == "both"
+    for rep in (both["on"], both["off"]):
+        assert set(rep["routes"]) == {"plant_conftest", "git_reflog"}
+        assert all(v["tasks"] == 1 and v["rewarded"] == 0 for v in rep["routes"].values())
+        assert rep["reference_fix"]["rewarded"] == 1 and rep["noop"]["rewarded"] == 0
     r = subprocess.run([sys.executable, "-m", "rlonce.cli", "probe", "code", "--pack", str(pack), "--routes", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown probe route" in r.stderr
