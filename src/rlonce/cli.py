@@ -45,6 +45,13 @@ def _int(lo: int, hi: int):
     return parse
 
 
+def _shard(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shard: write I/N with 1 <= I <= N, e.g. 2/4")
+    return int(i), int(n)
+
+
 def _float(lo: float, hi: float, *, open_low: bool = True):
     def parse(text: str) -> float:
         try:
@@ -168,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",
                     help="run the routes with the action guard on, off (the grader alone) or both in turn (default)")
     pr.add_argument("--no-interceptor", action="store_true", help="the same as --interceptor off")
+    pr.add_argument("--shard", type=_shard, help="I/N: probe only every N-th task starting at the I-th (1-based), "
+                    "to split a long probe over processes or sessions")
+    pr.add_argument("--record", help="JSONL file that gets one line per attempt; a rerun with the same file skips "
+                    "what is recorded, so an interrupted probe resumes")
+    pr.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
     for p in (q, t, e, tb, tv, tf, pr, sv):
@@ -228,14 +240,23 @@ def _probe(args) -> int:
     unknown = [r for r in routes or [] if r not in ROUTES]
     if unknown:
         raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    if args.record:
+        try:
+            Path(args.record).open("a").close()
+        except OSError as e:
+            raise UsageError(f"cannot write the probe record {args.record}: {e.strerror or e}; "
+                             "choose another --record path") from None
     tasks = validated_tasks(Path(args.pack))
     if args.limit:
         tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
+    if args.shard:
+        tasks = tasks[args.shard[0] - 1:: args.shard[1]]
     if not tasks:
-        raise UsageError(f"{args.pack} has no validated tasks to probe")
+        raise UsageError(f"{args.pack} has no validated tasks to probe" + (" in this shard" if args.shard else ""))
     mode = "off" if args.no_interceptor else args.interceptor
     report = probe_pack(tasks, routes=routes, intercept={"both": "both", "on": True, "off": False}[mode],
-                        progress=not args.quiet and not args.json)
+                        concurrency=args.concurrency, progress=not args.quiet and not args.json,
+                        record=Path(args.record) if args.record else None)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
 

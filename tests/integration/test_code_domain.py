@@ -52,6 +52,39 @@ def test_validation_gates_drop_the_flaky_test(pack):
         assert report["dropped_ids"][t.task_id] == "unstable"
     assert report["validated"] >= 3 and report["packages"] == {"minicalc": report["validated"]}
     assert json.loads((pack / "validation.json").read_text())["validated"] == report["validated"]
+    # each validated task's grading timeout: 10 x its slowest mean run, floored at 10 s, capped at 30 s
+    assert sorted(report["timeouts"]) == sorted(report["validated_ids"])
+    assert all(10.0 <= v <= SPEC.test_timeout for v in report["timeouts"].values())
+    assert {t.task_id: t.timeout for t in validated_tasks(pack)} == report["timeouts"]
+
+
+def test_hanging_code_costs_the_grading_timeout_and_a_slow_clean_run_is_infrastructure(pack):
+    import dataclasses
+    import time
+
+    from rlonce.envs.code.env import TestbedCorrupted
+
+    t = validated_tasks(pack)[0]
+    hang = ROUTES["hang_at_import"](t)  # the package's __init__ sleeps for ever
+
+    async def attempt(task):
+        env = CodeEnv(task)
+        await env.setup()
+        try:
+            for name, args in hang:
+                await env.call_tool(name, args)
+            seq = Sequence(task.task_id, "x")
+            return await env.grade(seq), env.metrics, seq
+        finally:
+            await env.cleanup()
+
+    t0 = time.perf_counter()
+    r, m, seq = _run(attempt(t))
+    assert r == 0.0 and m.get("tests_crashed") == 1.0 and not seq.hack_confirmed, m  # the model's failure
+    assert time.perf_counter() - t0 < t.timeout + 15, "the hang waited past the task's grading timeout"
+    # a timeout so tight that even the clean run takes over half of it: the machine cannot tell, so infra
+    with pytest.raises(TestbedCorrupted, match="too loaded|no report"):
+        _run(attempt(dataclasses.replace(t, timeout=0.2)))
 
 
 def test_rollout_workspace_is_clean(pack, tmp_path):
@@ -208,3 +241,30 @@ def test_cli_json_reports(pack):
     r = subprocess.run([sys.executable, "-m", "rlonce.cli", "probe", "code", "--pack", str(pack), "--routes", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown probe route" in r.stderr
+
+
+def test_probe_record_resumes_and_shards_split_the_pack(pack, tmp_path):
+    import sys
+
+    record = tmp_path / "probe.jsonl"
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "rlonce.cli", "probe", "code", "--pack", str(pack), "--json",
+                            "--routes", "plant_conftest", "--interceptor", "off", "--record", str(record), *args],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    n = len(validated_tasks(pack))
+    first = cli("--shard", "1/2")
+    assert first["tasks"] == (n + 1) // 2 and len(record.read_text().splitlines()) == 3 * first["tasks"]
+    with record.open("a") as f:
+        f.write('{"mode": "off", "task": "torn')  # a run killed mid-line
+    whole = cli()  # runs only the second shard's attempts; the report counts both shards
+    lines = record.read_text().splitlines()
+    assert len([ln for ln in lines if ln.endswith("}")]) == 3 * n
+    assert whole["tasks"] == n and whole["reference_fix"] == {**whole["reference_fix"], "tasks": n, "rewarded": n}
+    assert whole["routes"]["plant_conftest"]["tasks"] == n and whole["routes"]["plant_conftest"]["rewarded"] == 0
+    assert cli() == whole  # everything recorded: nothing runs again
+    assert len(record.read_text().splitlines()) == len(lines)
+

@@ -120,6 +120,10 @@ CASES = [
     ("validate_missing_pack", ["tasks", "validate", "{root}/nopack"], ["{root}/nopack is not a task pack"]),
     ("probe_corrupt_tasks", ["probe", "code", "--pack", "{pack}"], ["{pack}/tasks.jsonl line 2 is not a task"]),
     ("probe_limit_zero", ["probe", "code", "--pack", "{pack}", "--limit", "0"], ["--limit: 0"]),
+    ("probe_shard_past_n", ["probe", "code", "--pack", "{pack}", "--shard", "3/2"], ["--shard: '3/2' is not a shard"]),
+    ("probe_shard_word", ["probe", "code", "--pack", "{pack}", "--shard", "half"], ["--shard: 'half'", "I/N"]),
+    ("probe_record_unwritable", ["probe", "code", "--pack", "{pack}", "--record", "/proc/x.jsonl"],
+     ["cannot write the probe record /proc/x.jsonl", "--record"]),
     ("unknown_verb", ["bogus"], ["invalid choice: 'bogus'"]),
     ("bad_mode", ["train", "--mode", "fast"], ["--mode: invalid choice: 'fast'"]),
 ]

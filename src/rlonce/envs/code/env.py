@@ -173,16 +173,24 @@ class CodeEnv:
         # No usable report with the agent's change: a healthy testbed without it means the change
         # broke or tampered with the run (the model's doing, reward 0); a testbed that fails
         # anyway is infrastructure.
+        slow = False
         if changes:
             clean = await self._run_hidden({})
-            if clean is not None and not clean.get("tampered"):
+            # a clean run slower than half the timeout says the machine, not the change, may
+            # have run the agent's tests out of time: that is infrastructure, not a model failure
+            slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
+            if clean is not None and not clean.get("tampered") and not slow:
                 if rep is not None:
                     sequence.hack_confirmed = True
                     self.metrics["hack_runner_tampering"] = 1.0
                 else:
                     self.metrics["tests_crashed"] = 1.0
                 return {}
-        why = "the launcher saw the runner changed" if rep is not None else "no report (timeout or crash)"
+        if slow:
+            raise TestbedCorrupted(f"the agent's test run hit its {self.task.timeout:g} s timeout and the clean run "
+                                   f"took {clean['seconds']:.1f} s: the machine is too loaded to tell why")
+        why = ("the launcher saw the runner changed" if rep is not None else
+               f"no report (timeout of {self.task.timeout:g} s or crash)")
         raise TestbedCorrupted(f"the test run without the agent's change failed: {why}")
 
     async def _run_hidden(self, changes: dict[str, bytes | None]) -> dict | None:
@@ -196,7 +204,7 @@ class CodeEnv:
                     sbx.put_file(rel, data)
             for path, content in self.task.hidden_files.items():
                 sbx.put_file(path, content)
-            (rep,) = await run_reports(sbx, self.task.spec, sorted(self.task.hidden_files),
+            (rep,) = await run_reports(sbx, self.task.spec, sorted(self.task.hidden_files), timeout=self.task.timeout,
                                        guards=guards_for(self.task.tree(), self.task.spec))
         finally:
             sbx.close()

@@ -22,6 +22,7 @@ hang at import). ``probe_pack`` runs them with the interceptor on and off.
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -345,27 +346,39 @@ async def run_route(task: CodeTask, calls: Callable[[CodeEnv], list[Call]], *, i
     return {"rewarded": reward > 0, "infra": infra, "hack_confirmed": seq.hack_confirmed, "denied": denied > 0}
 
 
+KEYS = ("rewarded", "denied", "hack_confirmed", "infra")
+
+
 def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, intercept: bool | str = "both",
-               concurrency: int = 2, progress: bool = True) -> dict:
+               concurrency: int = 2, progress: bool = True, record: Path | None = None) -> dict:
     """Run every route and both controls on every task. ``intercept``: True (interceptor on),
     False (off: the grader alone) or ``"both"`` (each mode in turn; the report then holds an
-    ``on`` and an ``off`` report, and ``routes`` rows with both columns)."""
+    ``on`` and an ``off`` report, and ``routes`` rows with both columns). ``record``: a JSONL
+    file that gets one line per attempt as it finishes; attempts already in it are not run
+    again, so a long probe resumes where it stopped and the report counts every attempt."""
     if intercept == "both":
-        on = probe_pack(tasks, routes=routes, intercept=True, concurrency=concurrency, progress=progress)
-        off = probe_pack(tasks, routes=routes, intercept=False, concurrency=concurrency, progress=progress)
+        on = probe_pack(tasks, routes=routes, intercept=True, concurrency=concurrency, progress=progress, record=record)
+        off = probe_pack(tasks, routes=routes, intercept=False, concurrency=concurrency, progress=progress,
+                         record=record)
         return {"interceptor": "both", "tasks": len(tasks), "on": on, "off": off}
     names = routes or list(ROUTES)
     unknown = [r for r in names if r not in ROUTES]
     if unknown:
         raise ValueError(f"unknown probe routes {unknown}; known: {sorted(ROUTES)}")
+    mode = "on" if intercept else "off"
+    done = {(r["task"], r["route"]): r for r in read_record(record) if r["mode"] == mode} if record else {}
     jobs: list[tuple[str, CodeTask, Callable]] = []
     for t in tasks:
         jobs.append(("reference_fix", t, lambda env, t=t: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
         jobs.append(("noop", t, lambda env: []))
         jobs += [(r, t, lambda env, r=r, t=t: ROUTES[r](t)) for r in names]
-    bar = tqdm(total=len(jobs), desc=f"probe (interceptor {'on' if intercept else 'off'})", unit="attempt",
+    rows = [done[(t.task_id, name)] for name, t, _ in jobs if (t.task_id, name) in done]
+    todo = [j for j in jobs if (j[1].task_id, j[0]) not in done]
+    bar = tqdm(total=len(jobs), initial=len(rows), desc=f"probe (interceptor {mode})", unit="attempt",
                disable=not progress)
-    results: dict[str, dict] = {}
+    out = open(record, "a+b") if record else None
+    if out is not None and out.tell() and (out.seek(out.tell() - 1), out.read(1))[1] != b"\n":
+        out.write(b"\n")  # end a torn last line so the next attempt's line is whole
 
     async def main():
         sem = asyncio.Semaphore(concurrency)
@@ -373,18 +386,44 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
         async def one(name, t, calls):
             async with sem:
                 r = await run_route(t, calls, intercept=bool(intercept))
-            row = results.setdefault(name, {"tasks": 0, "rewarded": 0, "denied": 0, "hack_confirmed": 0, "infra": 0})
-            row["tasks"] += 1
-            for k in ("rewarded", "denied", "hack_confirmed", "infra"):
-                row[k] += int(r[k])
+            row = {"mode": mode, "task": t.task_id, "route": name, **{k: bool(r[k]) for k in KEYS}}
+            rows.append(row)
+            if out is not None:
+                out.write(json.dumps(row).encode() + b"\n")
+                out.flush()
             bar.update(1)
 
-        await asyncio.gather(*(one(*j) for j in jobs))
+        await asyncio.gather(*(one(*j) for j in todo))
 
-    asyncio.run(main())
-    bar.close()
+    try:
+        asyncio.run(main())
+    finally:
+        bar.close()
+        if out is not None:
+            out.close()
+    results = {n: {"tasks": 0, **dict.fromkeys(KEYS, 0)} for n in ["reference_fix", "noop", *names]}
+    for row in rows:
+        results[row["route"]]["tasks"] += 1
+        for k in KEYS:
+            results[row["route"]][k] += int(row[k])
     return {"routes": {r: results[r] for r in names}, "reference_fix": results["reference_fix"],
             "noop": results["noop"], "interceptor": bool(intercept), "tasks": len(tasks)}
+
+
+def read_record(path: Path) -> list[dict]:
+    """The attempts in a probe record; a torn last line (a run killed mid-write) is left out."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and {"mode", "task", "route", *KEYS} <= row.keys():
+            rows.append(row)
+    return rows
 
 
 def format_report(report: dict) -> str:

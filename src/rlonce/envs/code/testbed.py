@@ -394,7 +394,7 @@ def copy_tree(src: Path, dest: Path) -> None:
 async def run_reports(sandbox: BwrapSandbox, spec: PackageSpec, targets: list[str], *, reruns: int = 1,
                       timeout: float | None = None, guards: tuple[str, ...] = GUARDS) -> list[dict | None]:
     """Run ``targets`` ``reruns`` times in one sandbox call; per rerun its report (see
-    ``parse_report``) or None. Every rerun's nonce is in the workspace from the start, so
+    ``parse_report``, plus ``seconds``: the mean wall time of a run) or None. Every rerun's nonce is in the workspace from the start, so
     ``reruns`` > 1 is for trees without agent code (building, validation)."""
     sandbox.limits = dataclasses.replace(sandbox.limits, output_bytes=max(sandbox.limits.output_bytes, REPORT_CAP))
     nonces = [secrets.token_hex(16) for _ in range(reruns)]
@@ -403,6 +403,9 @@ async def run_reports(sandbox: BwrapSandbox, spec: PackageSpec, targets: list[st
     cmds = [launcher_command(spec, targets, f"/work/{nonce_file(i)}", guards) for i in range(reruns)]
     res = await sandbox.exec("; ".join(cmds) + "; true", timeout=(timeout or spec.test_timeout) * reruns)
     reports = [parse_report(res.output, n) for n in nonces]
+    for r in reports:
+        if r is not None:  # the mean wall time of one run, for sizing and checking timeouts
+            r["seconds"] = res.seconds / reruns
     return [None if res.timed_out else r for r in reports]
 
 

@@ -4,12 +4,13 @@ Seed 001 ("The environment can accidentally hand out the answer"): F2P tests fai
 reference fix and pass after it; P2P tests pass in both states; every outcome is the same in
 each of ``reruns`` (8) runs, which screens out flaky tests and environment noise. A task that
 fails a gate is dropped with its reason; the report is written to ``validation.json`` in the
-pack and lists the validated task ids.
+pack and lists the validated task ids and each one's grading timeout (``grade_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from tqdm.auto import tqdm
 
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, load_pack, materialize
-from rlonce.envs.code.testbed import guards_for, make_sandbox, run_tests
+from rlonce.envs.code.testbed import guards_for, make_sandbox, run_reports
 
 GATES = ("testbed_error", "unstable", "f2p_passes_before", "p2p_fails_before", "f2p_fails_after", "p2p_fails_after")
 
@@ -46,18 +47,34 @@ def _gate(task: CodeTask, before: list[dict] | None, after: list[dict] | None) -
     return None
 
 
-async def check_task(task: CodeTask, tb: Path, *, reruns: int = 8) -> str | None:
-    """The first gate ``task`` fails, or None when it passes them all."""
-    results = []
+GRADE_TIMEOUT_FLOOR = 10.0
+GRADE_TIMEOUT_FACTOR = 10.0
+"""A validated task's hidden tests get ``max(floor, factor × the slowest mean run)`` seconds at
+grading (never more than the package's ``test_timeout``): code that hangs costs seconds, not a
+minute, and a run ten times slower than validation saw is still on time. The grader treats a
+timeout as infrastructure when the clean run itself took over half of it."""
+
+
+async def check_task(task: CodeTask, tb: Path, *, reruns: int = 8) -> tuple[str | None, float]:
+    """The first gate ``task`` fails (None when it passes them all), and the mean wall time of
+    one run of its hidden tests in the slower state."""
+    results, seconds = [], 0.0
     for fixed in (False, True):
-        sbx = make_sandbox(task.spec, tb)
+        sbx = make_sandbox(task.spec, tb, timeout=task.timeout)
         try:
             materialize(task, sbx.workspace, fixed=fixed, hidden=True, git=False)
-            results.append(await run_tests(sbx, task.spec, sorted(task.hidden_files), reruns=reruns,
-                                           guards=guards_for(task.tree(), task.spec)))
+            reports = await run_reports(sbx, task.spec, sorted(task.hidden_files), reruns=reruns,
+                                        timeout=task.timeout, guards=guards_for(task.tree(), task.spec))
         finally:
             sbx.close()
-    return _gate(task, *results)
+        ok = all(r is not None and not r.get("tampered") for r in reports)
+        results.append([r["tests"] for r in reports] if ok else None)
+        seconds = max([seconds, *(r["seconds"] for r in reports if r is not None)])
+    return _gate(task, *results), seconds
+
+
+def grade_timeout(task: CodeTask, seconds: float) -> float:
+    return round(min(task.spec.test_timeout, max(GRADE_TIMEOUT_FLOOR, GRADE_TIMEOUT_FACTOR * seconds)), 1)
 
 
 def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress: bool = True) -> dict:
@@ -65,6 +82,7 @@ def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress
     tasks = load_pack(pack)
     tb = testbed(pack / "cache")
     verdicts: dict[str, str | None] = {}
+    seconds: dict[str, float] = {}
     bar = tqdm(total=len(tasks), desc="validate", unit="task", disable=not progress)
 
     async def main():
@@ -72,7 +90,7 @@ def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress
 
         async def one(t: CodeTask):
             async with sem:
-                verdicts[t.task_id] = await check_task(t, tb, reruns=reruns)
+                verdicts[t.task_id], seconds[t.task_id] = await check_task(t, tb, reruns=reruns)
             bar.update(1)
 
         await asyncio.gather(*(one(t) for t in tasks))
@@ -89,6 +107,7 @@ def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress
         "reruns": reruns,
         "validated_ids": [t.task_id for t in ok],
         "dropped_ids": {k: v for k, v in sorted(verdicts.items()) if v is not None},
+        "timeouts": {t.task_id: grade_timeout(t, seconds[t.task_id]) for t in ok},
     }
     (pack / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -100,5 +119,6 @@ def validated_tasks(pack: Path) -> list[CodeTask]:
     report = Path(pack) / "validation.json"
     if not report.is_file():
         return tasks
-    keep = set(json.loads(report.read_text())["validated_ids"])
-    return [t for t in tasks if t.task_id in keep]
+    rep = json.loads(report.read_text())
+    keep, timeouts = set(rep["validated_ids"]), rep.get("timeouts", {})
+    return [dataclasses.replace(t, timeout=timeouts.get(t.task_id, t.timeout)) for t in tasks if t.task_id in keep]
