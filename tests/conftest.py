@@ -25,6 +25,19 @@ def lm(embedded_dir):
     return load(embedded_dir)
 
 
+@pytest.fixture(autouse=True)
+def no_internal_errors():
+    """A test that makes rlonce record an ``internal_error`` (a bug of ours caught at the rollout
+    boundary) fails, even when the run around it carried on. A test that provokes one on
+    purpose empties ``rlonce.errors.INTERNAL_ERRORS`` itself."""
+    from rlonce.errors import INTERNAL_ERRORS
+
+    INTERNAL_ERRORS.clear()
+    yield
+    found, INTERNAL_ERRORS[:] = list(INTERNAL_ERRORS), []
+    assert not found, f"rlonce recorded internal errors: {found}"
+
+
 def pytest_collection_modifyitems(config, items):
     if shutil.which("bwrap") is None:
         skip = pytest.mark.skip(reason="bubblewrap is not installed (apt-get install bubblewrap)")

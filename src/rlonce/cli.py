@@ -20,9 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-
-class UsageError(Exception):
-    pass
+from rlonce.errors import RlonceError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -418,27 +416,9 @@ _ONE_LINE_OS_ERRORS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlonce.config import ConfigError
-
-    known: tuple[type[BaseException], ...] = (UsageError, ConfigError)
-    try:
-        from rlonce.model.loader import ModelLoadError
-        from rlonce.sandbox.base import SandboxError
-        from rlonce.envs.code.packages import PackageError
-        from rlonce.envs.code.tasks import PackError
-        from rlonce.train.checkpoint import CheckpointError, NoCheckpoint
-        from rlonce.telemetry.metrics import RunFileError
-        from rlonce.envs.domains import PackError as FilterPackError
-        from rlonce.envs.reasoning.tasks import TaskSpecError
-        from rlonce.engine.base import BackendError
-
-        known += (ModelLoadError, SandboxError, NoCheckpoint, PackError, PackageError, FilterPackError, TaskSpecError,
-                  BackendError, CheckpointError, RunFileError)
-    except ImportError:  # a broken install still gets its usage errors reported
-        pass
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except known as e:
+    except RlonceError as e:
         print(f"rlonce: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

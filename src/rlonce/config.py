@@ -16,8 +16,10 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlonce.errors import RlonceError
 
-class ConfigError(ValueError):
+
+class ConfigError(RlonceError, ValueError):
     """A configuration file or override is unusable; the message says how to fix it."""
 
 

@@ -77,3 +77,31 @@ def test_infrastructure_failures_are_never_scored(lm):
     assert seq.status is Status.INFRA and seq.failure is FailureCategory.ENGINE_ERROR and seq.reward is None
 
 
+    assert seq.cause == "EngineError: engine died"
+
+
+class GraderDown(ToolfindEnv):
+    async def grade(self, sequence):
+        raise ConnectionError("grading service unreachable")
+
+
+class MisreadTools(ToolfindEnv):
+    def tools(self):  # a tool without its name: rlonce's harness code fails on it (a KeyError of ours)
+        return [{k: v for k, v in t.items() if k != "name"} for t in super().tools()]
+
+
+def test_infrastructure_failures_carry_their_cause_and_our_bugs_are_internal_errors(lm):
+    from rlonce.core.records import sequence_from_dict, sequence_to_dict
+    from rlonce.errors import INTERNAL_ERRORS
+
+    task = make_task("train", 7)
+    turns = [FMT.assistant_text("", [c]) for c in optimal_calls(task)]
+    down = asyncio.run(run_sequence(task, GraderDown, ScriptedEngine(list(turns), lm.encode), spec(lm, 5)))
+    assert down.status is Status.INFRA and down.failure is FailureCategory.GRADER_UNAVAILABLE and down.reward is None
+    assert down.cause == "ConnectionError: grading service unreachable"
+    assert sequence_from_dict(sequence_to_dict(down)).cause == down.cause  # checkpoints and remote payloads keep it
+
+    bug = asyncio.run(run_sequence(task, MisreadTools, ScriptedEngine(list(turns), lm.encode), spec(lm, 5)))
+    assert bug.status is Status.INFRA and bug.failure is FailureCategory.INTERNAL_ERROR and bug.reward is None
+    assert bug.cause.startswith("KeyError: 'name' at ") and INTERNAL_ERRORS == [bug.cause]
+    INTERNAL_ERRORS.clear()  # provoked on purpose: the suite's guard (tests/conftest.py) would fail the test

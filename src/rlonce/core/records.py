@@ -45,6 +45,8 @@ class FailureCategory(str, Enum):
     """The process running the sequence died (a Ray actor lost mid-group)."""
     CALL_TIMEOUT = "call_timeout"
     """A remote call did not answer within its timeout."""
+    INTERNAL_ERROR = "internal_error"
+    """A bug in rlonce (``rlonce.errors.is_internal``): counted apart from outages."""
 
 
 class RecordError(ValueError):
@@ -118,6 +120,8 @@ class Sequence:
     ``grs_behavior`` (rubric scores in [0, 1]) and ``gar_quality`` (GAR quality factor f)."""
     hack_confirmed: bool = False
     """A grader confirmed this sequence obtained its reward by a hack; its reward becomes 0."""
+    cause: str | None = None
+    """For an infrastructure failure, the exception behind it (``Type: message``)."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):
@@ -209,7 +213,7 @@ def sequence_to_dict(seq: Sequence) -> dict:
     """Plain data (for checkpoints): every token, log-prob, version and flag."""
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
-            "turns": seq.turns, "metrics": dict(seq.metrics), "hack_confirmed": seq.hack_confirmed,
+            "turns": seq.turns, "metrics": dict(seq.metrics), "hack_confirmed": seq.hack_confirmed, "cause": seq.cause,
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags)} for s in c.segments]} for c in seq.contexts]}
@@ -220,7 +224,7 @@ def sequence_from_dict(d: dict) -> Sequence:
                                  s["flags"]) for s in c["segments"]], c["label"]) for c in d["contexts"]]
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
-                    d["metrics"], d["hack_confirmed"])
+                    d["metrics"], d["hack_confirmed"], d.get("cause"))
 
 
 def version_lags(rows: list[TrainingRow], version: int) -> Counter:

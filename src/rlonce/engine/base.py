@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rlonce.errors import RlonceError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -53,7 +55,7 @@ class EngineError(RuntimeError):
     """The engine failed to serve a request (an infrastructure failure, not a model one)."""
 
 
-class BackendError(RuntimeError):
+class BackendError(RlonceError, RuntimeError):
     """A scale-out backend (Ray, vLLM) is missing, or its processes did not do what the run asked
     in time; the message says what to do. The CLI prints it as one line."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rlonce.core.records import FailureCategory, Sequence, Status
+from rlonce.errors import cause_of, is_internal, note_internal
 
 
 class GradingError(Exception):
@@ -24,10 +25,18 @@ async def grade_or_infra(env, seq: Sequence) -> float | None:
     try:
         return await env.grade(seq)
     except GradingError as e:
-        seq.status, seq.failure = Status.INFRA, FailureCategory(e.category)
-    except Exception:  # noqa: BLE001 - a grader outage is not the model's failure
-        seq.status, seq.failure = Status.INFRA, FailureCategory.GRADER_UNAVAILABLE
+        seq.status, seq.failure, seq.cause = Status.INFRA, FailureCategory(e.category), cause_of(e)
+    except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
+        seq.status, seq.failure, seq.cause = Status.INFRA, *infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
     return None
+
+
+def infra_failure(e: BaseException, category: FailureCategory) -> tuple[FailureCategory, str]:
+    """The failure category and cause for ``e``: ``internal_error`` when ``e`` is a bug in
+    rlonce (noted for the test suite), else ``category``."""
+    if is_internal(e):
+        return FailureCategory.INTERNAL_ERROR, note_internal(e)
+    return category, cause_of(e)
 
 
 class Task(Protocol):

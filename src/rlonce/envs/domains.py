@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from rlonce.errors import PackError
+
 SFT_TASK_OFFSET = 0
 RL_TASK_OFFSET = 1_000_000
-
-
-class PackError(ValueError):
-    """A filtered task pack is missing or unusable."""
 
 
 @dataclass

@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlonce.errors import RlonceError
+
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 EMBEDDED_ARCH = {
@@ -48,7 +50,7 @@ EMBEDDED_ARCH = {
 }
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(RlonceError, RuntimeError):
     """A model name or folder could not be loaded."""
 
 

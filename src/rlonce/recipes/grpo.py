@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-from collections import Counter
+import logging
 import random
+from collections import Counter
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -44,11 +45,12 @@ from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
 from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
 from rlonce.rollout.runner import LocalExecutor, RolloutSpec, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
-from rlonce.telemetry.metrics import JsonlWriter
+from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
 from rlonce.train import checkpoint
 from rlonce.train.trainer import OptimSettings, Trainer
 
+log = logging.getLogger(__name__)
 EVAL_SEED = 12345
 
 
@@ -411,6 +413,8 @@ class Job:
         staleness = orch.s.staleness
         trained_seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
+        for category, (n, cause) in infra_causes(seqs).items():
+            log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
         gen_tokens = sum(s.metrics.get("model_tokens", 0.0) for s in seqs)
         rec = {
             "step": step,
@@ -479,6 +483,7 @@ class Job:
         for s in seqs:
             model = [g for c in s.contexts for g in c.segments if g.role is Role.MODEL]
             w.write({"task_id": s.task_id, "arm": s.arm, "status": s.status.value, "reward": s.reward,
+                     "failure": s.failure.value if s.failure else None, "cause": s.cause,
                      "answer": s.answer, "turns": s.turns,
                      "text": self.lm.decode(s.contexts[0].token_ids()) if s.contexts else "",
                      "turn_versions": [g.versions for g in model], "turn_logprobs": [g.logprobs for g in model]})

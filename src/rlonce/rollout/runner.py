@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.engine.base import Engine, EngineError, SamplingParams
-from rlonce.envs.base import grade_or_infra
+from rlonce.envs.base import grade_or_infra, infra_failure
+from rlonce.errors import is_internal, note_internal
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import ProtocolError
 from rlonce.gateway.session import Budgets, session_metrics
@@ -57,6 +58,17 @@ class RolloutSpec:
                        render_tools=self.limits.render_tools)
 
 
+_CATEGORIES = ((EngineError, FailureCategory.ENGINE_ERROR), (SandboxError, FailureCategory.SANDBOX_ERROR),
+               (ProtocolError, FailureCategory.HARNESS_ERROR))
+"""Exceptions of an episode → failure category. ``ProtocolError``: the harness and the gateway
+disagree, ours and not the model's; anything else unexpected is a harness error too (or
+``internal_error`` when it is a bug of ours, see ``rlonce.errors.is_internal``)."""
+
+
+def _category(e: BaseException) -> FailureCategory:
+    return next((c for t, c in _CATEGORIES if isinstance(e, t)), FailureCategory.HARNESS_ERROR)
+
+
 async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, seed: int | None = None,
                        arm: str | None = None, gateway: Gateway | None = None) -> Sequence:
     """Run one sequence under harness ``arm`` (default: the spec's first). With ``seed``,
@@ -66,12 +78,12 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
     env = env_factory(task)
     gateway = gateway or spec.gateway(engine)
     session = gateway.open(seed=seed, metadata={"task_id": task.task_id, "arm": harness.name})
-    status, failure, answer, reward = Status.SUBMITTED, None, None, None
+    status, failure, answer, reward, cause = Status.SUBMITTED, None, None, None, None
     try:
         try:
             await env.setup()
-        except Exception:  # noqa: BLE001 - the retry boundary
-            status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
+        except Exception as e:  # noqa: BLE001 - the retry boundary
+            status, (failure, cause) = Status.INFRA, infra_failure(e, FailureCategory.SETUP_FAILED)
         else:
             try:
                 client = CLIENTS[harness.protocol](lambda p, b: gateway.call(p, b, session.id),
@@ -84,21 +96,19 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
                 status = Status.LIMITS
             except FormatError:
                 status = Status.FORMAT_ERROR
-            except EngineError:
-                status, failure = Status.INFRA, FailureCategory.ENGINE_ERROR
-            except SandboxError:
-                status, failure = Status.INFRA, FailureCategory.SANDBOX_ERROR
-            except ProtocolError:  # the harness and the gateway disagree: ours, not the model's
-                status, failure = Status.INFRA, FailureCategory.HARNESS_ERROR
+            except Exception as e:  # noqa: BLE001 - the retry boundary: an outage or our bug, never the model's
+                status, (failure, cause) = Status.INFRA, infra_failure(e, _category(e))
         seq = Sequence(task.task_id, harness.name, session.contexts, status, failure, answer=answer,
-                       turns=len(session.generations))
+                       turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
             reward = await grade_or_infra(env, seq)
     finally:
         try:
             await env.cleanup()
-        except Exception:  # noqa: BLE001 - a workspace that resists clean-up must not end the run
+        except Exception as e:  # noqa: BLE001 - a workspace that resists clean-up must not end the run
             cleanup_failed = 1.0
+            if is_internal(e):
+                note_internal(e)
         else:
             cleanup_failed = 0.0
         gateway.sessions.pop(session.id, None)

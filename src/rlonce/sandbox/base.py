@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlonce.errors import RlonceError
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -16,7 +18,7 @@ class ExecResult:
     seconds: float = 0.0
 
 
-class SandboxError(RuntimeError):
+class SandboxError(RlonceError, RuntimeError):
     """The sandbox itself failed (not the command run in it): an infrastructure failure."""
 
 

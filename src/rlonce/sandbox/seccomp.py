@@ -36,6 +36,8 @@ import errno
 import platform
 import struct
 
+from rlonce.errors import RlonceError
+
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
 
@@ -71,7 +73,7 @@ X86_64_DENIED: dict[str, int] = {
 X86_64_CLONE, X86_64_CLONE3 = 56, 435
 
 
-class SeccompUnavailable(RuntimeError):
+class SeccompUnavailable(RlonceError, RuntimeError):
     pass
 
 

@@ -11,8 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from rlonce.errors import RlonceError
 
-class RunFileError(ValueError):
+
+class RunFileError(RlonceError, ValueError):
     """A run-directory file is damaged beyond a torn last line; the message names it."""
 
 
@@ -62,3 +64,15 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return _parse(path)
+
+
+def infra_causes(seqs) -> dict[str, tuple[int, str]]:
+    """Per failure category among ``seqs``' infrastructure failures: how many, and the first
+    one's cause (what a run's log prints once per category per step)."""
+    out: dict[str, tuple[int, str]] = {}
+    for s in seqs:
+        if s.failure is not None:
+            n, cause = out.get(s.failure.value, (0, s.cause or "no cause recorded"))
+            out[s.failure.value] = (n + 1, cause)
+    return out
+

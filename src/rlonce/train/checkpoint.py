@@ -19,17 +19,19 @@ import shutil
 import traceback
 from pathlib import Path
 
+from rlonce.errors import RlonceError
+
 STATE_FILE = "trainer_state.pt"
 MARGIN_BYTES = 4 << 20
 """Room for the tokenizer files, the config and the pickled run state beyond the tensors."""
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class NoCheckpoint(FileNotFoundError):
+class NoCheckpoint(RlonceError, FileNotFoundError):
     pass
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RlonceError, RuntimeError):
     """A checkpoint cannot be written (no space) or read (damaged); the message says what to do."""
 
 

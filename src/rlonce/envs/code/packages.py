@@ -20,8 +20,10 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlonce.errors import RlonceError
 
-class PackageError(RuntimeError):
+
+class PackageError(RlonceError, RuntimeError):
     """A package could not be fetched or does not match its pin."""
 
 

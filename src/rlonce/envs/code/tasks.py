@@ -21,16 +21,13 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rlonce.errors import PackError
 from rlonce.envs.code.mutate import Mutation
 from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch
 
 PACK_FORMAT = 1
 GIT_ID = ["-c", "user.name=rlonce", "-c", "user.email=rlonce@localhost", "-c", "init.defaultBranch=main",
           "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*"]
-
-
-class PackError(ValueError):
-    """A task pack is missing or unreadable."""
 
 
 @dataclass

@@ -13,12 +13,14 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
+from rlonce.errors import RlonceError
+
 SPLIT_SEEDS = {"train": 1_001, "heldout": 2_002, "sft": 3_003}
 STREAM = 10**9
 """Nominal dataset size: generators index by seed + position, the size only bounds positions."""
 
 
-class TaskSpecError(ValueError):
+class TaskSpecError(RlonceError, ValueError):
     """A reasoning-gym dataset name or option is unusable."""
 
 
