@@ -60,7 +60,8 @@ def _length_deductions(lengths_G, passed_G, *, max_penalty, deadzone, saturation
     return torch.where(passed_G, max_penalty * t_G ** exponent, torch.zeros_like(t_G))
 
 
-_COMBINE = {"max": lambda d_KG: d_KG.max(0).values, "mean": lambda d_KG: d_KG.mean(0)}
+COMBINES = {"max": lambda d_KG: d_KG.max(0).values, "mean": lambda d_KG: d_KG.mean(0)}
+"""How the deductions of several length metrics combine, by name (``algo.length.combine``)."""
 
 
 def length_penalty(lengths_G, passed_G, *, max_penalty: float = 0.2, deadzone: float = 0.0,
@@ -79,8 +80,8 @@ def length_penalty(lengths_G, passed_G, *, max_penalty: float = 0.2, deadzone: f
     passed_G = torch.as_tensor(passed_G, dtype=torch.bool)
     if not 0 <= deadzone < saturation:
         raise ValueError(f"length penalty needs 0 <= deadzone < saturation, got {deadzone}, {saturation}")
-    if combine not in _COMBINE:
-        raise ValueError(f"unknown length-penalty combine {combine!r}; known: {sorted(_COMBINE)}")
+    if combine not in COMBINES:
+        raise ValueError(f"unknown length-penalty combine {combine!r}; known: {sorted(COMBINES)}")
     metrics = lengths_G if isinstance(lengths_G, dict) else {"length": lengths_G}
     G = len(passed_G)
     if G == 0 or float(passed_G.float().mean()) <= pass_rate_gate:
@@ -88,7 +89,7 @@ def length_penalty(lengths_G, passed_G, *, max_penalty: float = 0.2, deadzone: f
     d_KG = torch.stack([_length_deductions(v, passed_G, max_penalty=max_penalty, deadzone=deadzone,
                                            saturation=saturation, exponent=exponent,
                                            anchor_quantile=anchor_quantile) for v in metrics.values()])
-    return _COMBINE[combine](d_KG).float()
+    return COMBINES[combine](d_KG).float()
 
 
 def gar_redistribute(advantages_G: torch.Tensor, passed_G: torch.Tensor, quality_G: torch.Tensor, *,

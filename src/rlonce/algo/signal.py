@@ -24,6 +24,7 @@ Trainer-side corrections (rollout correction, the objective, aggregation) come a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -60,15 +61,19 @@ class SignalSettings:
     penalties: list[penalties.PenaltySpec] = field(default_factory=list)
 
 
+LENGTH_METRICS: dict[str, Callable[[Sequence], float]] = {
+    "turns": lambda seq: float(seq.turns),
+    "input_tokens": lambda seq: float(sum(len(c) - c.model_tokens() for c in seq.contexts)),
+    "output_tokens": lambda seq: float(sum(c.model_tokens() for c in seq.contexts)),
+}
+"""Length measures of a sequence by name (``algo.length.metrics``)."""
+
+
 def length_metric(seq: Sequence, name: str) -> float:
-    ctx_tokens = sum(len(c) for c in seq.contexts)
-    out_tokens = sum(c.model_tokens() for c in seq.contexts)
-    table = {"turns": float(seq.turns), "output_tokens": float(out_tokens),
-             "input_tokens": float(ctx_tokens - out_tokens)}
     try:
-        return table[name]
+        return LENGTH_METRICS[name](seq)
     except KeyError:
-        raise ValueError(f"unknown length metric {name!r}; known: {sorted(table)}") from None
+        raise ValueError(f"unknown length metric {name!r}; known: {sorted(LENGTH_METRICS)}") from None
 
 
 def _metric_or(seq: Sequence, key: str, default: float) -> float:
