@@ -383,6 +383,12 @@ class AlgoConfig(Section):
         return data
 
 
+def objective_params(algo: AlgoConfig) -> dict:
+    """The keyword arguments of ``algo.objective``'s loss function (``rlonce.algo.losses``): every
+    parameter in its table but its name and the entropy controller's knobs."""
+    return algo.objective.model_dump(exclude={"name", "entropy_band", "entropy_step"})
+
+
 class RayConfig(Section):
     """The Ray executor (``executor = "ray"``; ``rlonce.rollout.ray_executor``, docs/scale-out.md)."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlonce.config import AlgoConfig, objective_params
 from rlonce.core.records import TrainingRow
 from rlonce.train.distributed import rows_for_rank
 from rlonce.train.trainer import OptimSettings, Trainer, minibatch_splits, token_logprobs
@@ -31,19 +32,25 @@ SETTINGS = OptimSettings(lr=1e-3, eps=1e-6, max_grad_norm=0.5)
 """Clipping is active (the gradient norm is ~5). ε = 1e-6, not 1e-8: the two runs sum gradients in
 different orders, and Adam turns noise δ in a near-zero entry into a step of up to lr·δ/ε; at
 ε = 1e-8 that reaches 3e-5 here."""
+
+
+def _kw(objective: str, agg: str, correction: str = "none", correction_cap: float = 2.0, **params) -> dict:
+    """rl_step's arguments: the config's objective parameters, overridden by ``params``."""
+    return {"objective": objective, "agg": agg, "correction": correction, "correction_cap": correction_cap,
+            **objective_params(AlgoConfig(objective=objective)), **params}
+
+
 CASES = {
     "token-mean": {"steps": [{"seed": 0, "version": 0}, {"seed": 1, "version": 0}],
-                   "kw": {"objective": "ppo", "agg": "token-mean", "clip_low": 0.2, "clip_high": 0.2}},
+                   "kw": _kw("ppo", "token-mean", clip_low=0.2, clip_high=0.2, clip_c=None)},
     "prompt-mean+correction": {"steps": [{"seed": 0, "version": 0}],
-                               "kw": {"objective": "ppo", "agg": "prompt-mean", "correction": "token",
-                                      "correction_cap": 1.2}},
+                               "kw": _kw("ppo", "prompt-mean", "token", 1.2)},
     "seq-mean-token-mean, 2 mini-batches": {"steps": [{"seed": 3}],
-                                            "kw": {"objective": "ppo", "agg": "seq-mean-token-mean",
-                                                   "minibatches": 2}},
+                                            "kw": _kw("ppo", "seq-mean-token-mean", minibatches=2)},
     "seq-mean-token-sum-norm, cispo": {"steps": [{"seed": 0}],  # norm: the global padded length
-                                       "kw": {"objective": "cispo", "agg": "seq-mean-token-sum-norm"}},
+                                       "kw": _kw("cispo", "seq-mean-token-sum-norm")},
     "one row, rank 1 has none": {"rows": 1, "steps": [{"seed": 0, "version": 0}],
-                                 "kw": {"objective": "ppo", "agg": "token-mean", "correction": "token"}},
+                                 "kw": _kw("ppo", "token-mean", "token")},
     "sft": {"sft": True},
 }
 TOL = 1e-5

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from rlonce.algo import aggregate, group_advantages, policy_loss
+from rlonce.config import AlgoConfig, objective_params
 
 
 def test_group_advantages_hand_computed():
@@ -41,20 +42,25 @@ def test_ppo_clip_and_dual_clip_hand_computed():
     old = torch.zeros(1, 4)
     adv = torch.tensor([[1.0, -1.0, 2.0, -1.0]])
     mask = torch.ones(1, 4)
-    loss, m = policy_loss("ppo", new, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    loss, m = policy_loss("ppo", new, old, adv, mask, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None)
     # per token: -min(rA, clip(r)A): [-1.2, +0.8, -2.0, +4.0] -> mean 0.4
     assert float(loss) == pytest.approx((-1.2 + 0.8 - 2.0 + 4.0) / 4)
     assert m["clipfrac"] == pytest.approx(2 / 4)  # tokens 0 and 1 are clipped
-    loss, m = policy_loss("ppo", new, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0)
+    loss, m = policy_loss("ppo", new, old, adv, mask, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=3.0)
     assert float(loss) == pytest.approx((-1.2 + 0.8 - 2.0 + 3.0) / 4)  # dual clip caps token 3 at 3
     assert m["clipfrac_lower"] == pytest.approx(1 / 4)
     with pytest.raises(ValueError, match="unknown policy objective"):
-        policy_loss("nope", new, old, adv, mask)
+        policy_loss("nope", new, old, adv, mask, agg="token-mean")
+    with pytest.raises(TypeError, match="clip_c"):  # no second set of defaults: the config owns them
+        policy_loss("ppo", new, old, adv, mask, agg="token-mean", clip_low=0.2, clip_high=0.2)
+    with pytest.raises(ValueError, match="exactly one of agg"):
+        policy_loss("ppo", new, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=None)
 
 
 def test_ppo_gradient_direction():
     lp = torch.log(torch.tensor([[0.3, 0.3]])).requires_grad_()
-    loss, _ = policy_loss("ppo", lp, lp.detach(), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    loss, _ = policy_loss("ppo", lp, lp.detach(), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), agg="token-mean",
+                          **objective_params(AlgoConfig()))
     loss.backward()
     assert lp.grad[0, 0] < 0 < lp.grad[0, 1]  # descent raises the good token, lowers the bad one
 
@@ -85,7 +91,8 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
         tr = Trainer(model, OptimSettings(lr=0.0), micro_batch_tokens=micro)
         tr.optimizer.step = lambda: None  # keep the gradient for inspection
         tr.optimizer.zero_grad = lambda set_to_none=True: None
-        tr.rl_step(rows(w0), agg="prompt-mean", clip_low=0.2, clip_high=0.2)
+        tr.rl_step(rows(w0), objective="ppo", agg="prompt-mean", correction="none", correction_cap=2.0,
+                   clip_low=0.2, clip_high=0.2, clip_c=None)
         grads.append(model.model.embed_tokens.weight.grad.clone())
     scale = grads[0].abs().max()
     assert scale > 1e-4
@@ -110,12 +117,13 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
                                    [(1.0 - 2 * b) * m for m in mask], [0 if m else -1 for m in mask], group_id="g"))
         return out
 
-    def grad(rs, **kw):
+    def grad(rs, objective="ppo", correction="none", correction_cap=2.0):
         model = copy.deepcopy(lm.model)
         tr = Trainer(model, OptimSettings(lr=0.0))
         tr.optimizer.step = lambda: None
         tr.optimizer.zero_grad = lambda set_to_none=True: None
-        m = tr.rl_step(rs, **kw)
+        m = tr.rl_step(rs, objective=objective, agg="token-mean", correction=correction, correction_cap=correction_cap,
+                       **objective_params(AlgoConfig(objective=objective)))
         return model.model.embed_tokens.weight.grad.clone(), m
 
     plain, _ = grad(rows(0.0))

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlonce.algo import AGGREGATIONS, OBJECTIVES, aggregate, group_advantages, policy_loss
+from rlonce.config import AlgoConfig, objective_params
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -52,8 +53,9 @@ def test_masked_positions_never_change_the_loss(b, name, agg):
     new2 = torch.where(junk, torch.randn(new.shape, generator=g) * 50, new)
     old2 = torch.where(junk, torch.randn(old.shape, generator=g) * 50, old)
     adv2 = torch.where(junk, torch.randn(adv.shape, generator=g) * 50, adv)
-    l1, _ = policy_loss(name, new, old, adv, mask, agg=agg, group_ids_B=groups)
-    l2, _ = policy_loss(name, new2, old2, adv2, mask, agg=agg, group_ids_B=groups)
+    params = objective_params(AlgoConfig(objective=name))
+    l1, _ = policy_loss(name, new, old, adv, mask, agg=agg, group_ids_B=groups, **params)
+    l2, _ = policy_loss(name, new2, old2, adv2, mask, agg=agg, group_ids_B=groups, **params)
     assert float(l1) == pytest.approx(float(l2), rel=1e-5, abs=1e-6)
 
 

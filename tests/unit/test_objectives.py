@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlonce.algo import EntropyBoundController, policy_loss, rollout_correction
+from rlonce.config import AlgoConfig, objective_params
 
 
 def _grad(name, ratios, adv, mask=None, **params):
@@ -13,7 +14,7 @@ def _grad(name, ratios, adv, mask=None, **params):
     old = torch.full((1, len(ratios)), math.log(0.5))
     lp = (old + torch.log(torch.tensor([ratios]))).clone().requires_grad_()
     mask = torch.ones(1, len(ratios)) if mask is None else torch.tensor([mask], dtype=torch.float32)
-    loss, m = policy_loss(name, lp, old, torch.tensor([adv]), mask, **params)
+    loss, m = policy_loss(name, lp, old, torch.tensor([adv]), mask, agg="token-mean", **params)
     loss.backward()
     return loss.detach(), lp.grad[0], m, lp.detach()[0]
 
@@ -47,7 +48,7 @@ def test_four_bound_masks_out_of_interval_tokens_per_sign():
     _, g, m, _ = _grad("four_bound", ratios, adv, pos_low=0.5, pos_high=1.5, neg_low=0.2, neg_high=5.0)
     assert g[2] == 0 and m["clip_pos_high"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="interval"):
-        _grad("four_bound", ratios, adv, pos_low=1.2)
+        _grad("four_bound", ratios, adv, pos_low=1.2, pos_high=5.0, neg_low=0.2, neg_high=5.0)
 
 
 def test_unified_is_cispo_with_the_trust_region_mask():
@@ -60,7 +61,7 @@ def test_unified_is_cispo_with_the_trust_region_mask():
 
 def test_ppo_gradient_zero_on_clipped_tokens_and_masked_positions():
     _, g, _, _ = _grad("ppo", [1.5, 1.1, 0.5, 0.9], [1.0, 1.0, -1.0, -1.0], mask=[1, 1, 1, 0],
-                       clip_low=0.2, clip_high=0.2)
+                       clip_low=0.2, clip_high=0.2, clip_c=None)
     # token 0: r > 1.2 with A > 0 → clipped, no gradient; token 2: r < 0.8 with A < 0 → clipped
     # token 1: d(-A·r)/d log π = -r·A / 3; token 3 masked
     assert g.tolist() == pytest.approx([0.0, -1.1 / 3, 0.0, 0.0], abs=1e-7)
@@ -68,7 +69,7 @@ def test_ppo_gradient_zero_on_clipped_tokens_and_masked_positions():
 
 @pytest.mark.parametrize("name", ["ppo", "four_bound", "cispo", "unified"])
 def test_every_objective_descends_the_right_way(name):
-    _, g, _, _ = _grad(name, [1.0, 1.0], [1.0, -1.0])
+    _, g, _, _ = _grad(name, [1.0, 1.0], [1.0, -1.0], **objective_params(AlgoConfig(objective=name)))
     assert g[0] < 0 < g[1]
 
 
@@ -85,7 +86,7 @@ def test_rollout_correction_token_and_sequence():
     assert w.flatten().tolist() == pytest.approx([1.0, 1.0, 1.0, 3.0, 3.0, 0.0], rel=1e-5)
     assert m["correction_capped_frac"] == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="unknown rollout correction"):
-        rollout_correction(old, roll, mask, mode="nope")
+        rollout_correction(old, roll, mask, mode="nope", cap=2.0)
 
 
 def test_entropy_controller_moves_bounds_and_checkpoints():

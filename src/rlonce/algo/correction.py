@@ -42,7 +42,7 @@ CORRECTIONS: dict[str, Callable] = {"token": _token_weights, "sequence": _sequen
 
 
 def rollout_correction(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor,
-                       *, mode: str = "token", cap: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
+                       *, mode: str, cap: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated IS weights ``min(exp(old - rollout), cap)`` per token (``mode='token'``) or per
     sequence (``'sequence'``: the product over the row's valid tokens), zero where masked.
     Metrics: ``correction_capped_frac`` (share of valid tokens, or non-empty rows, whose weight

@@ -5,6 +5,9 @@ token; aggregation reduces it to a scalar. Every aggregation mode is linear in t
 values, so it is computed as ``sum(w_BT * values_BT)`` with weights taken once over the whole
 mini-batch (``aggregation_weights``) — which keeps gradient accumulation over micro-batches
 exact for every mode, not only token-mean.
+
+The objectives' parameters have no defaults here: ``rlonce.config`` (``algo.objective``) owns
+them, so a value is stated once and a caller that forgets one gets an error, not a second value.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ def _ratio(logprobs_BT, old_logprobs_BT, mask_BT):
     return torch.exp(torch.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT)))
 
 
-def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip_low: float = 0.2,
-                   clip_high: float = 0.2, clip_c: float | None = None):
+def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip_low: float, clip_high: float,
+                   clip_c: float | None):
     """PPO clip (seed 001, "The equation only works if the history is true", the public vanilla
     loss): ``-min(r·A, clip(r, 1-clip_low, 1+clip_high)·A)``. ``clip_high > clip_low`` is DAPO's
     clip-higher. With ``clip_c`` (dual clip) a negative-advantage token's loss is at most
@@ -109,8 +112,8 @@ def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip
     return loss_BT * mask_BT, {k: float(v) for k, v in metrics.items()}
 
 
-def four_bound_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, pos_low: float = 0.2,
-                          pos_high: float = 5.0, neg_low: float = 0.2, neg_high: float = 5.0):
+def four_bound_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, pos_low: float, pos_high: float,
+                          neg_low: float, neg_high: float):
     """MiMo's production rule (seed 001, same section): ``-sg(r)·A·log π`` with ``r = π/μ``, and a
     token is masked when its ratio leaves the interval for its advantage sign —
     ``[pos_low, pos_high]`` for A > 0, ``[neg_low, neg_high]`` for A < 0. These are ratio
@@ -143,12 +146,11 @@ def _cispo_weight(ratio_BT, eps_low: float, eps_high: float):
     return ratio_BT.detach().clamp(min=1 - eps_low, max=1 + eps_high)
 
 
-def cispo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float = 1.0,
-                     eps_high: float = 0.28):
+def cispo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float, eps_high: float):
     """CISPO (MiniMax-M1 §3.1, Eq. 4–5): ``-sg(clip(r, 1-eps_low, 1+eps_high))·A·log π``. The
     importance weight is clipped, the token is never dropped: every token keeps a gradient.
     M1 imposes no lower bound (``eps_low`` large; 1.0 puts it at 0) and tunes only
-    ``eps_high``; 0.28 matches DAPO's clip-higher so a comparison isolates clip-the-weight
+    ``eps_high``; the config's 0.28 matches DAPO's clip-higher so a comparison isolates clip-the-weight
     against drop-the-token."""
     mask_BT = mask_BT.float()
     ratio_BT = _ratio(logprobs_BT, old_logprobs_BT, mask_BT)
@@ -161,8 +163,8 @@ def cispo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, ep
     return loss_BT, {k: float(v) for k, v in metrics.items()}
 
 
-def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float = 1.0,
-                       eps_high: float = 0.28, mask_low: float = 0.2, mask_high: float = 0.28):
+def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low: float, eps_high: float,
+                       mask_low: float, mask_high: float):
     """M1's unified form (Eq. 6–7): CISPO times a token mask ``M`` that is 0 where
     ``A > 0 and r > 1 + mask_high`` or ``A < 0 and r < 1 - mask_low`` (the PPO trust region)."""
     mask_BT = mask_BT.float()
@@ -188,16 +190,19 @@ OBJECTIVES: dict[str, Callable] = {
 }
 
 
-def policy_loss(name: str, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, agg: str = "token-mean",
+def policy_loss(name: str, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, agg: str | None = None,
                 group_ids_B: Sequence | None = None, weights_BT: torch.Tensor | None = None, **params):
-    """Objective ``name`` per token, then aggregated. ``weights_BT`` overrides ``agg`` with
-    precomputed aggregation weights (used for micro-batches of a larger mini-batch, and to fold
-    in rollout-correction weights). Returns ``(loss, metrics)``; every metric is a share or a
-    mean over valid tokens."""
+    """Objective ``name`` per token, then aggregated by ``agg`` — or, instead, by precomputed
+    aggregation weights ``weights_BT`` (used for micro-batches of a larger mini-batch, and to fold
+    in rollout-correction weights); give exactly one. ``params`` are the objective's parameters,
+    all of them: the config (``algo.objective``) owns their defaults. Returns ``(loss, metrics)``;
+    every metric is a share or a mean over valid tokens."""
     try:
         objective = OBJECTIVES[name]
     except KeyError:
         raise ValueError(f"unknown policy objective {name!r}; known: {sorted(OBJECTIVES)}") from None
+    if (agg is None) == (weights_BT is None):
+        raise ValueError("policy_loss needs exactly one of agg (an aggregation name) and weights_BT")
     loss_BT, metrics = objective(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, **params)
     if weights_BT is None:
         weights_BT = aggregation_weights(mask_BT, agg, group_ids_B=group_ids_B)

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
-from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, save_config
+from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, objective_params, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
 from rlonce.engine.base import BackendError, SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
@@ -82,11 +82,6 @@ def signal_settings(algo: AlgoConfig) -> SignalSettings:
         penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
                    for p in algo.penalties],
     )
-
-
-def objective_params(algo: AlgoConfig) -> dict:
-    """The objective's own parameters (everything in its table but its name and controller knobs)."""
-    return algo.objective.model_dump(exclude={"name", "entropy_band", "entropy_step"})
 
 
 def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:

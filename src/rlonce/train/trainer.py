@@ -199,10 +199,13 @@ class Trainer:
         norm = self._optimizer_step()
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
-    def rl_step(self, rows: list[TrainingRow], *, objective: str = "ppo", agg: str = "token-mean",
-                minibatches: int = 1, seed: int = 0, correction: str = "none", correction_cap: float = 2.0,
-                version: int | None = None, **params) -> dict[str, float]:
+    def rl_step(self, rows: list[TrainingRow], *, objective: str, agg: str, correction: str, correction_cap: float,
+                minibatches: int = 1, seed: int = 0, version: int | None = None, **params) -> dict[str, float]:
         """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``.
+
+        ``objective``, ``agg``, ``correction``, ``correction_cap`` and the objective's ``params``
+        come from the config (``algo.*``; ``rlonce.recipes.grpo`` passes them): they have no
+        defaults here.
 
         The ratio's denominator is the rollout log-prob. With ``correction`` ('token' or
         'sequence'), the trainer first recomputes every row's log-probs under the weights it
