@@ -7,6 +7,7 @@ Verbs:
   serve       the gateway over HTTP on loopback for any model rlonce can load
   tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
   probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
+  config      ``config show [KEY]``: every config key's resolved value, docstring and default
 """
 
 from __future__ import annotations
@@ -179,6 +180,16 @@ def _parser() -> argparse.ArgumentParser:
                     "what is recorded, so an interrupted probe resumes")
     pr.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
     pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+    cf = sub.add_parser("config", help="show the resolved configuration with each key's docstring and default")
+    csub = cf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cs = csub.add_parser("show", help="every key's resolved value, docstring and default (or only KEY's)")
+    cs.add_argument("--config", help="TOML config file (see configs/)")
+    cs.add_argument("--resume", metavar="RUN_DIR", help="show the saved config of the run in RUN_DIR")
+    cs.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] [KEY] [KEY=VALUE]",
+                    help="a TOML config (like --config), a dotted key to show (e.g. rl.lr; a section shows all "
+                         "its keys) and/or config overrides")
+    cs.set_defaults(out=None)
 
     for p in (q, t, e, tb, tv, tf, pr, sv):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -359,6 +370,31 @@ def train_config(args):
     return load_config(config, [*overrides, *([f"out={args.out}"] if args.out else [])]), False
 
 
+def _config_show(args) -> int:
+    """``rlonce config show [KEY]``: the config ``rlonce train`` would run with the same arguments."""
+    from rlonce.config import settings
+
+    keys = [x for x in args.overrides if "=" not in x and not x.endswith(".toml")]
+    if len(keys) > 1:
+        raise UsageError(f"config show: one KEY at most, got {' '.join(keys)}")
+    args.overrides = [x for x in args.overrides if x not in keys]
+    cfg, _ = train_config(args)
+    rows = settings(cfg)
+    if keys:
+        key = keys[0]
+        shown = [r for r in rows if r.key == key or r.key.startswith(key + ".")]
+        if not shown:
+            parent = key.rpartition(".")[0]
+            inside = [r.key.removeprefix(parent + ".").split(".")[0] for r in rows
+                      if parent and r.key.startswith(parent + ".")]
+            known = inside or [r.key.split(".")[0] for r in rows]
+            raise UsageError(f"config show: unknown config key {key!r}; known keys{f' in {parent}' if inside else ''}: "
+                             f"{', '.join(dict.fromkeys(known))}")
+        rows = shown
+    print("\n".join(r.text() for r in rows))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -371,6 +407,8 @@ def _main(argv: list[str]) -> int:
         return _probe(args)
     if args.verb == "serve":
         return _serve(args)
+    if args.verb == "config":
+        return _config_show(args)
     if args.verb == "quickstart":
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
         _writable_dir(cfg.out)

@@ -12,7 +12,7 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -219,6 +219,7 @@ class PPOObjective(Section):
     """PPO clip with clip-higher and an optional dual clip (the public vanilla loss)."""
 
     name: Literal["ppo"] = "ppo"
+    """Selects this variant (``algo.objective = "ppo"``)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """Ratio floor 1 - clip_low for positive advantages."""
     clip_high: float = Field(0.28, ge=0, le=100)
@@ -232,6 +233,7 @@ class FourBoundObjective(Section):
     are masked. Ratio intervals, not 1 ± ε."""
 
     name: Literal["four_bound"] = "four_bound"
+    """Selects this variant (``algo.objective = "four_bound"``)."""
     pos_low: float = Field(0.2, ge=0, lt=1)
     """Lowest kept ratio for positive advantages."""
     pos_high: float = Field(5.0, gt=1, le=1000)
@@ -258,6 +260,7 @@ class CISPOObjective(Section):
     """MiniMax-M1's CISPO: the importance weight is clipped, no token is dropped."""
 
     name: Literal["cispo"] = "cispo"
+    """Selects this variant (``algo.objective = "cispo"``)."""
     eps_low: float = Field(1.0, ge=0, le=1)
     """Weight floor 1 - eps_low; 1.0 puts it at 0: M1 imposes none."""
     eps_high: float = Field(0.28, ge=0, le=100)
@@ -268,6 +271,7 @@ class UnifiedObjective(Section):
     """CISPO with M1's token mask (Eq. 7): mask_low/mask_high bound the PPO trust region."""
 
     name: Literal["unified"] = "unified"
+    """Selects this variant (``algo.objective = "unified"``)."""
     eps_low: float = Field(1.0, ge=0, le=1)
     """Weight floor 1 - eps_low."""
     eps_high: float = Field(0.28, ge=0, le=100)
@@ -367,6 +371,7 @@ class AlgoConfig(Section):
     gar_lambda_max: float = Field(2.0, ge=1, le=1000)
     """Largest GAR redistribution factor."""
     length: LengthConfig = LengthConfig()
+    """Group-relative length shaping of passing rows' rewards (off by default)."""
     penalties: list[PenaltyConfig] = [PenaltyConfig(rule="repetition"), PenaltyConfig(rule="tool_call"),
                                       PenaltyConfig(rule="garbled")]
     """Rules and strategies; the default only monitors (counts appear in metrics.jsonl)."""
@@ -468,17 +473,29 @@ class RunConfig(Section):
     executor: Literal["local", "ray"] = "local"
     """Where rollouts, generation and training run: this process, or Ray actors (``[ray]``)."""
     model: ModelConfig = ModelConfig()
+    """The policy model: which weights, chat format and precision."""
     runtime: RuntimeConfig = RuntimeConfig()
+    """Seed and torch thread counts."""
     engine: EngineConfig = EngineConfig()
+    """The inference engine that generates rollouts (torch on CPU or vLLM on GPU)."""
     task: TaskConfig = TaskConfig()
+    """The domain trained on and its task generator."""
     harness: HarnessConfig = HarnessConfig()
+    """Harness arms, turn and token budgets, sampling."""
     sft: SFTConfig = SFTConfig()
+    """Supervised fine-tuning on scripted-expert demonstrations before RL."""
     rl: RLConfig = RLConfig()
+    """GRPO: steps, groups per step and their size, sync concurrency, the RL optimizer."""
     rollout: RolloutConfig = RolloutConfig()
+    """The rollout orchestrator: sync or async, staleness, oversampling."""
     algo: AlgoConfig = AlgoConfig()
+    """The learning signal: objective, aggregation, reward shaping, penalties."""
     eval: EvalConfig = EvalConfig()
+    """Held-out evaluations before, during and after RL."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often checkpoints are written and how many are kept."""
     ray: RayConfig = RayConfig()
+    """Actors and resources of the Ray executor (used with ``executor = "ray"``)."""
 
 
 def _parse_value(raw: str):
@@ -660,17 +677,18 @@ def read_saved_config(path: Path, overrides: list[str] | None = None) -> RunConf
     return validate(data, overrides)
 
 
-def _toml(value) -> str:
+def _toml(value, exact: bool = False) -> str:
+    """``value`` as TOML text (None as 'unset'); floats shortened unless ``exact``."""
     if value is None:
         return "unset"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return f"{value:g}"
+        return repr(value) if exact else f"{value:g}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(_toml(v, exact) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {_toml(v, exact)}" for k, v in value.items()) + "}"
     return json.dumps(value) if isinstance(value, str) else str(value)
 
 
@@ -707,3 +725,52 @@ def reference() -> str:
 
     walk(RunConfig, "")
     return "\n".join(rows) + "\n"
+
+
+class Setting(NamedTuple):
+    """One key of a resolved config, as ``rlonce config show`` prints it."""
+
+    key: str
+    value: object
+    default: object
+    bounds: str
+    doc: str
+
+    def text(self) -> str:
+        """``key = value`` (as an override writes it; None shows as 'unset'), then, indented, the
+        docstring, the default (or 'the default' when the value is it) and the bounds."""
+        more = "the default" if self.value == self.default else f"default {_toml(self.default, True)}"
+        more += f"; bounds {self.bounds}" if self.bounds else ""
+        return f"{self.key} = {_toml(self.value, True)}\n    {self.doc} ({more})"
+
+
+def _plain(value):
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def settings(cfg: RunConfig) -> list[Setting]:
+    """Every key of ``cfg`` with its resolved value, default, bounds and docstring, in schema order.
+    ``algo.objective`` is its variant's name, followed by that variant's parameters only;
+    ``algo.penalties`` is one value, a list of tables."""
+    out: list[Setting] = []
+
+    def walk(section: BaseModel, prefix: str) -> None:
+        for name, info in type(section).model_fields.items():
+            if name == "name" and type(section) in _VARIANTS.values():
+                continue
+            key, value = f"{prefix}{name}", getattr(section, name)
+            default = info.get_default(call_default_factory=True)
+            doc = " ".join((info.description or "").split())
+            if isinstance(value, BaseModel):
+                if name == "objective":
+                    out.append(Setting(key, value.name, default.name, "", doc))
+                walk(value, f"{key}.")
+            else:
+                out.append(Setting(key, _plain(value), _plain(default), bounds(info), doc))
+
+    walk(cfg, "")
+    return out
