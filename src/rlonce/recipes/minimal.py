@@ -1,0 +1,253 @@
+"""The whole loop in one file: SFT, then GRPO on toolfind in real sandboxes.
+
+Read it top to bottom. It uses the library's records (``Sequence`` → ``TrainingRow``), gateway,
+harness, sandboxed environment and engine; the group advantages and the clipped policy loss are
+written out here. ``rlonce quickstart`` runs the same algorithm with every knob, checkpoints,
+metrics and the asynchronous scheduler (``recipes/grpo.py``); a test checks that the inline
+advantages and loss below equal ``learning_signal`` and ``policy_loss`` on the same samples.
+
+    python -m rlonce.recipes.minimal --out runs/minimal
+
+How this departs from textbook GRPO (each is also the main job's default):
+- No KL term and no reference model.
+- Advantages are ``r - mean(r)`` within the group, not divided by the group's std.
+- Dynamic filtering: a group whose rewards are all equal teaches nothing and is dropped.
+- Clip-higher (the ratio's ceiling 1 + 0.28 is above its floor 1 - 0.2) and dual clip (a
+  negative-advantage token's loss is at most ``-3·A``).
+- The ratio's denominator is the log-prob the engine recorded when it sampled the token, not
+  a recomputation by the trainer (the records carry it, per token, with its policy version).
+- Token-mean aggregation: every trained token of the mini-batch weighs the same.
+- A sequence that failed in the infrastructure (sandbox, engine, grader) is left out of its
+  group's statistics; it is never scored as a reward of 0.
+- A warm start by SFT on a scripted expert's demonstrations, run through the same harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rlonce.core.records import Sample, TrainingRow, sequence_to_rows
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
+from rlonce.engine.torch_engine import TorchEngine
+from rlonce.envs.toolfind.env import ToolfindEnv
+from rlonce.envs.toolfind.expert import expert_turns
+from rlonce.envs.toolfind.tasks import make_task
+from rlonce.harness.loop import HarnessLimits
+from rlonce.model import loader
+from rlonce.model.chat import get_format
+from rlonce.rollout.runner import RolloutSpec, collect, run_sequence
+from rlonce.train.trainer import pad_rows, token_logprobs
+
+SFT_DEMOS, SFT_EPOCHS, SFT_LR, SFT_BATCH = 1000, 5, 2e-3, 16
+RL_STEPS, TASKS_PER_STEP, GROUP, RL_LR, MINIBATCHES = 40, 8, 8, 2e-4, 2
+CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
+HELDOUT, EVAL_SEED = 200, 12345
+ROLLOUT_THREADS, TRAIN_THREADS = 1, 2  # small-model CPU decoding is fastest on one thread; training uses two
+RL_TASK_OFFSET = 1_000_000  # RL draws train tasks far from the SFT demonstrations' indices
+
+
+# ---- the pieces --------------------------------------------------------------------------
+def rollout_spec(lm, max_turns: int = 3) -> RolloutSpec:
+    """Sampling at temperature 1, up to 3 turns of 64 tokens in a 1024-token context."""
+    return RolloutSpec(lm.encode, lm.decode, get_format(lm.chat_format), SamplingParams(max_tokens=64),
+                       HarnessLimits(max_turns=max_turns, max_obs_chars=600))
+
+
+def adamw(model, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+
+def token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """Sum over trained tokens / the mini-batch's trained-token count (so micro-batches add up)."""
+    return (values_BT * mask_BT).sum() / max(n_tokens, 1)
+
+
+def micro_batches(rows: list[TrainingRow], max_tokens: int = 8192):
+    """Rows in length order, packed so that (rows × longest row) stays under ``max_tokens``."""
+    rows, batch = sorted(rows, key=len), []
+    for r in rows:
+        if batch and (len(batch) + 1) * len(r) > max_tokens:
+            yield batch
+            batch = []
+        batch.append(r)
+    if batch:
+        yield batch
+
+
+def optimizer_step(model, opt) -> float:
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
+# ---- 1. supervised warm start ------------------------------------------------------------
+async def demonstrations(lm, spec: RolloutSpec, n: int) -> list:
+    """The scripted expert plays ``n`` tasks through the real harness and sandbox; the recorded
+    sequences are the SFT data (all of them must succeed: the expert is exact)."""
+    rng, fmt = random.Random(0), get_format(lm.chat_format)
+    spec = copy.copy(spec)
+    spec.limits = HarnessLimits(max_turns=64, max_obs_chars=600)
+    sem = asyncio.Semaphore(32)
+
+    async def one(i):
+        task = make_task("train", i)
+        engine = ScriptedEngine(expert_turns(task, rng, fmt, detour_p=0.5, max_detours=2), lm.encode)
+        async with sem:
+            return await run_sequence(task, ToolfindEnv, engine, spec)
+
+    seqs = await asyncio.gather(*(one(i) for i in range(n)))
+    assert all(s.success for s in seqs), "the scripted expert failed a task: the sandbox or generator is broken"
+    return seqs
+
+
+def sft(lm, seqs, rng: random.Random, progress: bool) -> None:
+    """Token-mean cross-entropy on the expert's tokens (observations and prompts are masked)."""
+    rows = [r for s in seqs for r in sequence_to_rows(s, 1.0)]
+    steps = SFT_EPOCHS * len(rows) // SFT_BATCH
+    opt = adamw(lm.model, SFT_LR)
+    # 20 warm-up steps, then a cosine from the peak down to a tenth of it
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (k + 1) / 20 if k < 20 else
+                                              0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (k - 20) / max(1, steps - 20)))))
+    torch.set_num_threads(TRAIN_THREADS)
+    lm.model.train()
+    for _ in tqdm(range(steps), desc="sft", disable=not progress):
+        batch = rng.sample(rows, SFT_BATCH)
+        n = sum(sum(r.loss_mask[1:]) for r in batch)
+        for mb in micro_batches(batch):
+            b = pad_rows(mb)
+            lp_BT, _ = token_logprobs(lm.model, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT)
+            token_mean(-lp_BT, b.mask_BT, n).backward()
+        optimizer_step(lm.model, opt)
+        sched.step()
+
+
+# ---- 2. the learning signal: group advantages --------------------------------------------
+def grpo_rows(samples: list[Sample]) -> list[TrainingRow]:
+    """Each group's advantages ``r - mean(r)`` over its sequences that did not fail in the
+    infrastructure; all-equal groups are dropped; a confirmed hack scores 0. Every model token
+    of a sequence gets its sequence's advantage."""
+    rows = []
+    for sample in samples:
+        seqs = [s for s in sample.sequences if not s.infra_failed]
+        rewards = [0.0 if s.hack_confirmed else s.reward for s in seqs]
+        if len(set(rewards)) < 2:
+            continue
+        mean = sum(rewards) / len(rewards)
+        for seq, r in zip(seqs, rewards):
+            rows += sequence_to_rows(seq, r - mean, group_id=sample.group_id)
+    return rows
+
+
+# ---- 3. the policy loss ------------------------------------------------------------------
+def clipped_loss(lp_BT, old_BT, adv_BT, mask_BT, n_tokens: int) -> torch.Tensor:
+    """PPO's clipped surrogate with clip-higher and dual clip, token-mean over ``n_tokens``.
+    ``old_BT`` holds the log-probs the engine sampled with."""
+    ratio = torch.exp((lp_BT - old_BT) * mask_BT)
+    loss = torch.maximum(-adv_BT * ratio, -adv_BT * ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH))
+    loss = torch.where(adv_BT < 0, torch.minimum(loss, -adv_BT * CLIP_C), loss)
+    return token_mean(loss, mask_BT, n_tokens)
+
+
+def rl_update(lm, opt, rows: list[TrainingRow], rng: random.Random) -> dict:
+    """``MINIBATCHES`` optimizer steps over the step's rows (one pass, shuffled)."""
+    lm.model.train()
+    rows = rng.sample(rows, len(rows))
+    k = max(1, min(MINIBATCHES, len(rows)))
+    losses, norms = [], []
+    for part in (rows[i::k] for i in range(k)):
+        n = sum(sum(r.loss_mask[1:]) for r in part)
+        total = 0.0
+        for mb in micro_batches(part):
+            b = pad_rows(mb)
+            lp_BT, _ = token_logprobs(lm.model, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT)
+            loss = clipped_loss(lp_BT, b.old_lp_BT, b.adv_BT, b.mask_BT, n)
+            loss.backward()
+            total += float(loss.detach())
+        losses.append(total)
+        norms.append(optimizer_step(lm.model, opt))
+    return {"loss": sum(losses) / k, "grad_norm": max(norms)}
+
+
+# ---- 4. evaluation -----------------------------------------------------------------------
+async def heldout_success(engine, spec: RolloutSpec, n: int, progress: bool) -> float:
+    """One seeded attempt at each of ``n`` held-out tasks; infrastructure failures left out."""
+    tasks = [make_task("heldout", i) for i in range(n)]
+    torch.set_num_threads(ROLLOUT_THREADS)
+    samples = await collect(tasks, 1, ToolfindEnv, engine, spec, seed=EVAL_SEED, concurrency=128, desc="eval",
+                            progress=progress)
+    scored = [s for x in samples for s in x.sequences if not s.infra_failed]
+    return sum(s.success for s in scored) / max(len(scored), 1)
+
+
+# ---- the loop ----------------------------------------------------------------------------
+async def rl(lm, engine: TorchEngine, spec: RolloutSpec, steps: int, rng: random.Random, progress: bool) -> list:
+    opt = adamw(lm.model, RL_LR)
+    history, version = [], 0
+    bar = tqdm(range(1, steps + 1), desc="grpo", disable=not progress)
+    for step in bar:
+        start = RL_TASK_OFFSET + (step - 1) * TASKS_PER_STEP
+        tasks = [make_task("train", start + i) for i in range(TASKS_PER_STEP)]
+        torch.set_num_threads(ROLLOUT_THREADS)
+        samples = await collect(tasks, GROUP, ToolfindEnv, engine, spec, dispatch_step=step, progress=False)
+        seqs = [s for x in samples for s in x.sequences]
+        scored = [s for s in seqs if not s.infra_failed]
+        rows = grpo_rows(samples)
+        torch.set_num_threads(TRAIN_THREADS)
+        m = rl_update(lm, opt, rows, rng) if rows else {}
+        version += 1  # the engine samples from the new weights; its tokens carry the version
+        engine.load_weights(lm.model.state_dict(), version)
+        rec = {"step": step, "reward_mean": sum(s.reward for s in scored) / max(len(scored), 1),
+               "infra_failed": len(seqs) - len(scored), "rows": len(rows), **m}
+        history.append(rec)
+        bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", rows=len(rows), refresh=False)
+    return history
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m rlonce.recipes.minimal", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/minimal", help="where summary.json goes (default runs/minimal)")
+    ap.add_argument("--steps", type=int, default=RL_STEPS, help=f"RL steps (default {RL_STEPS})")
+    ap.add_argument("--demos", type=int, default=SFT_DEMOS, help=f"SFT demonstrations (default {SFT_DEMOS})")
+    ap.add_argument("--heldout", type=int, default=HELDOUT, help=f"held-out tasks (default {HELDOUT})")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    out, progress, t0 = Path(args.out), not args.quiet, time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    lm = loader.load(loader.resolve("embedded", out / "cache"))
+    spec = rollout_spec(lm)
+
+    sft(lm, asyncio.run(demonstrations(lm, spec, args.demos)), rng, progress)
+    pad = lm.tokenizer.pad_token_id
+    engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=pad or 0,
+                         max_batch_size=128)
+    try:
+        before = asyncio.run(heldout_success(engine, spec, args.heldout, progress))
+        history = asyncio.run(rl(lm, engine, spec, args.steps, rng, progress))
+        after = asyncio.run(heldout_success(engine, spec, args.heldout, progress))
+    finally:
+        engine.close()
+    summary = {"baseline_success": before, "final_success": after, "improvement": after - before,
+               "heldout_tasks": args.heldout, "rl_steps": args.steps, "wall_seconds": time.perf_counter() - t0,
+               "history": history}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"held-out success {before:.3f} -> {after:.3f} on {args.heldout} tasks in {summary['wall_seconds']:.0f}s; "
+          f"{out / 'summary.json'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
