@@ -118,7 +118,7 @@ async def _steps(orch, steps: int) -> dict:
 def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
     from rlonce.recipes.grpo import Job
     from rlonce.rollout.orchestrator import Judge
-    from rlonce.rollout.ray_executor import RayCluster
+    from rlonce.dist.cluster import RayCluster
 
     sessions = pools * args.pool_sessions
     quota = max(1, 2 * sessions // args.group_size)  # two waves of work per step
@@ -227,7 +227,7 @@ def main() -> None:
 
     import ray
 
-    from rlonce.rollout.ray_executor import ray_temp_dir
+    from rlonce.dist.cluster import ray_temp_dir
 
     print("scaling (simulated latency):", flush=True)
     ray.init(num_cpus=64, include_dashboard=False, log_to_driver=False, _temp_dir=str(ray_temp_dir(out / "ray")))

@@ -395,7 +395,7 @@ def objective_params(algo: AlgoConfig) -> dict:
 
 
 class RayConfig(Section):
-    """The Ray executor (``executor = "ray"``; ``rlonce.rollout.ray_executor``, docs/scale-out.md)."""
+    """The Ray executor (``executor = "ray"``; ``rlonce.dist``, docs/scale-out.md)."""
 
     address: str | None = None
     """None: start a Ray instance inside this process's run (``ray.init()``); "auto": join the

@@ -23,7 +23,7 @@ from rlonce.core.records import FailureCategory  # noqa: E402
 from rlonce.engine.base import EngineError, SamplingParams  # noqa: E402
 from rlonce.engine.torch_engine import TorchEngine  # noqa: E402
 from rlonce.recipes.grpo import Job, run  # noqa: E402
-from rlonce.rollout.ray_executor import ray_temp_dir  # noqa: E402
+from rlonce.dist.cluster import ray_temp_dir  # noqa: E402
 from rlonce.telemetry.metrics import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.sandbox
@@ -232,7 +232,8 @@ def test_job_on_a_ray_start_head_cluster(tmp_path):
 
 
 def test_split_payloads_gives_each_group_to_one_rank_balanced_by_rows():
-    from rlonce.rollout.ray_executor import RemotePayload, split_payloads
+    from rlonce.dist.cluster import split_payloads
+    from rlonce.dist.pools import RemotePayload
 
     payloads = [RemotePayload(f"ref{i}", rows, 1.0) for i, rows in enumerate([8, 3, 8, 5, 1, 7])]
     shares = split_payloads(payloads, 2)

@@ -11,7 +11,7 @@ from rlonce.algo.signal import learning_signal
 from rlonce.config import RunConfig, objective_params
 from rlonce.core.records import Context, FailureCategory, Role, Sample, Segment, Sequence, Status
 from rlonce.recipes import minimal
-from rlonce.recipes.grpo import signal_settings
+from rlonce.rollout.builders import signal_settings
 from rlonce.train.trainer import pad_rows
 
 

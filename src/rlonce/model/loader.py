@@ -106,14 +106,14 @@ def init_embedded(dest: str | Path, *, seed: int = 0) -> Path:
 
 def materialize_embedded(dest: str | Path) -> Path:
     """Write the embedded model — config, shipped tokenizer, chat template and pre-trained
-    weights (``python -m rlonce.model.pretrain`` made them) — to ``dest`` as a model folder."""
+    weights (``python -m rlonce.recipes.pretrain`` made them) — to ``dest`` as a model folder."""
     dest = Path(dest)
     if (dest / "model.safetensors").exists():
         return dest
     weights = EMBEDDED_DIR / "model.safetensors"
     if not weights.is_file():
         raise ModelLoadError(f"the embedded weights {weights} are missing; rebuild them with "
-                             "`python -m rlonce.model.pretrain`")
+                             "`python -m rlonce.recipes.pretrain`")
     _copy_tokenizer(dest)
     _embedded_config().save_pretrained(dest)
     shutil.copy(weights, dest / "model.safetensors")

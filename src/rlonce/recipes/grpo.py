@@ -18,32 +18,30 @@ import copy
 import dataclasses
 import logging
 import random
-from collections import Counter
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from rlonce.algo.correction import EntropyBoundController
-from rlonce.algo.penalties import PenaltySpec
-from rlonce.algo.signal import LengthShaping, SignalSettings
-from rlonce.config import OPTIMIZERS, AlgoConfig, RunConfig, objective_params, save_config
+from rlonce.config import OPTIMIZERS, RunConfig, objective_params, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
-from rlonce.engine.base import BackendError, SamplingParams
-from rlonce.engine.scripted import ScriptedEngine
+from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
+from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.domains import domain_for
 from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
+from rlonce.rollout.builders import bound_controller, rollout_spec, signal_settings
 from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
 from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
-from rlonce.rollout.runner import LocalExecutor, RolloutSpec, collect, run_sequence
+from rlonce.rollout.runner import LocalExecutor, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
@@ -67,44 +65,6 @@ class RunState:
     orchestrator: dict | None = None
     """The orchestrator's persisted state: mixer estimates, task positions."""
     """State of the entropy-driven four-bound controller, when one is configured."""
-
-
-def signal_settings(algo: AlgoConfig) -> SignalSettings:
-    """The rollout-side half of ``algo``: shaping, filtering, penalties."""
-    length = None
-    if algo.length.enabled:
-        fields = algo.length.model_dump(exclude={"enabled", "metrics"})
-        length = LengthShaping(metrics=tuple(algo.length.metrics), **fields)
-    return SignalSettings(
-        norm_by_std=algo.norm_by_std, filter_no_contrast=algo.filter_no_contrast,
-        zero_hacks=algo.zero_confirmed_hacks, grs=algo.grs, gar=algo.gar, gar_lambda_max=algo.gar_lambda_max,
-        length=length,
-        penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
-                   for p in algo.penalties],
-    )
-
-
-def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:
-    obj = algo.objective
-    band = getattr(obj, "entropy_band", None)
-    if band is None:
-        return None
-    return EntropyBoundController(band[0], band[1], obj.entropy_step, obj.pos_low, obj.pos_high,
-                                  obj.neg_low, obj.neg_high)
-
-
-def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
-    """What every sequence of the run shares (also built inside each Ray harness pool)."""
-    h = cfg.harness
-    return RolloutSpec(
-        lm.encode, lm.decode, get_format(lm.chat_format),
-        SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
-                       stop_confident_run=cfg.algo.stop_confident_run),
-        HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
-                      compact_at=h.compact_at),
-        max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
-        arm_per_sequence=h.assign == "sequence",
-    )
 
 
 class Job:
@@ -146,8 +106,8 @@ class Job:
         weights and optimizer state; ``self.engine`` then generates through the engine actors."""
         if self.engine is not None:
             return
+        from rlonce.dist.cluster import RayCluster
         from rlonce.rollout.orchestrator import Judge
-        from rlonce.rollout.ray_executor import RayCluster
 
         rc = self.cfg.ray
         self._say(f"starting Ray actors: {rc.trainer_workers} trainer(s), {rc.engines} engine(s), "
@@ -296,12 +256,14 @@ class Job:
 
     async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from rlonce.gateway.http import AsyncServer, make_app
         from rlonce.harness.outside import run_outside
 
         self._threads("rollout")
-        gateway = self.spec.gateway(self.engine)
-        gateway.render_tools = True  # an outside agent's tools are new to the model: show them
+        gateway = self.spec.gateway(self.engine, render_tools=True,  # an outside agent's tools are new to the model
+                                    offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway"))
         tasks = [self.domain.task("heldout", i) for i in range(n)]
         bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not self.progress, leave=False)
         sem = asyncio.Semaphore(2)  # outside agents are whole processes

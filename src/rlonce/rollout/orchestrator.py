@@ -32,7 +32,7 @@ predicted KV tokens (the source's mean context length × group size).
 
 The executor runs one group. ``LocalExecutor`` runs its sequences on this event loop and hands
 them back; the orchestrator judges them here (``judge``). ``RayExecutor``
-(``rlonce.rollout.ray_executor``) runs the group in a harness-pool actor, which calls the same
+(``rlonce.dist.pools.RayExecutor``) runs the group in a harness-pool actor, which calls the same
 ``judge`` where the tokens are and returns a ``Judged`` whose sequences are metadata only (no
 contexts) and whose rows stay in Ray's object store until the trainer fetches them (``payload``).
 An executor failure becomes an infrastructure failure of every sequence of the group, with the

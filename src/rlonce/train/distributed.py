@@ -64,7 +64,7 @@ def shard_model(model, mesh=None):
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
-    from rlonce.train.trainer import selected_logits
+    from rlonce.model.logits import selected_logits
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from rlonce.algo.correction import rollout_correction
 from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
+from rlonce.model.logits import selected_logits
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 
 
@@ -110,14 +111,6 @@ def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT):
         ent_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype, device=sel_BT.device).masked_scatter(
             sel_BT, -(logp_NV.exp() * logp_NV).sum(-1))
     return lp_BT, ent_BT
-
-
-def selected_logits(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, sel_BT: torch.Tensor) -> torch.Tensor:
-    """The LM head's logits (N×V) at the N positions ``sel_BT`` (B×T-1) selects; the decoder runs
-    on every token, the head only on those."""
-    decoder = getattr(model, model.base_model_prefix)
-    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state[:, :-1]
-    return model.get_output_embeddings()(hidden_BTH[sel_BT])
 
 
 class Trainer:

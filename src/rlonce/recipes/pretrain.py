@@ -1,6 +1,6 @@
 """Offline pre-training of the embedded base model (run once; its weights are shipped).
 
-    python -m rlonce.model.pretrain [--steps 600]
+    python -m rlonce.recipes.pretrain [--steps 600]
 
 A real pretrained model arrives knowing how to copy a span and look a key up in its
 context; a few-M-parameter model trained from scratch on agent demonstrations alone does

@@ -1,6 +1,6 @@
 """Offline build of the embedded model's byte-level BPE tokenizer (run once; output is shipped).
 
-    python -m rlonce.model.build_tokenizer
+    python -m rlonce.recipes.build_tokenizer
 
 Trained with ``tokenizers`` on dialogues of the embedded toolfind domain. The pre-tokenizer
 splits letters, single digits and runs of other characters apart, so a word is the same
@@ -41,7 +41,7 @@ def _approx_output(task, command: str) -> str:
 
 
 def corpus(n: int = 3000, n_pretrain: int = 1500):
-    from rlonce.model.pretrain import document, text_of
+    from rlonce.recipes.pretrain import document, text_of
 
     prng = random.Random(99)
     for _ in range(n_pretrain):

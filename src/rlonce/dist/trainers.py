@@ -1,0 +1,118 @@
+"""Trainer actors: data-parallel ranks that step on the payloads the pools left in the object store."""
+
+from __future__ import annotations
+
+import os
+
+from rlonce.dist.common import ray_module
+from rlonce.engine.base import BackendError
+
+
+class TrainerActor:
+    """The trainer in its own process: fetches the rows of the groups it trains on, steps, and
+    publishes its weights to the object store by version.
+
+    With ``ray.trainer_workers = N > 1`` there are N of them, ranks of one ``torch.distributed``
+    group (gloo on CPU, NCCL on GPU) training one FSDP2-sharded model (``rlonce.train.distributed``):
+    each fetches only its share of the step's groups, and the update equals one process's on the
+    whole batch. Rank 0 publishes the gathered weights."""
+
+    def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
+                 state_refs: list, version: int, timeout: float = 300.0):
+        import torch
+
+        from rlonce.model import loader
+
+        ray = ray_module()
+        torch.set_num_threads(threads)
+        self.timeout = timeout
+        self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32).model
+        if state_refs:
+            self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
+        if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0
+            self.model.to("cuda")
+        self.optim, self.temperature = optim, temperature
+        self.version, self._published = version, None
+        self.rank, self.world = 0, 1
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "version": self.version, "rank": self.rank}
+
+    def rendezvous(self) -> tuple[str, int]:
+        """An address and free port on this actor's node for the process group (rank 0)."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray_module().util.get_node_ip_address(), port
+
+    def setup(self, rank: int, world: int, address: tuple[str, int] | None, trainer_state: dict | None) -> dict:
+        """Build the trainer: alone, or as ``rank`` of ``world`` (joining the process group at
+        ``address`` and sharding the model first: the optimizer must hold the shards)."""
+        from rlonce.train.trainer import Trainer
+
+        self.rank, self.world = rank, world
+        if world > 1:
+            from rlonce.train.distributed import (
+                init_process_group,
+                load_full_optimizer_state,
+                shard_model,
+            )
+
+            os.environ.update(MASTER_ADDR=address[0], MASTER_PORT=str(address[1]), RANK=str(rank),
+                              WORLD_SIZE=str(world), LOCAL_RANK="0")
+            init_process_group()
+            shard_model(self.model)
+        self.trainer = Trainer(self.model, self.optim, temperature=self.temperature)
+        if trainer_state and world > 1:
+            if "optimizer_full" not in trainer_state:
+                raise BackendError("this checkpoint's optimizer state is from a single trainer; resume it with "
+                                   "ray.trainer_workers = 1")
+            load_full_optimizer_state(self.model, self.trainer.optimizer,
+                                      trainer_state["optimizer_full"] if rank == 0 else {})
+            self.trainer.step = trainer_state["step"]
+        elif trainer_state:
+            if "optimizer_full" in trainer_state:
+                raise BackendError("this checkpoint's optimizer state is from data-parallel trainers; resume it "
+                                   "with ray.trainer_workers > 1")
+            self.trainer.load_state_dict(trainer_state)
+        self.publish(self.version)
+        return self.ready()
+
+    def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
+        from rlonce.core.records import version_lags
+
+        for _, more in ray_module().get(payload_refs, timeout=self.timeout):
+            rows = rows + list(more)
+        metrics = self.trainer.rl_step(rows, **kwargs)
+        metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))  # this rank's rows
+        return metrics
+
+    def _full_state(self) -> dict:
+        if self.world > 1:
+            from rlonce.train.distributed import full_state_dict
+
+            return full_state_dict(self.model)  # every rank takes part; rank 0 gets the weights
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def publish(self, version: int) -> list | None:
+        """Put the weights into the object store once (rank 0); engines fetch them by reference."""
+        state = self._full_state()
+        self.version = version
+        if self.rank == 0:
+            self._published = [ray_module().put(state)]  # serialised (copied) now
+        return self._published
+
+    def latest(self) -> tuple[int, list | None]:
+        return self.version, self._published
+
+    def state(self) -> tuple[dict, dict]:
+        """(weights, optimizer state) for a checkpoint; complete on rank 0."""
+        model_state = self._full_state()
+        if self.world > 1:
+            from rlonce.train.distributed import full_optimizer_state
+
+            return model_state, {"optimizer_full": full_optimizer_state(self.model, self.trainer.optimizer),
+                                 "step": self.trainer.step}
+        return model_state, self.trainer.state_dict()

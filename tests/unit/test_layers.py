@@ -1,0 +1,78 @@
+"""Imports point downward only, and no module imports itself back through others.
+
+    core (records, ledger, errors, config, telemetry) < algo < model < engine < sandbox < envs
+      < gateway < harness < rollout < train < dist < recipes < cli
+
+Every ``import`` counts, also those inside functions (a lazy import is still a dependency).
+"""
+
+import ast
+from pathlib import Path
+
+import rlonce
+
+SRC = Path(rlonce.__file__).resolve().parent
+LAYERS = ["core", "algo", "model", "engine", "sandbox", "envs", "gateway", "harness", "rollout", "train", "dist",
+          "recipes", "cli"]
+CORE = {"", "core", "errors", "config", "telemetry"}
+"""Top-level names at the bottom layer ("" is the package itself)."""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in SRC.rglob("*.py"):
+        parts = p.relative_to(SRC.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "rlonce"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "rlonce":
+            # `from rlonce.algo import penalties` imports the submodule when there is one
+            subs = {f"{node.module}.{a.name}" for a in node.names} & mods.keys()
+            found |= subs or {node.module}
+    return found
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    return 0 if top in CORE else LAYERS.index(top)
+
+
+def test_every_top_level_name_has_a_layer():
+    tops = {m.split(".")[1] for m in _modules() if "." in m}
+    assert tops <= CORE | set(LAYERS), f"place {sorted(tops - CORE - set(LAYERS))} in LAYERS"
+
+
+def test_imports_point_downward_only():
+    mods = _modules()
+    upward = sorted(f"{m} -> {i} ({LAYERS[_layer(i)]} is above {LAYERS[_layer(m)]})"
+                    for m, p in mods.items() for i in _imports(p, mods) if _layer(i) > _layer(m))
+    assert upward == []
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {m: {i for i in _imports(p, mods) if i in mods and i != m} for m, p in mods.items()}
+    # a package imports its submodules through __init__; the submodules importing siblings by
+    # full name do not go through the package, so edges into a package name are its __init__ only
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
