@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from rlonce.envs.code.programs import rlonce_run as launcher
-from rlonce.sandbox.programs import fileops
 from rlonce.envs.code.testbed import LAUNCHER_NAME, install_launcher, launcher_source, parse_report
 from rlonce.sandbox.fileops import editor_command, file_op_command, file_ops_source
+from rlonce.sandbox.programs import fileops
 
 
 @pytest.fixture

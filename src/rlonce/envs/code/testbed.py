@@ -198,8 +198,9 @@ def copy_tree(src: Path, dest: Path) -> None:
 async def run_reports(sandbox: BwrapSandbox, spec: PackageSpec, targets: list[str], *, reruns: int = 1,
                       timeout: float | None = None, guards: tuple[str, ...] = GUARDS) -> list[dict | None]:
     """Run ``targets`` ``reruns`` times in one sandbox call; per rerun its report (see
-    ``parse_report``, plus ``seconds``: the mean wall time of a run) or None. Every rerun's nonce is in the workspace from the start, so
-    ``reruns`` > 1 is for trees without agent code (building, validation)."""
+    ``parse_report``, plus ``seconds``: the mean wall time of a run) or None. Every rerun's nonce
+    is in the workspace from the start, so ``reruns`` > 1 is for trees without agent code
+    (building, validation)."""
     sandbox.limits = dataclasses.replace(sandbox.limits, output_bytes=max(sandbox.limits.output_bytes, REPORT_CAP))
     nonces = [secrets.token_hex(16) for _ in range(reruns)]
     for i, n in enumerate(nonces):
