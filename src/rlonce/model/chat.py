@@ -11,6 +11,9 @@ embedded model: ``<tool_call>{json}</tool_call>`` inside an assistant turn, tool
 ``<tool_response>`` blocks in a user turn. ``smollm2`` is the markup SmolLM2-Instruct was tuned
 on for function calling: the same ChatML turns, the tools listed in ``<tools>`` under its
 instruction text, and one ``<tool_call>[...]</tool_call>`` block holding a JSON *list* of calls.
+
+``ChatFormat`` is what the gateway and the harnesses ask of a format; both formats here are
+ChatML underneath and share that markup through ``_ChatML``, each adding its own tool markup.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class ToolCallParseError(ValueError):
@@ -34,19 +38,35 @@ def tool_json(name: str, arguments: dict) -> str:
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class HermesFormat:
-    """Qwen2.5/Hermes chat markup with ``<tool_call>`` blocks."""
+class ChatFormat(Protocol):
+    """How a dialogue becomes text and a sampled turn becomes content and tool calls: what the
+    gateway's sessions (``render``, ``continuation``, ``split_turn``) and the scripted and expert
+    turns of the harnesses (``assistant_text``) use. ``FORMATS`` holds the implementations."""
 
-    name: str = "hermes"
-    turn_end: str = "<|im_end|>"
+    @property
+    def name(self) -> str: ...
 
-    def tools_block(self, tools: list[dict]) -> str:
-        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return (
-            "\n\n# Tools\n<tools>\n" + lines + "\n</tools>\n"
-            'Call a tool as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>'
-        )
+    @property
+    def turn_end(self) -> str:
+        """The text that ends a model turn (its token is one of the engine's stop tokens)."""
+
+    def render(self, messages, tools: list[dict], *, generation_prompt: bool = True, whole: bool = True) -> str:
+        """A whole dialogue of ``Message``s as the model folder's chat template renders it."""
+
+    def continuation(self, messages, *, turn_open: bool) -> str:
+        """New messages after a recorded model turn, up to the reopened assistant turn."""
+
+    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
+        """What the model emits for one turn, up to and including ``turn_end``."""
+
+    def split_turn(self, text: str, known: set[str] | None) -> tuple[str, list[ToolCall], str | None]:
+        """A sampled turn as (content, tool calls, flag naming a malformed or unknown call)."""
+
+
+class _ChatML:
+    """ChatML turns (``<|im_start|>role ... <|im_end|>``) and ``<tool_call>`` blocks, shared by
+    the formats below; each supplies ``tools_block``, ``assistant_text``, ``preamble`` and
+    ``_block_calls`` (how its tools are listed, its calls written and read back)."""
 
     def opening(self, system: str, user: str, tools: list[dict]) -> str:
         """System and first user message, followed by the generation prompt."""
@@ -59,12 +79,6 @@ class HermesFormat:
     def generation_prompt(self) -> str:
         return "<|im_start|>assistant\n"
 
-    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
-        """What the model emits for one turn, up to and including the turn-end marker."""
-        parts = [content] if content else []
-        parts += [f"<tool_call>\n{tool_json(c.name, c.arguments)}\n</tool_call>" for c in calls]
-        return "\n".join(parts) + self.turn_end
-
     def observation(self, results: list[str]) -> str:
         """Tool results after a model turn: closes the turn's line, then reopens the assistant."""
         body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
@@ -72,10 +86,6 @@ class HermesFormat:
 
     def user_turn(self, text: str) -> str:
         return f"\n<|im_start|>user\n{text}<|im_end|>\n" + self.generation_prompt()
-
-    def preamble(self, messages) -> str:
-        """What the chat template puts before a whole dialogue (e.g. a default system message)."""
-        return ""
 
     def render(self, messages, tools: list[dict], *, generation_prompt: bool = True, whole: bool = True) -> str:
         """A whole dialogue of ``Message``s, as the model folder's chat template renders it
@@ -138,16 +148,42 @@ class HermesFormat:
             calls += [_call_of(item) for item in self._block_calls(obj)]
         return calls
 
+
+@dataclass(frozen=True)
+class HermesFormat(_ChatML):
+    """Qwen2.5/Hermes chat markup with one ``<tool_call>`` block per call."""
+
+    name: str = "hermes"
+    turn_end: str = "<|im_end|>"
+
+    def tools_block(self, tools: list[dict]) -> str:
+        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return (
+            "\n\n# Tools\n<tools>\n" + lines + "\n</tools>\n"
+            'Call a tool as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>'
+        )
+
+    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
+        """What the model emits for one turn, up to and including the turn-end marker."""
+        parts = [content] if content else []
+        parts += [f"<tool_call>\n{tool_json(c.name, c.arguments)}\n</tool_call>" for c in calls]
+        return "\n".join(parts) + self.turn_end
+
+    def preamble(self, messages) -> str:
+        """What the chat template puts before a whole dialogue (e.g. a default system message)."""
+        return ""
+
     def _block_calls(self, obj) -> list:
         """The calls one ``<tool_call>`` block holds: one JSON object."""
         return [obj]
 
 
 @dataclass(frozen=True)
-class SmolLM2Format(HermesFormat):
+class SmolLM2Format(_ChatML):
     """SmolLM2-Instruct: ChatML turns; all of a turn's calls in one ``<tool_call>[...]</tool_call>``."""
 
     name: str = "smollm2"
+    turn_end: str = "<|im_end|>"
 
     def tools_block(self, tools: list[dict]) -> str:
         return (
@@ -185,10 +221,10 @@ def _call_of(obj) -> ToolCall:
     return ToolCall(obj["name"], args)
 
 
-FORMATS = {f.name: f for f in (HermesFormat(), SmolLM2Format())}
+FORMATS: dict[str, ChatFormat] = {f.name: f for f in (HermesFormat(), SmolLM2Format())}
 
 
-def get_format(name: str) -> HermesFormat:
+def get_format(name: str) -> ChatFormat:
     try:
         return FORMATS[name]
     except KeyError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from rlonce.envs.toolfind.tasks import ToolfindTask
-from rlonce.model.chat import HermesFormat, ToolCall
+from rlonce.model.chat import ChatFormat, ToolCall
 
 
 def optimal_calls(task: ToolfindTask) -> list[ToolCall]:
@@ -40,7 +40,7 @@ def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.
     return calls + [optimal_calls(task)[-1]]
 
 
-def expert_turns(task: ToolfindTask, rng: random.Random, fmt: HermesFormat, *, translate=None, **kw) -> list[str]:
+def expert_turns(task: ToolfindTask, rng: random.Random, fmt: ChatFormat, *, translate=None, **kw) -> list[str]:
     """The expert's assistant turns as text, one tool call each, ready for a scripted engine.
     ``translate`` maps its bash calls into a harness arm's own tools (``Arm.translate``)."""
     calls = expert_calls(task, rng, **kw)
