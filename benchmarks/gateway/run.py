@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -39,16 +40,16 @@ class Endless:
         return Generation(list(self.ids), [0.0] * len(self.ids), [0] * len(self.ids), "stop")
 
 
-def make_gateway(lm):
+def make_gateway(lm, offload=None):
     from rlonce.engine.base import SamplingParams
     from rlonce.gateway.core import Gateway
-    from rlonce.gateway.session import Budgets
+    from rlonce.gateway.session import Budgets, GatewaySettings
     from rlonce.model.chat import ToolCall, get_format
 
     fmt = get_format("hermes")
     ids = lm.encode(fmt.assistant_text("Looking.", [ToolCall("bash", {"command": "grep -r falcon.color docs"})]))
-    return Gateway(Endless(ids), lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=64),
-                   budgets=Budgets(64, 1 << 20), auto_open=True), ids
+    return Gateway(GatewaySettings(Endless(ids), lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=64),
+                                   budgets=Budgets(64, 1 << 20), auto_open=True, offload=offload)), ids
 
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
@@ -100,7 +101,7 @@ async def engine_only(gw, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        await gw.engine.generate([1, 2, 3], SamplingParams())
+        await gw.settings.engine.generate([1, 2, 3], SamplingParams())
         out.append(time.perf_counter() - t0)
     return out
 
@@ -143,7 +144,7 @@ def main() -> None:
     lm = loader.load(loader.resolve("embedded", out / "cache"))
     turn_s = pct(model_turn(lm), 0.5)
     gw, _ = make_gateway(lm)  # the in-process path, as the built-in arms use it (no server, no executor)
-    served, _ = make_gateway(lm)  # served over HTTP: make_app gives it an executor for parsing and tokenizing
+    served, _ = make_gateway(lm, ThreadPoolExecutor(4))  # served over HTTP: an executor parses and tokenizes
     results = {}
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor

@@ -296,11 +296,13 @@ def _serve(args) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from concurrent.futures import ThreadPoolExecutor
+
     from rlonce.engine.base import SamplingParams
     from rlonce.engine.torch_engine import TorchEngine
     from rlonce.gateway.core import Gateway
     from rlonce.gateway.http import AsyncServer, load_admin_key, make_app
-    from rlonce.gateway.session import Budgets
+    from rlonce.gateway.session import Budgets, GatewaySettings
     from rlonce.model import loader
     from rlonce.model.chat import get_format
 
@@ -314,11 +316,11 @@ def _serve(args) -> int:
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0)
     limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
     name = "embedded" if args.model == "embedded" else Path(args.model).name
-    gw = Gateway(engine, lm.encode, lm.decode, get_format(lm.chat_format), model_name=name, auto_open=True,
-                 honor_client_sampling=True, sampling=SamplingParams(max_tokens=args.max_tokens),
-                 budgets=Budgets(args.max_tokens, limit), idle_ttl=args.session_ttl,
-                 ended_ttl=min(args.session_ttl, 60.0))
-    gw.tokenizer = lm.tokenizer
+    gw = Gateway(GatewaySettings(
+        engine, lm.encode, lm.decode, get_format(lm.chat_format), sampling=SamplingParams(max_tokens=args.max_tokens),
+        budgets=Budgets(args.max_tokens, limit), model_name=name, auto_open=True, honor_client_sampling=True,
+        idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0), tokenizer=lm.tokenizer,
+        offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:
         async with AsyncServer(make_app(gw, admin_key=admin_key), host=args.host, port=args.port) as srv:

@@ -7,6 +7,7 @@ and its last model segment compared with what the engine sampled, token for toke
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
@@ -22,7 +23,7 @@ from rlonce.envs.toolfind.expert import optimal_calls
 from rlonce.envs.toolfind.tasks import make_task
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import ServerThread, make_app
-from rlonce.gateway.session import Budgets
+from rlonce.gateway.session import Budgets, GatewaySettings
 from rlonce.model.chat import get_format
 
 pytestmark = pytest.mark.sandbox
@@ -73,8 +74,8 @@ def check_last_turn(base_url, sid, engine):
 def served(lm):
     def start(turns, **kw):
         engine = Recording(ScriptedEngine(turns, lm.encode))
-        gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64), auto_open=True, **kw)
-        gw.tokenizer = lm.tokenizer
+        gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64),
+                                     auto_open=True, tokenizer=lm.tokenizer, offload=ThreadPoolExecutor(4), **kw))
         srv = ServerThread(make_app(gw, admin_key="test-admin-key")).start()
         started.append(srv)
         return gw, engine, srv.base_url
@@ -246,7 +247,8 @@ def test_embedded_model_over_http_records_sampled_log_probs(lm):
     from rlonce.engine.torch_engine import TorchEngine
 
     engine = Recording(TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=3))
-    gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=24), auto_open=True)
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=24),
+                                 auto_open=True, offload=ThreadPoolExecutor(4)))
     try:
         with ServerThread(make_app(gw, admin_key="test-admin-key")) as srv:
             for mode in EPISODES:
@@ -264,7 +266,8 @@ def test_embedded_model_over_http_records_sampled_log_probs(lm):
 
 def _gw(lm, turns, **kw):
     engine = Recording(ScriptedEngine(turns, lm.encode))
-    return Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64), **kw), engine
+    settings = GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64), **kw)
+    return Gateway(settings), engine
 
 
 def _chat(gw, sid, msgs):
@@ -367,8 +370,8 @@ def test_rerender_report_finds_non_canonical_sampled_tokens(lm):
             return gen
 
     call = optimal_calls(make_task("train", 1))[0]
-    gw = Gateway(Splitting([FMT.assistant_text("", [call])], lm.encode), lm.encode, lm.decode, FMT,
-                 sampling=SamplingParams(max_tokens=64))
+    gw = Gateway(GatewaySettings(Splitting([FMT.assistant_text("", [call])], lm.encode), lm.encode, lm.decode, FMT,
+                                 sampling=SamplingParams(max_tokens=64)))
     gw.open("r")
     _chat(gw, "r", [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}])
     rep = rerender_report(gw.sessions["r"], lm.tokenizer)[0]
@@ -413,11 +416,11 @@ def test_bad_requests_get_protocol_shaped_4xx_and_leave_the_session_intact(serve
     r = httpx.post(f"{base}/v1/chat/completions?api-version=2024&x=1", json=good, headers=h)
     assert r.status_code == 200  # query strings are tolerated
     models = httpx.get(f"{base}/v1/models").json()
-    assert models["data"][0]["id"] == gw.model_name
+    assert models["data"][0]["id"] == gw.settings.model_name
 
 
 def test_unknown_sessions_are_refused_unless_the_gateway_opens_them(lm):
-    gw, _ = _gw(lm, [FMT.assistant_text("ok", [])])
+    gw, _ = _gw(lm, [FMT.assistant_text("ok", [])], offload=ThreadPoolExecutor(4))
     with ServerThread(make_app(gw)) as srv:
         r = httpx.post(f"{srv.base_url}/sessions/ghost/v1/messages", headers={"x-api-key": "k"},
                        json={"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})

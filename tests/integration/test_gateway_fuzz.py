@@ -1,6 +1,8 @@
 """Fuzzing the gateway's HTTP API from its own OpenAPI document (schemathesis): no request may
 get a 5xx, and no session may be left in a state that breaks its invariants."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +13,7 @@ from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import make_app
+from rlonce.gateway.session import GatewaySettings
 from rlonce.model.chat import ToolCall, get_format
 
 FMT = get_format("hermes")
@@ -28,8 +31,9 @@ class Cycling(ScriptedEngine):
 def gateway(lm):
     turns = [FMT.assistant_text("ok", [ToolCall("bash", {"command": "ls"})]), "<tool_call>{bad</tool_call><|im_end|>",
              FMT.assistant_text("done", [])]
-    return Gateway(Cycling(turns, lm.encode), lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=32),
-                   auto_open=True)
+    shared = GatewaySettings(Cycling(turns, lm.encode), lm.encode, lm.decode, FMT,
+                             sampling=SamplingParams(max_tokens=32), auto_open=True, offload=ThreadPoolExecutor(4))
+    return Gateway(shared)
 
 
 def _operations(gateway):

@@ -3,6 +3,7 @@ and mini-swe-agent (PyPI) as an outside harness over HTTP."""
 
 import asyncio
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -14,6 +15,7 @@ from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.envs.toolfind.tasks import make_task, make_tasks
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import AsyncServer, make_app
+from rlonce.gateway.session import Budgets, GatewaySettings
 from rlonce.harness.arms import ARMS, get_arm
 from rlonce.harness.loop import HarnessLimits
 from rlonce.harness.outside import run_outside
@@ -89,7 +91,8 @@ def test_mini_swe_agent_completes_a_task_as_an_outside_harness(lm):
     calls = [ToolCall("bash", {"command": f"grep -r {key} docs"}) for key, _ in task.chain]
     calls.append(ToolCall("bash", {"command": f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo {task.answer}"}))
     engine = ScriptedEngine([FMT.assistant_text("", [c]) for c in calls], lm.encode)
-    gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64))
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64),
+                                 offload=ThreadPoolExecutor(4)))
 
     async def go():
         async with AsyncServer(make_app(gw)) as srv:
@@ -111,10 +114,10 @@ def test_mini_swe_agent_against_the_embedded_model_runs_to_its_end_and_is_record
     """The real embedded model was never trained on mini-swe-agent's prompts: whatever it says,
     the outside episode ends by mini-swe-agent's own rules and every turn is on record."""
     from rlonce.engine.torch_engine import TorchEngine
-    from rlonce.gateway.session import Budgets
 
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=2)
-    gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=32), budgets=Budgets(32, 1024))
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=32),
+                                 budgets=Budgets(32, 1024), offload=ThreadPoolExecutor(4)))
     task = make_task("heldout", 22)
 
     async def go():

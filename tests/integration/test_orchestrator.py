@@ -11,6 +11,7 @@ from rlonce.core.ledger import LedgerImbalance
 from rlonce.core.records import Context, FailureCategory, Role, Segment, Sequence, Status
 from rlonce.engine.base import Generation, SamplingParams
 from rlonce.gateway.core import Gateway
+from rlonce.gateway.session import GatewaySettings
 from rlonce.model.chat import get_format
 from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
 from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
@@ -152,7 +153,7 @@ def test_partial_rollout_keeps_every_earlier_token_log_prob_and_version(lm):
 
     ids = lm.encode(FMT.assistant_text("", [ToolCall("bash", {"command": "ls docs"})]))
     eng = Interrupting(ids)
-    gw = Gateway(eng, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64))
+    gw = Gateway(GatewaySettings(eng, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64)))
     s = gw.open("p")
     r = asyncio.run(gw.call("openai-chat", {"messages": [{"role": "system", "content": "s"},
                                                           {"role": "user", "content": "u"}],

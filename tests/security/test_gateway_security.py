@@ -13,6 +13,7 @@ import select
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import ServerThread, load_admin_key, make_app
-from rlonce.gateway.session import Budgets
+from rlonce.gateway.session import Budgets, GatewaySettings
 from rlonce.model.chat import get_format
 
 FMT = get_format("hermes")
@@ -47,8 +48,8 @@ def serve(lm):
     def start(engine=None, app=None, server=None, **kw):
         engine = engine or Cycling([FMT.assistant_text("ok", [])], lm.encode)
         kw = {"auto_open": True, "honor_client_sampling": True, **kw}
-        gw = Gateway(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=8), **kw)
-        gw.tokenizer = lm.tokenizer
+        gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=8),
+                                     tokenizer=lm.tokenizer, offload=ThreadPoolExecutor(4), **kw))
         srv = ServerThread(make_app(gw, admin_key=ADMIN_KEY, **(app or {})), **(server or {})).start()
         started.append(srv)
         return gw, srv.base_url

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -19,6 +20,7 @@ from rlonce.envs.toolfind.env import ToolfindEnv
 from rlonce.envs.toolfind.tasks import make_task
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import AsyncServer, make_app
+from rlonce.gateway.session import GatewaySettings
 from rlonce.harness.outside import run_outside
 from rlonce.model.chat import get_format
 
@@ -64,7 +66,8 @@ def test_outside_harness_reaches_the_gateway_and_nothing_else(lm):
     threading.Thread(target=lambda: hits.append(srv_sock.accept()), daemon=True).start()
     fmt = get_format("hermes")
     engine = ScriptedEngine([fmt.assistant_text("hello", [])], lm.encode)
-    gw = Gateway(engine, lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=16))
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=16),
+                                 offload=ThreadPoolExecutor(4)))
     task = make_task("heldout", 3)
 
     async def go():

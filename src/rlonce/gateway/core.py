@@ -2,7 +2,9 @@
 
 ``Gateway.call`` is the in-process fast path the built-in harnesses use — the same request
 and reply bodies as over HTTP, without a socket. ``rlonce.gateway.http`` serves the very same
-object over FastAPI for outside agents.
+object over FastAPI for outside agents. A gateway is built from one ``GatewaySettings`` and
+hands it to every session it opens; each protocol is an ``Adapter`` in ``PROTOCOLS``, so a
+request reads the same whatever protocol it speaks: parse, sample a turn, answer.
 
 Every session has an owner key: the key that opened it over HTTP, or a random secret when the
 trainer opens it (``Session.key``, handed to an outside harness). ``session_for`` is how the
@@ -21,44 +23,18 @@ import time
 import uuid
 from dataclasses import replace
 
-from rlonce.engine.base import Engine, SamplingParams
 from rlonce.gateway.messages import ProtocolError
 from rlonce.gateway.protocols import PROTOCOLS
-from rlonce.gateway.session import Budgets, Session
-from rlonce.model.chat import HermesFormat
+from rlonce.gateway.session import Budgets, GatewaySettings, Session
 
 
 class Gateway:
-    def __init__(self, engine: Engine, encode, decode, fmt: HermesFormat, *, sampling: SamplingParams,
-                 budgets: Budgets = Budgets(), model_name: str = "rlonce", auto_open: bool = False,
-                 honor_client_sampling: bool = False, render_tools: bool = True, max_sessions: int = 100_000,
-                 idle_ttl: float | None = None, ended_ttl: float | None = None):
-        self.engine = engine
-        self.encode = encode
-        self.decode = decode
-        self.fmt = fmt
-        self.sampling = sampling
-        self.budgets = budgets
-        self.model_name = model_name
-        self.auto_open = auto_open
-        """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
-        ids are refused with 404 and sessions are opened by whoever runs the rollout."""
-        self.honor_client_sampling = honor_client_sampling
-        """Use a request's temperature/top_p. Off in training: the trainer recomputes log-probs
-        at the run's temperature, so a client must not change the sampling distribution."""
-        self.render_tools = render_tools
-        self.max_sessions = max_sessions
-        self.idle_ttl = idle_ttl
-        """Drop a session unused for this many seconds (None: never)."""
-        self.ended_ttl = ended_ttl
-        """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
+    __slots__ = ("settings", "sessions", "_swept")  # built whole from its settings; nothing is patched on later
+
+    def __init__(self, settings: GatewaySettings):
+        self.settings = settings
         self.sessions: dict[str, Session] = {}
         self._swept = 0.0
-        self.tokenizer = None
-        """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
-        self.offload = None
-        """An executor for the sessions' rendering and tokenization (a Ray harness pool gives each
-        gateway one background thread, so its event loop keeps serving other sequences)."""
 
     def open(self, session_id: str | None = None, *, key: str | None = None, seed: int | None = None,
              budgets: Budgets | None = None, metadata: dict | None = None) -> Session:
@@ -66,24 +42,20 @@ class Gateway:
         sid = session_id or uuid.uuid4().hex
         if sid in self.sessions:
             raise ProtocolError(f"session {sid!r} already exists", status=409)
-        if len(self.sessions) >= self.max_sessions and not self.expire(force=True):
-            ttl = f"; idle sessions expire after {self.idle_ttl:g} s" if self.idle_ttl is not None else ""
-            raise ProtocolError(f"too many open sessions ({self.max_sessions}): close finished ones or retry later{ttl}",
+        cap, idle_ttl = self.settings.max_sessions, self.settings.idle_ttl
+        if len(self.sessions) >= cap and not self.expire(force=True):
+            ttl = f"; idle sessions expire after {idle_ttl:g} s" if idle_ttl is not None else ""
+            raise ProtocolError(f"too many open sessions ({cap}): close finished ones or retry later{ttl}",
                                 status=429, kind="rate_limit_error")
-        s = Session(sid, self.engine, self.encode, self.decode, self.fmt, sampling=self.sampling,
-                    budgets=budgets or self.budgets, seed=seed, honor_client_sampling=self.honor_client_sampling)
-        s.key = key or secrets.token_urlsafe(24)
-        s.render_tools = self.render_tools
-        s.offload = self.offload
-        if metadata:
-            s.metadata.update(metadata)
+        s = Session(sid, self.settings, key=key or secrets.token_urlsafe(24), budgets=budgets, seed=seed,
+                    metadata=metadata)
         self.sessions[sid] = s
         return s
 
     def get(self, session_id: str) -> Session:
         s = self.sessions.get(session_id)
         if s is None:
-            if not self.auto_open:
+            if not self.settings.auto_open:
                 raise ProtocolError(f"unknown session {session_id!r}", status=404, kind="not_found")
             s = self.open(session_id)
         return s
@@ -95,7 +67,7 @@ class Gateway:
         sid = session_id if session_id is not None else key
         s = self.sessions.get(sid)
         if s is None:
-            if not self.auto_open:
+            if not self.settings.auto_open:
                 raise ProtocolError(f"unknown session {sid!r}: open it first or check its id", status=404,
                                     kind="not_found")
             return self.open(sid, key=key)
@@ -106,7 +78,7 @@ class Gateway:
 
     def expire(self, *, force: bool = False) -> int:
         """Drop expired sessions (at most one sweep a second unless ``force``); how many went."""
-        if self.idle_ttl is None and self.ended_ttl is None:
+        if self.settings.idle_ttl is None and self.settings.ended_ttl is None:
             return 0
         now = time.monotonic()
         if not force and now - self._swept < 1.0:
@@ -118,32 +90,25 @@ class Gateway:
         return len(gone)
 
     def _expired(self, s: Session, idle: float) -> bool:
-        if self.idle_ttl is not None and idle > self.idle_ttl:
+        idle_ttl, ended_ttl = self.settings.idle_ttl, self.settings.ended_ttl
+        if idle_ttl is not None and idle > idle_ttl:
             return True
-        return self.ended_ttl is not None and s.status != "active" and idle > self.ended_ttl
+        return ended_ttl is not None and s.status != "active" and idle > ended_ttl
 
     async def call(self, protocol: str, body: dict, session_id: str) -> dict | list[str]:
         """One request in protocol ``protocol``: the reply body, or the SSE events when the
         request streams. Raises ``ProtocolError`` for anything the protocol answers with a 4xx."""
-        proto = PROTOCOLS[protocol]
+        adapter = PROTOCOLS[protocol]
         session = self.get(session_id)
         if session.lock.locked():
             raise ProtocolError(f"session {session_id!r} is busy with another request", status=409)
         async with session.lock:
             session.last_used = time.monotonic()
-            if protocol == "openai-responses":
-                req = proto.parse(body, session.responses)
-            else:
-                req = proto.parse(body)
+            req = adapter.parse(body, session.responses)
             if not req.model:
-                req = replace(req, model=self.model_name)
+                req = replace(req, model=self.settings.model_name)
             try:
                 turn = await session.turn(req)
             finally:
                 session.last_used = time.monotonic()
-            if protocol == "openai-responses":
-                rid = proto.new_id()
-                sampled = turn.completion_tokens and session.current is not None
-                session.responses[rid] = list(session.current.messages if sampled else req.messages)
-                return proto.stream(turn, req, rid) if req.stream else proto.reply(turn, req, rid)
-            return proto.stream(turn, req, body) if req.stream else proto.reply(turn, req)
+            return adapter.answer(turn, req, body, session.responses)

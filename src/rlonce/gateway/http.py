@@ -15,6 +15,10 @@ stalls the event loop that serves everyone else. Every refusal is a 4xx in the p
 error shape, and a refused request never touches a session. The documented request schemas
 (``/openapi.json``) are what the fuzz tests generate from. Header and idle timeouts belong to
 the server (``rlonce.gateway.server``).
+
+``make_app`` only assembles: the routes are the module's functions below it, which reach the
+gateway, the admin key and the body limits through ``request.app.state``, and every refusal's
+body comes from ``error_response``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ import hmac
 import math
 import os
 import secrets
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +43,7 @@ from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import MAX_DEPTH, ProtocolError, loads
 from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.server import AsyncServer, ServerThread  # noqa: F401 - served from here too
+from rlonce.gateway.session import Session
 
 
 class _Open(BaseModel):
@@ -133,131 +138,175 @@ def load_admin_key(path: str | Path) -> str:
 
 def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int = MAX_DEPTH,
              body_timeout: float = 30.0, admin_key: str | None = None) -> FastAPI:
+    """The gateway's routes over FastAPI. The gateway must have an executor
+    (``GatewaySettings.offload``): request bodies are parsed there and its sessions render and
+    tokenize there, so nothing slow runs on the event loop."""
+    if gateway.settings.offload is None:
+        raise ValueError("a served gateway renders and tokenizes off the event loop: build it with "
+                         "GatewaySettings(offload=ThreadPoolExecutor(...))")
     app = FastAPI(title="rlonce gateway", version="1",
                   description="OpenAI Chat Completions, Anthropic Messages and OpenAI Responses over exact-token "
                               "sessions. Address a session by path (/sessions/{id}/v1/...) or by API key; the key "
                               "that opened a session is the only one that reaches it.")
     app.state.gateway = gateway
-    app.state.admin_key = admin = admin_key or secrets.token_urlsafe(32)
-    if gateway.offload is None:  # rendering, tokenizing and body parsing off the event loop
-        gateway.offload = ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")
-
-    async def read_json(request: Request):
-        raw = await _read_body(request, max_body_bytes, body_timeout)
-        return await asyncio.get_running_loop().run_in_executor(gateway.offload, loads, raw, "body", max_depth)
-
-    async def serve(protocol: str, request: Request, session_id: str | None):
-        proto = PROTOCOLS[protocol]
-        try:
-            key = _key(request)
-            if key is None:
-                raise ProtocolError("no API key: send the session's key (Authorization: Bearer KEY or x-api-key: "
-                                    "KEY)", status=401, kind="authentication_error")
-            body = await read_json(request)
-            session = gateway.session_for(key, session_id)
-            out = await gateway.call(protocol, body, session.id)
-        except ProtocolError as e:
-            close = {"connection": "close"} if e.status in (408, 413) else None  # stop reading what is left
-            return JSONResponse(proto.error(e), status_code=e.status, headers=close)
-        except EngineError as e:  # the system failed, not the request: retryable
-            return JSONResponse(proto.error(ProtocolError(f"engine unavailable: {e}", status=503,
-                                                          kind="api_error")), status_code=503)
-        if isinstance(out, list):
-            return StreamingResponse(iter(out), media_type="text/event-stream",
-                                     headers={"cache-control": "no-cache"})
-        return JSONResponse(out)
-
-    def add(path: str, protocol: str, model: type[BaseModel]) -> None:
-        extra = {"requestBody": {"required": True, "content": {
-            "application/json": {"schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
-
-        async def plain(request: Request):
-            return await serve(protocol, request, None)
-
-        async def by_path(session_id: str, request: Request):
-            return await serve(protocol, request, session_id)
-
-        app.add_api_route(f"/v1/{path}", plain, methods=["POST"], openapi_extra=extra, name=f"{protocol} (by key)")
+    app.state.admin_key = admin_key or secrets.token_urlsafe(32)
+    app.state.body = BodyLimits(max_body_bytes, body_timeout, max_depth)
+    for path, (protocol, model) in ROUTES.items():
+        extra = _body_schema(model)
+        app.add_api_route(f"/v1/{path}", by_key, methods=["POST"], openapi_extra=extra, name=f"{protocol} (by key)")
         app.add_api_route(f"/sessions/{{session_id}}/v1/{path}", by_path, methods=["POST"], openapi_extra=extra,
                           name=f"{protocol} (by path)")
-
-    for path, (protocol, model) in ROUTES.items():
-        add(path, protocol, model)
-
-    def models() -> dict:
-        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": 0,
-                                            "owned_by": "rlonce", "type": "model", "display_name": gateway.model_name}]}
-
     app.add_api_route("/v1/models", models, methods=["GET"])
-    app.add_api_route("/sessions/{session_id}/v1/models", lambda session_id: models(), methods=["GET"])
-    _admin_routes(app, gateway, admin, read_json)
-
-    @app.get("/health")
-    def health():
-        return {"status": "ok", "sessions": len(gateway.sessions), "policy_version": gateway.engine.version}
-
-    @app.exception_handler(ProtocolError)
-    async def _refused(request: Request, exc: ProtocolError):
-        return JSONResponse(PROTOCOLS["openai-chat"].error(exc), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        msg = f"invalid request: {'.'.join(str(x) for x in first.get('loc', ()))}: {first.get('msg', 'bad value')}"
-        return JSONResponse({"error": {"message": msg, "type": "invalid_request_error", "param": None, "code": None}},
-                            status_code=400)
-
+    app.add_api_route("/sessions/{session_id}/v1/models", session_models, methods=["GET"])
+    app.include_router(admin)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_exception_handler(ProtocolError, _refused)
+    app.add_exception_handler(RequestValidationError, _invalid)
     return app
 
 
-def _admin_routes(app: FastAPI, gateway: Gateway, admin: str, read_json) -> None:
-    """The trainer's routes: a session's trajectory, its reward, its re-rendering, the list."""
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int
+    """The largest body accepted (413 past it)."""
+    timeout: float
+    """Seconds the whole body has to arrive (408 past them)."""
+    max_depth: int
+    """The deepest nesting of arrays and objects accepted (400 past it)."""
 
-    async def require_admin(request: Request) -> None:
+
+def _body_schema(model: type[BaseModel]) -> dict:
+    """The documented request body (``/openapi.json``): what the fuzz tests generate from."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+def error_response(e: ProtocolError, protocol: str = "openai-chat", *, close: bool = False) -> JSONResponse:
+    """A refusal as its status and the protocol's error body; ``close`` ends the connection
+    instead of reading the rest of a body that was refused unread."""
+    return JSONResponse(PROTOCOLS[protocol].error(e), status_code=e.status,
+                        headers={"connection": "close"} if close else None)
+
+
+async def _refused(request: Request, exc: ProtocolError) -> JSONResponse:
+    """A refusal raised outside the protocol routes (the admin key, the trainer's routes)."""
+    return error_response(exc)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    msg = f"invalid request: {'.'.join(str(x) for x in first.get('loc', ()))}: {first.get('msg', 'bad value')}"
+    return error_response(ProtocolError(msg))
+
+
+async def read_json(request: Request):
+    """The request's JSON body, read within the app's ``BodyLimits`` and checked on the executor."""
+    limits: BodyLimits = request.app.state.body
+    raw = await _read_body(request, limits.max_bytes, limits.timeout)
+    return await asyncio.get_running_loop().run_in_executor(
+        request.app.state.gateway.settings.offload, loads, raw, "body", limits.max_depth)
+
+
+# ---- the protocol routes -------------------------------------------------------------------
+
+PROTOCOL_AT = {route: protocol for path, (protocol, _) in ROUTES.items()
+               for route in (f"/v1/{path}", f"/sessions/{{session_id}}/v1/{path}")}
+"""The protocol each route path speaks."""
+
+
+async def by_key(request: Request):  # the session its API key names
+    return await _serve(request, None)
+
+
+async def by_path(session_id: str, request: Request):  # the session its path names (the key must own it)
+    return await _serve(request, session_id)
+
+
+async def _serve(request: Request, session_id: str | None):
+    gateway: Gateway = request.app.state.gateway
+    protocol = PROTOCOL_AT[request.scope["route"].path]
+    try:
         key = _key(request)
-        if key is None or not hmac.compare_digest(key.encode(), admin.encode()):
-            raise ProtocolError("this route needs the gateway's admin key (Authorization: Bearer ADMIN_KEY); "
-                                "`rlonce serve` writes it to its admin key file", status=401,
-                                kind="authentication_error")
-
-    admin_only = [Depends(require_admin)]
-
-    def _session(session_id: str):
-        s = gateway.sessions.get(session_id)
-        if s is None:
-            raise ProtocolError(f"unknown session {session_id!r}", status=404, kind="not_found")
-        return s
-
-    reward_schema = {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": RewardBody.model_json_schema()}}}}
-
-    @app.post("/sessions/{session_id}/reward", dependencies=admin_only, openapi_extra=reward_schema)
-    async def reward(session_id: str, request: Request):
-        """Submit the episode's reward (the trainer or an outside grader, with the admin key)."""
+        if key is None:
+            raise ProtocolError("no API key: send the session's key (Authorization: Bearer KEY or x-api-key: "
+                                "KEY)", status=401, kind="authentication_error")
         body = await read_json(request)
-        value = body.get("reward") if isinstance(body, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ProtocolError("'reward' must be a finite number, as in {\"reward\": 1.0}", param="reward")
-        s = _session(session_id)
-        s.reward = float(value)
-        return {"session_id": session_id, "reward": s.reward}
+        session = gateway.session_for(key, session_id)
+        out = await gateway.call(protocol, body, session.id)
+    except ProtocolError as e:
+        return error_response(e, protocol, close=e.status in (408, 413))  # stop reading what is left
+    except EngineError as e:  # the system failed, not the request: retryable
+        return error_response(ProtocolError(f"engine unavailable: {e}", status=503, kind="api_error"), protocol)
+    if isinstance(out, list):
+        return StreamingResponse(iter(out), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return JSONResponse(out)
 
-    @app.get("/sessions/{session_id}/trajectory", dependencies=admin_only)
-    def trajectory(session_id: str):
-        """The recorded trajectory: contexts, segments with token ids, log-probs, policy versions, flags."""
-        return _session(session_id).export()
 
-    @app.get("/sessions/{session_id}/rerender", dependencies=admin_only)
-    def rerender(session_id: str):
-        """Where re-rendering each context through the chat template would differ from the recorded tokens."""
-        s = _session(session_id)
-        if gateway.tokenizer is None:
-            raise ProtocolError("this gateway has no tokenizer to re-render with")
-        from rlonce.gateway.fidelity import rerender_report
+def models(request: Request) -> dict:
+    name = request.app.state.gateway.settings.model_name
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "rlonce",
+                                        "type": "model", "display_name": name}]}
 
-        return {"session_id": session_id, "contexts": rerender_report(s, gateway.tokenizer)}
 
-    @app.get("/sessions", dependencies=admin_only)
-    def sessions():
-        return {"sessions": [{"id": s.id, "status": s.status, "turns": len(s.generations), "contexts": len(s.branches)}
-                             for s in list(gateway.sessions.values())]}
+def session_models(session_id: str, request: Request):
+    return models(request)
+
+
+def health(request: Request):
+    gateway: Gateway = request.app.state.gateway
+    return {"status": "ok", "sessions": len(gateway.sessions), "policy_version": gateway.settings.engine.version}
+
+
+# ---- the trainer's routes: a session's trajectory, its reward, its re-rendering, the list -----
+
+async def require_admin(request: Request) -> None:
+    key = _key(request)
+    if key is None or not hmac.compare_digest(key.encode(), request.app.state.admin_key.encode()):
+        raise ProtocolError("this route needs the gateway's admin key (Authorization: Bearer ADMIN_KEY); "
+                            "`rlonce serve` writes it to its admin key file", status=401, kind="authentication_error")
+
+
+admin = APIRouter(dependencies=[Depends(require_admin)])
+
+
+def _session(request: Request, session_id: str) -> Session:
+    s = request.app.state.gateway.sessions.get(session_id)
+    if s is None:
+        raise ProtocolError(f"unknown session {session_id!r}", status=404, kind="not_found")
+    return s
+
+
+@admin.post("/sessions/{session_id}/reward", openapi_extra=_body_schema(RewardBody))
+async def reward(session_id: str, request: Request):
+    """Submit the episode's reward (the trainer or an outside grader, with the admin key)."""
+    body = await read_json(request)
+    value = body.get("reward") if isinstance(body, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProtocolError("'reward' must be a finite number, as in {\"reward\": 1.0}", param="reward")
+    s = _session(request, session_id)
+    s.reward = float(value)
+    return {"session_id": session_id, "reward": s.reward}
+
+
+@admin.get("/sessions/{session_id}/trajectory")
+def trajectory(session_id: str, request: Request):
+    """The recorded trajectory: contexts, segments with token ids, log-probs, policy versions, flags."""
+    return _session(request, session_id).export()
+
+
+@admin.get("/sessions/{session_id}/rerender")
+def rerender(session_id: str, request: Request):
+    """Where re-rendering each context through the chat template would differ from the recorded tokens."""
+    s = _session(request, session_id)
+    tokenizer = request.app.state.gateway.settings.tokenizer
+    if tokenizer is None:
+        raise ProtocolError("this gateway has no tokenizer to re-render with")
+    from rlonce.gateway.fidelity import rerender_report
+
+    return {"session_id": session_id, "contexts": rerender_report(s, tokenizer)}
+
+
+@admin.get("/sessions")
+def sessions(request: Request):
+    return {"sessions": [{"id": s.id, "status": s.status, "turns": len(s.generations), "contexts": len(s.branches)}
+                         for s in list(request.app.state.gateway.sessions.values())]}

@@ -2,14 +2,17 @@
 
 OpenAI Chat Completions, Anthropic Messages and OpenAI Responses all describe the same thing —
 a system prompt, user turns, assistant turns that may call tools, tool results — in three
-shapes. The adapters in ``rlonce.gateway.protocols`` turn a request into a ``ChatRequest`` of
-``Message``s and a ``Turn`` back into the protocol's reply; the session only ever compares and
-encodes ``Message``s.
+shapes. The adapters in ``rlonce.gateway.protocols`` (each an ``Adapter``) turn a request into a
+``ChatRequest`` of ``Message``s and a ``Turn`` back into the protocol's reply; the session only
+ever compares and encodes ``Message``s.
 
 ``check_json`` is the gate every client-supplied JSON value passes (request bodies over HTTP,
 tool-call arguments sent as strings): bounded nesting, no lone UTF-16 surrogates (they cannot
 be encoded to UTF-8, so the tokenizer would fail on them), no infinities (``1e400`` parses as
-``inf``, which no reply may carry). Each is a 400 naming where it was found.
+``inf``, which no reply may carry). Each is a 400 naming where it was found. Sampling values
+and output caps are bounded too (``LIMITS``, ``MAX_TOKENS``: ``request_fields``,
+``max_tokens_of``), so that an absurd one is a 400 naming the field and its range, never an
+engine failure or a non-finite number echoed back.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rlonce.model.chat import ToolCall
 
@@ -86,8 +90,33 @@ class Turn:
     completion_tokens: int
     session_id: str = ""
     turn_index: int = 0
+    dialogue: list[Message] = field(default_factory=list)
+    """The dialogue after this turn as the session recorded it (the model's turn included when
+    one was sampled): what a later request continues by response id."""
 
 
+class Adapter(Protocol):
+    """One wire protocol: a request body into a ``ChatRequest``, a sampled ``Turn`` into the
+    reply body (or, when the request streams, the server-sent events), a refusal into the
+    protocol's error shape. ``history`` is the session's store of earlier responses by id: a
+    protocol that chains responses (Responses' ``previous_response_id``) reads it in ``parse``
+    and adds to it in ``answer``; the others carry the whole dialogue in every request."""
+
+    @property
+    def name(self) -> str: ...
+
+    def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest: ...
+
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
+        ...
+
+    def error(self, e: ProtocolError) -> dict: ...
+
+
+LIMITS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+"""Accepted ranges of client sampling values (OpenAI's; Anthropic's are narrower)."""
+MAX_TOKENS = 1 << 20
+"""The largest per-request output cap accepted (the session's own cap still applies)."""
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects a request may hold (tool schemas need ~10)."""
 
@@ -170,3 +199,37 @@ def text_of(content, where: str) -> str:
                 raise ProtocolError(f"{where}[{i}] is not a content part", param=where)
         return "".join(parts)
     raise ProtocolError(f"{where} must be a string or a list of content parts", param=where)
+
+
+def max_tokens_of(body: dict, *keys: str) -> int | None:
+    """The output cap under the first of ``keys`` the body holds, from 1 to ``MAX_TOKENS``."""
+    for k in keys:
+        v = body.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
+            raise ProtocolError(f"'{k}' must be an integer from 1 to {MAX_TOKENS}", param=k)
+        return v
+    return None
+
+
+def _opt_float(body: dict, key: str) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    lo, hi = LIMITS[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # NaN fails too
+        raise ProtocolError(f"'{key}' must be a number from {lo:g} to {hi:g}", param=key)
+    return float(v)
+
+
+def request_fields(body: dict) -> dict:
+    """The ``ChatRequest`` fields every protocol names alike: stream, model, temperature, top_p."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ProtocolError("'stream' must be a boolean", param="stream")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise ProtocolError("'model' must be a string", param="model")
+    return {"stream": stream, "model": model, "temperature": _opt_float(body, "temperature"),
+            "top_p": _opt_float(body, "top_p")}

@@ -4,11 +4,8 @@ Each adapter turns a request body into a ``ChatRequest`` and a sampled ``Turn`` 
 the protocol's official SDK expects — a JSON object, or the server-sent-event sequence of its
 streaming mode — and renders refusals in the protocol's error shape. Fields a client sends
 that rlonce does not use are ignored. Tool results and tool calls travel in each protocol's
-own shape; inside the gateway they are ``Message``s.
-
-Sampling values are bounded here (``LIMITS``) so that an absurd one is a 400 naming the field
-and its range, never an engine failure or a non-finite number echoed back; replies are
-serialised with ``allow_nan=False``.
+own shape; inside the gateway they are ``Message``s. Sampling values are bounded on the way in
+(``messages.request_fields``); replies are serialised with ``allow_nan=False``.
 """
 
 from __future__ import annotations
@@ -17,14 +14,18 @@ import json
 import time
 import uuid
 
-from rlonce.gateway.messages import ChatRequest, Message, ProtocolError, Turn, parse_arguments, text_of
+from rlonce.gateway.messages import (
+    Adapter,
+    ChatRequest,
+    Message,
+    ProtocolError,
+    Turn,
+    max_tokens_of,
+    parse_arguments,
+    request_fields,
+    text_of,
+)
 from rlonce.model.chat import ToolCall
-
-
-LIMITS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
-"""Accepted ranges of client sampling values (OpenAI's; Anthropic's are narrower)."""
-MAX_TOKENS = 1 << 20
-"""The largest per-request output cap accepted (the session's own cap still applies)."""
 
 
 def _sse(data: dict, event: str | None = None) -> str:
@@ -48,38 +49,6 @@ def _list(value, where: str) -> list:
     return value
 
 
-def _opt_int(body: dict, *keys: str) -> int | None:
-    for k in keys:
-        v = body.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS:
-            raise ProtocolError(f"'{k}' must be an integer from 1 to {MAX_TOKENS}", param=k)
-        return v
-    return None
-
-
-def _opt_float(body: dict, key: str) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    lo, hi = LIMITS[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # NaN fails too
-        raise ProtocolError(f"'{key}' must be a number from {lo:g} to {hi:g}", param=key)
-    return float(v)
-
-
-def _common(body: dict) -> dict:
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ProtocolError("'stream' must be a boolean", param="stream")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise ProtocolError("'model' must be a string", param="model")
-    return {"stream": stream, "model": model, "temperature": _opt_float(body, "temperature"),
-            "top_p": _opt_float(body, "top_p")}
-
-
 def _function_tool(name, description, parameters, where: str) -> dict:
     if not isinstance(name, str) or not name:
         raise ProtocolError(f"{where}: a tool needs a string 'name'", param=where)
@@ -92,7 +61,7 @@ def _function_tool(name, description, parameters, where: str) -> dict:
 class OpenAIChat:
     name = "openai-chat"
 
-    def parse(self, body) -> ChatRequest:
+    def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest:
         body = _obj(body)
         if body.get("n") not in (None, 1):
             raise ProtocolError("'n' > 1 is not supported: a session records one sequence", param="n")
@@ -126,8 +95,8 @@ class OpenAIChat:
                 continue
             fn = _obj(t.get("function"), f"tools[{i}].function")
             tools.append(_function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{i}]"))
-        return ChatRequest(msgs, tools, max_tokens=_opt_int(body, "max_completion_tokens", "max_tokens"),
-                           **_common(body))
+        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
+                           **request_fields(body))
 
     def _message(self, turn: Turn) -> dict:
         msg: dict = {"role": "assistant", "content": turn.content or (None if turn.calls else "")}
@@ -166,6 +135,9 @@ class OpenAIChat:
             out.append(_sse({**base, "choices": [], "usage": self._usage(turn)}))
         return out + ["data: [DONE]\n\n"]
 
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
+        return self.stream(turn, req, body) if req.stream else self.reply(turn, req)
+
     def error(self, e: ProtocolError) -> dict:
         return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}}
 
@@ -176,7 +148,7 @@ class AnthropicMessages:
                     404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
                     413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "api_error"}
 
-    def parse(self, body) -> ChatRequest:
+    def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest:
         body = _obj(body)
         msgs: list[Message] = []
         system = body.get("system")
@@ -219,7 +191,7 @@ class AnthropicMessages:
             if "input_schema" not in t and t.get("type") not in (None, "custom"):
                 continue  # server tools (web search, …) are not offered to the model
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools[{i}]"))
-        return ChatRequest(msgs, tools, max_tokens=_opt_int(body, "max_tokens"), **_common(body))
+        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), **request_fields(body))
 
     def _content(self, turn: Turn) -> list[dict]:
         blocks = [{"type": "text", "text": turn.content}] if turn.content or not turn.calls else []
@@ -257,6 +229,9 @@ class AnthropicMessages:
         out.append(ev({"type": "message_delta", "delta": {"stop_reason": self._stop(turn), "stop_sequence": None},
                        "usage": {"output_tokens": turn.completion_tokens}}))
         return out + [ev({"type": "message_stop"})]
+
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
+        return self.stream(turn, req, body) if req.stream else self.reply(turn, req)
 
     def error(self, e: ProtocolError) -> dict:
         return {"type": "error", "error": {"type": self._ERROR_TYPES.get(e.status, "invalid_request_error"),
@@ -320,7 +295,7 @@ class OpenAIResponses:
             if t.get("type") != "function":
                 continue
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
-        return ChatRequest(msgs, tools, max_tokens=_opt_int(body, "max_output_tokens"), **_common(body))
+        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), **request_fields(body))
 
     def _items(self, turn: Turn, rid: str) -> list[dict]:
         items = []
@@ -387,8 +362,14 @@ class OpenAIResponses:
                       response=final))
         return out
 
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
+        """The reply under a new response id, which the session keeps for ``previous_response_id``."""
+        rid = self.new_id()
+        history[rid] = list(turn.dialogue)
+        return self.stream(turn, req, rid) if req.stream else self.reply(turn, req, rid)
+
     def error(self, e: ProtocolError) -> dict:
         return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}}
 
 
-PROTOCOLS = {p.name: p for p in (OpenAIChat(), AnthropicMessages(), OpenAIResponses())}
+PROTOCOLS: dict[str, Adapter] = {p.name: p for p in (OpenAIChat(), AnthropicMessages(), OpenAIResponses())}

@@ -22,19 +22,25 @@ Every decision is an entry in ``events``: nothing shifts a mask silently.
 Budgets (``Budgets``): a per-turn output cap, a prompt budget and a total trajectory budget
 that counts observations. Hitting the prompt or trajectory budget ends the session with status
 ``truncated``; later requests are refused.
+
+Everything a gateway's sessions share — engine, tokenizer functions, chat format, sampling,
+default budgets — is one frozen ``GatewaySettings``, fixed when the gateway is built and handed
+to each session it opens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import KW_ONLY, dataclass, replace
+from typing import Any
 
 from rlonce.core.records import Context, Role, Segment
 from rlonce.engine.base import Engine, Generation, SamplingParams
 from rlonce.gateway.messages import CallOut, ChatRequest, Message, ProtocolError, Turn
-from rlonce.model.chat import HermesFormat
-
+from rlonce.model.chat import ChatFormat
 
 GREEDY_BELOW = 1e-3
 """A client temperature below this (0 included) decodes greedily: dividing logits by a tiny
@@ -49,6 +55,43 @@ class Budgets:
     """Total trajectory budget of one context in tokens: prompt, observations and model turns."""
     max_prompt: int | None = None
     """Prompt budget: the most tokens a single request's prompt may hold (``None``: max_context)."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What a gateway and every session it opens share, fixed when the gateway is built."""
+
+    engine: Engine
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    fmt: ChatFormat
+    _: KW_ONLY
+    sampling: SamplingParams
+    """The run's sampling parameters; each turn's ``max_tokens`` comes from the budgets and the request."""
+    budgets: Budgets = Budgets()
+    """Each session's budgets, unless ``Gateway.open`` is given others."""
+    model_name: str = "rlonce"
+    """The model id replies carry when a request names none, and the one ``/v1/models`` lists."""
+    auto_open: bool = False
+    """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
+    ids are refused with 404 and sessions are opened by whoever runs the rollout."""
+    honor_client_sampling: bool = False
+    """Use a request's temperature/top_p. Off in training: the trainer recomputes log-probs
+    at the run's temperature, so a client must not change the sampling distribution."""
+    render_tools: bool = True
+    """Render a request's tool schemas into a new context's system prompt."""
+    max_sessions: int = 100_000
+    """The most sessions open at once; past it, opening one sweeps expired sessions or is a 429."""
+    idle_ttl: float | None = None
+    """Drop a session unused for this many seconds (None: never)."""
+    ended_ttl: float | None = None
+    """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
+    tokenizer: Any = None
+    """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
+    offload: Executor | None = None
+    """An executor for the sessions' rendering and tokenization (None: on the event loop). A
+    served gateway needs one (``make_app`` parses bodies there too); a Ray harness pool gives
+    each gateway one background thread, so its event loop keeps serving other sequences."""
 
 
 class SessionClosed(ProtocolError):
@@ -85,23 +128,18 @@ class _Plan:
 
 
 class Session:
-    def __init__(self, session_id: str, engine: Engine, encode, decode, fmt: HermesFormat, *,
-                 sampling: SamplingParams, budgets: Budgets = Budgets(), seed: int | None = None,
-                 honor_client_sampling: bool = False):
+    def __init__(self, session_id: str, settings: GatewaySettings, *, key: str, budgets: Budgets | None = None,
+                 seed: int | None = None, metadata: dict | None = None):
         self.id = session_id
-        self.engine = engine
-        self.encode = encode
-        self.decode = decode
-        self.fmt = fmt
-        self.sampling = sampling
-        self.budgets = budgets
+        self.settings = settings
+        self.key = key
+        """The owner's key: only requests carrying it reach this session over HTTP."""
+        self.budgets = budgets or settings.budgets
         self.seed = seed
-        self.honor_client_sampling = honor_client_sampling
+        self.metadata: dict = dict(metadata or {})
         self.branches: list[Branch] = []
         self.current: Branch | None = None
         """The context the last turn was sampled in."""
-        self.offload = None
-        """An executor to plan turns on (rendering and tokenization), or None: on the event loop."""
         self.events: list[dict] = []
         self.generations: list[Generation] = []
         self.status = "active"
@@ -109,11 +147,7 @@ class Session:
         self.rollback_dropped_tokens = 0
         self.interrupts = 0
         """Turns continued after the engine paused mid-generation (partial rollout)."""
-        self.metadata: dict = {}
-        self.key = ""
-        """The owner's key: only requests carrying it reach this session over HTTP."""
         self.last_used = time.monotonic()
-        self.render_tools = True
         self.lock = asyncio.Lock()
         self.responses: dict[str, list[Message]] = {}
         """Responses API: the dialogue after each response id, for ``previous_response_id``."""
@@ -164,8 +198,8 @@ class Session:
         # a new context: the whole dialogue becomes its (untrained) prompt
         label = "main" if not self.branches else f"branch-{len(self.branches)}"
         ctx = Context(label=label)
-        tools = req.tools if self.render_tools else []
-        ids = self.encode(self.fmt.render(msgs, tools))
+        tools = req.tools if self.settings.render_tools else []
+        ids = self.settings.encode(self.settings.fmt.render(msgs, tools))
         event = None if not self.branches else {
             "kind": "branch", "context": label, "from": best.context.label if best else None,
             "diverged_at_message": best_m, "reason": "the request rewrote earlier history"}
@@ -177,7 +211,7 @@ class Session:
         new = msgs[keep_messages:]
         turn_open = b.turn_open if keep_segments == len(b.context.segments) else not self._ends_turn(
             b.context.segments[keep_segments - 1])
-        ids = self.encode(self.fmt.continuation(new, turn_open=turn_open))
+        ids = self.settings.encode(self.settings.fmt.continuation(new, turn_open=turn_open))
         prefix = [t for s in b.context.segments[:keep_segments] for t in s.token_ids]
         return _Plan(b, False, keep_segments, keep_messages, Segment(Role.OBSERVATION, ids), event, prefix + ids)
 
@@ -187,8 +221,8 @@ class Session:
     def _sampling(self, req: ChatRequest, room: int) -> tuple[SamplingParams, bool]:
         cap = self.budgets.max_tokens_per_turn
         want = min(cap, req.max_tokens) if req.max_tokens else cap
-        s = replace(self.sampling, max_tokens=max(1, min(want, room)))
-        if self.honor_client_sampling:
+        s = replace(self.settings.sampling, max_tokens=max(1, min(want, room)))
+        if self.settings.honor_client_sampling:
             if req.temperature is not None and req.temperature < GREEDY_BELOW:  # 0, 1e-300: greedy
                 s = replace(s, temperature=1.0, top_k=1)
             elif req.temperature is not None:
@@ -206,10 +240,10 @@ class Session:
             raise SessionClosed(self.id, self.status)
         if not req.messages:
             raise ProtocolError("the request has no messages", param="messages")
-        if self.offload is None:
+        if self.settings.offload is None:
             plan = self._plan(req)
         else:  # render and tokenize on a background thread; nothing else touches this session meanwhile
-            plan = await asyncio.get_running_loop().run_in_executor(self.offload, self._plan, req)
+            plan = await asyncio.get_running_loop().run_in_executor(self.settings.offload, self._plan, req)
         room = self.budgets.max_context - len(plan.prompt_ids)
         prompt_cap = self.budgets.max_prompt or self.budgets.max_context
         if room <= 1 or len(plan.prompt_ids) > prompt_cap:
@@ -217,9 +251,9 @@ class Session:
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": plan.branch.context.label,
                                 "prompt_tokens": len(plan.prompt_ids)})
-            return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations))
+            return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations), list(req.messages))
         sampling, budget_bound = self._sampling(req, room)
-        gen = await self.engine.generate(plan.prompt_ids, sampling)
+        gen = await self.settings.engine.generate(plan.prompt_ids, sampling)
         while gen.finish_reason == "abort":  # partial rollout: the engine paused for a weight update
             gen = await self._continue(plan.prompt_ids, gen, sampling)
         return self._commit(plan, req, gen, budget_bound)
@@ -234,7 +268,7 @@ class Session:
             return replace(gen, finish_reason="length")
         more_s = replace(sampling, max_tokens=left,
                          seed=None if sampling.seed is None else sampling.seed + 104729 * self.interrupts)
-        more = await self.engine.generate(prompt + gen.token_ids, more_s)
+        more = await self.settings.engine.generate(prompt + gen.token_ids, more_s)
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
                           more.finish_reason, {**gen.metrics, **more.metrics})
 
@@ -266,9 +300,9 @@ class Session:
         seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason)
         b.context.segments.append(seg)
         self.generations.append(gen)
-        text = self.decode(gen.token_ids)
+        text = self.settings.decode(gen.token_ids)
         known = {t["name"] for t in req.tools} if req.tools else None
-        content, calls, flag = self.fmt.split_turn(text, known)
+        content, calls, flag = self.settings.fmt.split_turn(text, known)
         if flag:
             seg.flags[flag] = True
         b.messages.append(Message("assistant", content, tuple(calls)))
@@ -280,7 +314,8 @@ class Session:
         if gen.finish_reason == "length" and budget_bound:
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
-        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n)
+        dialogue = list(b.messages if gen.token_ids else req.messages)
+        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, dialogue)
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:
@@ -296,7 +331,7 @@ class Session:
                 "messages": len(b.messages),
                 "segments": [{"role": s.role.value, "token_ids": s.token_ids, "logprobs": s.logprobs,
                               "versions": s.versions, "finish_reason": s.finish_reason, "flags": dict(s.flags),
-                              "text": self.decode(s.token_ids)} for s in b.context.segments],
+                              "text": self.settings.decode(s.token_ids)} for s in b.context.segments],
             } for b in self.branches],
         }
 

@@ -95,7 +95,7 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
         except Exception:  # noqa: BLE001 - the retry boundary
             status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
         else:
-            result = await _run_in_sandbox(env, session.id, session.key, gateway.model_name, base_url, command,
+            result = await _run_in_sandbox(env, session.id, session.key, gateway.settings.model_name, base_url, command,
                                            timeout)
             try:
                 answer = env.sandbox.get_file(ANSWER, max_bytes=1 << 16).decode(errors="replace").strip()

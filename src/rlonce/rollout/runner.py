@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
@@ -22,12 +23,12 @@ from rlonce.envs.base import grade_or_infra, infra_failure
 from rlonce.errors import is_internal, note_internal
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import ProtocolError
-from rlonce.gateway.session import Budgets, session_metrics
+from rlonce.gateway.session import Budgets, GatewaySettings, session_metrics
 from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
 from rlonce.harness.clients import CLIENTS
 from rlonce.harness.loop import HarnessLimits, run_episode
-from rlonce.model.chat import HermesFormat
+from rlonce.model.chat import ChatFormat
 from rlonce.sandbox.base import SandboxError
 
 
@@ -37,7 +38,7 @@ class RolloutSpec:
 
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
-    chat_format: HermesFormat
+    chat_format: ChatFormat
     sampling: SamplingParams
     limits: HarnessLimits
     max_context: int = 1024
@@ -52,10 +53,13 @@ class RolloutSpec:
         key = f"{task_id}#{sibling}" if self.arm_per_sequence else task_id
         return arm_for(self.arm_seed, round_, key, list(self.arms))
 
-    def gateway(self, engine: Engine) -> Gateway:
-        return Gateway(engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
-                       budgets=Budgets(self.sampling.max_tokens, self.max_context),
-                       render_tools=self.limits.render_tools)
+    def gateway(self, engine: Engine, *, render_tools: bool | None = None, offload: Executor | None = None) -> Gateway:
+        """A gateway for this collection's sequences (``render_tools``: the limits' unless given;
+        ``offload``: see ``GatewaySettings``)."""
+        return Gateway(GatewaySettings(
+            engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
+            budgets=Budgets(self.sampling.max_tokens, self.max_context),
+            render_tools=self.limits.render_tools if render_tools is None else render_tools, offload=offload))
 
 
 _CATEGORIES = ((EngineError, FailureCategory.ENGINE_ERROR), (SandboxError, FailureCategory.SANDBOX_ERROR),
@@ -175,11 +179,11 @@ def split_by_arm(samples: list[Sample]) -> list[Sample]:
 class LocalExecutor:
     """Runs a group's sequences on this event loop, all through one in-process gateway."""
 
-    def __init__(self, env_factory, engine: Engine, spec: RolloutSpec):
+    def __init__(self, env_factory, engine: Engine, spec: RolloutSpec, *, offload: Executor | None = None):
         self.env_factory = env_factory
         self.engine = engine
         self.spec = spec
-        self.gateway = spec.gateway(engine)
+        self.gateway = spec.gateway(engine, offload=offload)
 
     async def run_group(self, group, group_size: int) -> list[Sequence]:
         spec, task = self.spec, group.task
