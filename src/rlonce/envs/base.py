@@ -14,9 +14,9 @@ from rlonce.errors import cause_of, is_internal, note_internal
 
 class GradingError(Exception):
     """Grading could not produce a verdict. Never a low reward: the sequence becomes an
-    infrastructure failure of ``category`` (a ``FailureCategory`` value)."""
+    infrastructure failure of ``category``."""
 
-    category = "grader_unavailable"
+    category: FailureCategory = FailureCategory.GRADER_UNAVAILABLE
 
 
 async def grade_or_infra(env, seq: Sequence) -> float | None:
@@ -25,7 +25,7 @@ async def grade_or_infra(env, seq: Sequence) -> float | None:
     try:
         return await env.grade(seq)
     except GradingError as e:
-        seq.status, seq.failure, seq.cause = Status.INFRA, FailureCategory(e.category), cause_of(e)
+        seq.status, seq.failure, seq.cause = Status.INFRA, e.category, cause_of(e)
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
         seq.status, seq.failure, seq.cause = Status.INFRA, *infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
     return None

@@ -32,7 +32,7 @@ import tempfile
 import tokenize
 from pathlib import Path
 
-from rlonce.core.records import Sequence
+from rlonce.core.records import FailureCategory, Sequence
 from rlonce.envs.base import GradingError, function_tool
 from rlonce.envs.code.interceptor import DENIAL, Interceptor
 from rlonce.envs.code.packages import testbed
@@ -74,7 +74,7 @@ original file (comments left out, adjacent string literals joined so ``'_py' + '
 
 
 class TestbedCorrupted(GradingError):
-    category = "testbed_corrupted"
+    category = FailureCategory.TESTBED_CORRUPTED
 
 
 class CodeEnv:
