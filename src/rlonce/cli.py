@@ -411,15 +411,20 @@ def _main(argv: list[str]) -> int:
         return _serve(args)
     if args.verb == "config":
         return _config_show(args)
+    from rlonce.envs.domains import check_domain_settings
+
     if args.verb == "quickstart":
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
+        check_domain_settings(cfg)
         _writable_dir(cfg.out)
         resume = False
     elif args.verb == "train":
         cfg, resume = train_config(args)
+        check_domain_settings(cfg)
         _writable_dir(cfg.out)
     else:
         cfg = load_config(None, [*args.overrides, f"out={args.out}"])
+        check_domain_settings(cfg)
         _writable_dir(cfg.out)
         from rlonce.recipes.grpo import evaluate_model
 

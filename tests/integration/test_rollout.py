@@ -105,3 +105,43 @@ def test_infrastructure_failures_carry_their_cause_and_our_bugs_are_internal_err
     assert bug.status is Status.INFRA and bug.failure is FailureCategory.INTERNAL_ERROR and bug.reward is None
     assert bug.cause.startswith("KeyError: 'name' at ") and INTERNAL_ERRORS == [bug.cause]
     INTERNAL_ERRORS.clear()  # provoked on purpose: the suite's guard (tests/conftest.py) would fail the test
+
+
+class ComparingGrader(ToolfindEnv):
+    """A grader that compares siblings: the group's best answer keeps its reward, the others get
+    half of theirs (an example of a hook only a whole group can evaluate)."""
+
+    @staticmethod
+    async def grade_group(task, sequences):
+        best = max(s.reward for s in sequences)
+        for s in sequences:
+            s.metrics["group_rank_first"] = float(s.reward == best)
+            s.reward = s.reward if s.reward == best else s.reward / 2
+
+
+class BrokenGroupGrader(ToolfindEnv):
+    @staticmethod
+    async def grade_group(task, sequences):
+        raise TimeoutError("judge model did not answer")
+
+
+def test_a_group_grader_sees_the_siblings_together_and_its_failure_is_infrastructure(lm):
+    from rlonce.rollout.runner import LocalExecutor, collect
+
+    task = make_task("train", 9)
+    submit = '<tool_call>\n{{"name": "submit", "arguments": {{"answer": "{}"}}}}\n</tool_call><|im_end|>'
+    turns = [submit.format(task.answer), submit.format("nothing")]
+    (sample,) = asyncio.run(collect([task], 2, ComparingGrader, ScriptedEngine(list(turns), lm.encode), spec(lm),
+                                    progress=False))
+    assert sorted(s.reward for s in sample.sequences) == [0.0, 1.0]
+    assert sorted(s.metrics["group_rank_first"] for s in sample.sequences) == [0.0, 1.0]
+
+    class Group:
+        dispatch_step = 1
+
+    Group.task = task
+    ex = LocalExecutor(BrokenGroupGrader, ScriptedEngine(list(turns), lm.encode), spec(lm))
+    seqs = asyncio.run(ex.run_group(Group, 2))
+    assert all(s.status is Status.INFRA and s.failure is FailureCategory.GRADER_UNAVAILABLE and s.reward is None
+               for s in seqs)
+    assert {s.cause for s in seqs} == {"TimeoutError: judge model did not answer"}

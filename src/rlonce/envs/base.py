@@ -6,10 +6,12 @@ behaviour built around it: a sandbox, tools, a grader.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from rlonce.core.records import FailureCategory, Sequence, Status
 from rlonce.errors import cause_of, is_internal, note_internal
+from rlonce.sandbox.base import Sandbox
 
 
 class GradingError(Exception):
@@ -45,17 +47,69 @@ class Task(Protocol):
 
 
 class Environment(Protocol):
+    """Everything the product uses of an environment (the harness loop, ``run_sequence``, the
+    outside harness, the evaluator). Built by a domain's ``env_factory(task)``, used for one
+    sequence: ``setup`` → prompts and tools → ``call_tool`` … → ``grade`` → ``cleanup``."""
+
     task: Task
+    metrics: dict[str, float]
+    """Measurements for the sequence (copied into ``Sequence.metrics`` at the end); may be empty."""
 
     async def setup(self) -> None: ...
 
-    def tools(self) -> list[dict]: ...
+    def system_prompt(self) -> str: ...
+
+    def user_prompt(self) -> str: ...
+
+    def tools(self) -> list[dict]:
+        """The environment's own tools as function schemas (an arm may translate them)."""
 
     async def call_tool(self, name: str, arguments: dict) -> str: ...
 
-    async def grade(self, sequence: Sequence) -> float: ...
+    async def grade(self, sequence: Sequence) -> float:
+        """The reward; raise ``GradingError`` when no verdict can be given (never a low score)."""
 
     async def cleanup(self) -> None: ...
+
+
+@runtime_checkable
+class HasWorkspace(Protocol):
+    """An optional capability: the environment works in a sandbox whose ``workspace`` folder an
+    outside harness can run over (``rlonce eval --harness-cmd``). Tool-less environments
+    (reasoning) do not have one."""
+
+    sandbox: Sandbox
+
+
+class GroupGrader(Protocol):
+    """An optional hook for graders that compare attempts: an environment class (or the function
+    a ``functools.partial`` env factory wraps) with ``grade_group`` is called once per group,
+    after every sibling finished and was graded alone, with the siblings that did not fail in
+    the infrastructure. It may set each one's ``reward`` and ``metrics``; an exception makes the
+    whole group an infrastructure failure with its cause."""
+
+    @staticmethod
+    async def grade_group(task: Task, sequences: list[Sequence]) -> None: ...
+
+
+def group_grader(env_factory) -> Callable | None:
+    """``env_factory``'s ``grade_group`` hook, if it has one (see ``GroupGrader``)."""
+    return getattr(getattr(env_factory, "func", env_factory), "grade_group", None)
+
+
+async def grade_group_or_infra(env_factory, task, sequences: list[Sequence]) -> None:
+    """Run ``env_factory``'s group hook over the siblings that finished; a hook that raises makes
+    them infrastructure failures (``grader_unavailable``, or ``internal_error`` for our bug)."""
+    hook = group_grader(env_factory)
+    live = [s for s in sequences if not s.infra_failed]
+    if hook is None or not live:
+        return
+    try:
+        await hook(task, live)
+    except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
+        failure, cause = infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
+        for s in live:
+            s.status, s.failure, s.cause, s.reward = Status.INFRA, failure, cause, None
 
 
 def function_tool(name: str, description: str, properties: dict, required: list[str]) -> dict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from rlonce.config import ConfigError
 from rlonce.errors import PackError
 
 SFT_TASK_OFFSET = 0
@@ -29,6 +30,7 @@ class Domain:
     kept: list[int] | None = None
     """Train indices a difficulty filter kept; the train stream then cycles through them."""
     has_expert: bool = False
+    single_turn: bool = False
 
     def task(self, split: str, index: int):
         if split == "train" and self.kept is not None:
@@ -57,12 +59,13 @@ def _toolfind_task(two_hop: float, split: str, index: int):
     return make_task("train", offset + index, two_hop_fraction=two_hop)
 
 
-def domain_for(task_cfg) -> Domain:
-    """The domain a ``TaskConfig`` names."""
-    if task_cfg.name == "toolfind":
-        from rlonce.envs.toolfind.env import ToolfindEnv
+def _toolfind(task_cfg) -> Domain:
+    from rlonce.envs.toolfind.env import ToolfindEnv
 
-        return Domain("toolfind", ToolfindEnv, partial(_toolfind_task, task_cfg.two_hop_fraction), has_expert=True)
+    return Domain("toolfind", ToolfindEnv, partial(_toolfind_task, task_cfg.two_hop_fraction), has_expert=True)
+
+
+def _reasoning(task_cfg) -> Domain:
     from rlonce.envs.reasoning.env import SYSTEM_PROMPT, ReasoningEnv
     from rlonce.envs.reasoning.tasks import make_task
 
@@ -76,4 +79,46 @@ def domain_for(task_cfg) -> Domain:
         kept = list(pack["kept"])
     env = partial(ReasoningEnv, format_weight=task_cfg.format_weight,
                   system_prompt=task_cfg.system_prompt or SYSTEM_PROMPT)
-    return Domain("reasoning", env, lambda split, i: make_task(split, i, datasets, options), kept=kept)
+    return Domain("reasoning", env, lambda split, i: make_task(split, i, datasets, options), kept=kept,
+                  single_turn=True)
+
+
+@dataclass(frozen=True)
+class DomainEntry:
+    """What the registry knows about a domain before building it (nothing is imported)."""
+
+    build: Callable[[object], Domain]
+    """``TaskConfig`` → the domain; imports the environment's modules only when called."""
+    has_expert: bool
+    """A scripted expert exists, so SFT demonstrations can be made."""
+    single_turn: bool
+    """The task is answered in one reply with no tools (harness arm ``single-turn`` only)."""
+
+
+DOMAINS: dict[str, DomainEntry] = {
+    "toolfind": DomainEntry(_toolfind, has_expert=True, single_turn=False),
+    "reasoning": DomainEntry(_reasoning, has_expert=False, single_turn=True),
+}
+"""Every domain a job can train on, by the name ``task.name`` gives."""
+
+
+def domain_for(task_cfg) -> Domain:
+    """The domain a ``TaskConfig`` names."""
+    try:
+        entry = DOMAINS[task_cfg.name]
+    except KeyError:
+        raise ConfigError(f"unknown task {task_cfg.name!r}; known: {', '.join(DOMAINS)}") from None
+    return entry.build(task_cfg)
+
+
+def check_domain_settings(cfg) -> None:
+    """The settings a run's domain needs, from the registry: a single-turn domain takes only the
+    ``single-turn`` arm, a tool domain never takes it, and SFT needs a scripted expert."""
+    name, entry = cfg.task.name, DOMAINS[cfg.task.name]
+    if entry.single_turn and cfg.harness.arms != ["single-turn"]:
+        raise ConfigError(f"task {name!r} is single-turn: set harness.arms = [\"single-turn\"]")
+    if not entry.single_turn and "single-turn" in cfg.harness.arms:
+        raise ConfigError(f"task {name!r} needs tools: harness arm 'single-turn' is for single-turn tasks "
+                          f"({', '.join(n for n, e in DOMAINS.items() if e.single_turn)})")
+    if not entry.has_expert and cfg.sft.demos > 0:
+        raise ConfigError(f"task {name!r} has no scripted expert for SFT: set sft.demos = 0")

@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rlonce.config import OPTIMIZERS, RunConfig, objective_params, save_config
+from rlonce.config import OPTIMIZERS, ConfigError, RunConfig, objective_params, save_config
 from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
 from rlonce.engine.scripted import ScriptedEngine
-from rlonce.envs.domains import domain_for
+from rlonce.envs.base import HasWorkspace
+from rlonce.envs.domains import check_domain_settings, domain_for
 from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.harness.arms import arm_for, get_arm
 from rlonce.harness.loop import HarnessLimits
@@ -69,6 +70,7 @@ class RunState:
 
 class Job:
     def __init__(self, cfg: RunConfig, *, progress: bool = True):
+        check_domain_settings(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.progress = progress
@@ -261,10 +263,13 @@ class Job:
         from rlonce.gateway.http import AsyncServer, make_app
         from rlonce.harness.outside import run_outside
 
+        tasks = [self.domain.task("heldout", i) for i in range(n)]
+        if not isinstance(self.domain.env_factory(tasks[0]), HasWorkspace):
+            raise ConfigError(f"task {self.domain.name!r} has no workspace for an outside harness to work in: "
+                              "run --harness-cmd on a tool domain (e.g. task.name=toolfind)")
         self._threads("rollout")
         gateway = self.spec.gateway(self.engine, render_tools=True,  # an outside agent's tools are new to the model
                                     offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway"))
-        tasks = [self.domain.task("heldout", i) for i in range(n)]
         bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not self.progress, leave=False)
         sem = asyncio.Semaphore(2)  # outside agents are whole processes
 

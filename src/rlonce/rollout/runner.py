@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.engine.base import Engine, EngineError, SamplingParams
-from rlonce.envs.base import grade_or_infra, infra_failure
+from rlonce.envs.base import grade_group_or_infra, grade_or_infra, infra_failure
 from rlonce.errors import is_internal, note_internal
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import ProtocolError
@@ -118,7 +118,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         gateway.sessions.pop(session.id, None)
     seq.reward = reward
     seq.metrics = {
-        **getattr(env, "metrics", {}),
+        **env.metrics,
         **session_metrics(session),
         "seconds": time.perf_counter() - t0,
         "cleanup_failed": cleanup_failed,
@@ -163,6 +163,8 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
         await asyncio.gather(*(one(i, k, t) for i, t in enumerate(tasks) for k in range(group_size)))
     finally:
         bar.close()
+    for t, x in zip(tasks, samples):
+        await grade_group_or_infra(env_factory, t, x.sequences)
     return samples
 
 
@@ -187,6 +189,8 @@ class LocalExecutor:
 
     async def run_group(self, group, group_size: int) -> list[Sequence]:
         spec, task = self.spec, group.task
-        return list(await asyncio.gather(*(
+        seqs = list(await asyncio.gather(*(
             run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
                          arm=spec.arm_of(task.task_id, k, group.dispatch_step)) for k in range(group_size))))
+        await grade_group_or_infra(self.env_factory, task, seqs)  # graders that compare siblings
+        return seqs

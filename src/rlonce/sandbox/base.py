@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from rlonce.errors import RlonceError
@@ -23,6 +24,9 @@ class SandboxError(RlonceError, RuntimeError):
 
 
 class Sandbox(Protocol):
+    workspace: Path
+    """The host folder the sandbox sees as its working directory."""
+
     async def exec(self, cmd: str, timeout: float | None = None) -> ExecResult: ...
 
     def put_file(self, path: str, data: bytes | str) -> None: ...

@@ -21,9 +21,9 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlonce.errors import PackError
 from rlonce.envs.code.mutate import Mutation
 from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch
+from rlonce.errors import PackError
 
 PACK_FORMAT = 1
 GIT_ID = ["-c", "user.name=rlonce", "-c", "user.email=rlonce@localhost", "-c", "init.defaultBranch=main",

@@ -44,7 +44,6 @@ class ReasoningTask:
 @lru_cache(maxsize=64)
 def _dataset(name: str, seed: int, options_json: str):
     import reasoning_gym
-
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:

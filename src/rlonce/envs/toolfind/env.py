@@ -30,6 +30,7 @@ class ToolfindEnv:
         self.task = task
         self.limits = limits or Limits(cpu_seconds=5, wall_seconds=5.0, output_bytes=8192)
         self.sandbox: BwrapSandbox | None = None
+        self.metrics: dict[str, float] = {}
 
     async def setup(self) -> None:
         self.sandbox = BwrapSandbox(self.limits)

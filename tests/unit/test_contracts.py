@@ -1,0 +1,59 @@
+"""The contracts a newcomer reads first: every environment has every member the product uses,
+the workspace is an explicit capability, and the domain registry owns the per-domain rules."""
+
+import inspect
+from functools import partial
+
+import pytest
+
+from rlonce.config import ConfigError, load_config
+from rlonce.envs.base import Environment, HasWorkspace, group_grader
+from rlonce.envs.code.env import CodeEnv
+from rlonce.envs.domains import DOMAINS, check_domain_settings, domain_for
+from rlonce.envs.reasoning.env import ReasoningEnv
+from rlonce.envs.toolfind.env import ToolfindEnv
+from rlonce.envs.toolfind.tasks import make_task
+
+MEMBERS = [n for n in dir(Environment) if not n.startswith("_")]
+
+
+def test_the_environment_contract_names_what_the_product_uses():
+    assert set(MEMBERS) >= {"setup", "system_prompt", "user_prompt", "tools", "call_tool", "grade", "cleanup"}
+    assert {"task", "metrics"} <= set(inspect.get_annotations(Environment))
+
+
+@pytest.mark.parametrize("cls", [ToolfindEnv, ReasoningEnv, CodeEnv])
+def test_every_environment_has_every_member(cls):
+    missing = [m for m in MEMBERS if not callable(getattr(cls, m, None))]
+    assert missing == []
+    for m in ("setup", "call_tool", "grade", "cleanup"):
+        assert inspect.iscoroutinefunction(getattr(cls, m)), m
+
+
+def test_the_workspace_is_an_explicit_capability():
+    assert isinstance(ToolfindEnv(make_task("train", 0)), HasWorkspace)
+    reasoning = domain_for(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"]).task)
+    assert not isinstance(reasoning.env_factory(reasoning.task("heldout", 0)), HasWorkspace)
+
+
+def test_group_grader_is_found_through_a_partial():
+    class Judged(ToolfindEnv):
+        @staticmethod
+        async def grade_group(task, sequences):
+            pass
+
+    assert group_grader(partial(Judged, limits=None)) is Judged.grade_group
+    assert group_grader(ToolfindEnv) is None
+
+
+def test_the_registry_owns_the_per_domain_rules():
+    assert {n: (e.has_expert, e.single_turn) for n, e in DOMAINS.items()} == {
+        "toolfind": (True, False), "reasoning": (False, True)}
+    ok = load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"])
+    check_domain_settings(ok)
+    with pytest.raises(ConfigError, match=r'set harness.arms = \["single-turn"\]'):
+        check_domain_settings(load_config(None, ["task.name=reasoning", "sft.demos=0"]))
+    with pytest.raises(ConfigError, match="no scripted expert for SFT: set sft.demos = 0"):
+        check_domain_settings(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"]))
+    with pytest.raises(ConfigError, match="needs tools"):
+        check_domain_settings(load_config(None, ["harness.arms=[single-turn]"]))
