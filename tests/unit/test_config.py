@@ -106,13 +106,14 @@ def test_split_by_arm_makes_one_group_per_task_and_arm():
 
 def test_reasoning_task_needs_the_single_turn_arm_and_no_sft():
     from rlonce.config import ConfigError, load_config
+    from rlonce.envs.domains import check_domain_settings
 
     with pytest.raises(ConfigError, match=r'set harness.arms = \["single-turn"\]'):
-        load_config(None, ["task.name=reasoning", "sft.demos=0"])
+        check_domain_settings(load_config(None, ["task.name=reasoning", "sft.demos=0"]))
     with pytest.raises(ConfigError, match="set sft.demos = 0"):
-        load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"])
+        check_domain_settings(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"]))
     with pytest.raises(ConfigError, match="needs tools"):
-        load_config(None, ["harness.arms=[single-turn]"])
+        check_domain_settings(load_config(None, ["harness.arms=[single-turn]"]))
     cfg = load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
                              "task.datasets=[chain_sum, products]"])
     assert cfg.task.datasets == ["chain_sum", "products"] and cfg.task.format_weight == 0.1

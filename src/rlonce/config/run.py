@@ -85,14 +85,8 @@ class CheckpointConfig(Section):
 
 class RunConfig(Section):
     @model_validator(mode="after")
-    def _domain_fits(self):
-        if self.task.name == "reasoning":
-            if self.harness.arms != ["single-turn"]:
-                raise ValueError("task 'reasoning' is single-turn: set harness.arms = [\"single-turn\"]")
-            if self.sft.demos > 0:
-                raise ValueError("task 'reasoning' has no scripted expert for SFT: set sft.demos = 0")
-        elif "single-turn" in self.harness.arms:
-            raise ValueError(f"task {self.task.name!r} needs tools: harness arm 'single-turn' is for task 'reasoning'")
+    def _fits(self):
+        # per-domain rules (arms, SFT) live with the domains: rlonce.envs.domains.check_domain_settings
         if (self.engine.backend == "vllm" and self.executor == "ray"
                 and self.ray.engine_gpus < self.engine.tensor_parallel_size):
             raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
