@@ -48,12 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
 import os
 import secrets
 import shutil
 import signal
-import stat
 import tempfile
 import time
 import uuid
@@ -61,7 +59,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlonce.sandbox import hostfs, seccomp
+from rlonce.sandbox import hostfs, mounts, seccomp
 from rlonce.sandbox.base import ExecResult, SandboxError
 
 WORKDIR = "/work"
@@ -136,7 +134,7 @@ class BwrapSandbox:
             self.workspace = self._host_dir / "work"
             self.workspace.mkdir(mode=0o700)
             if self._as_root:
-                self.workspace_capped = _mount_tmpfs(self.workspace, self.limits.workspace_mb, self.uid)
+                self.workspace_capped = mounts.mount_tmpfs(self.workspace, self.limits.workspace_mb, self.uid)
                 if self.workspace_capped:
                     self._mounts.append(self.workspace)
         self._snapshots: dict[str, Path] = {}
@@ -151,12 +149,12 @@ class BwrapSandbox:
         host = host.resolve()
         if not host.exists():
             raise SandboxError(f"sandbox mount source {host} does not exist")
-        if self.uid is None or _world_reachable(host):
+        if self.uid is None or mounts.world_reachable(host):
             return str(host)
         stage = self._host_dir / f"bind-{i}"
         stage.mkdir() if host.is_dir() else stage.touch()
         try:
-            _mount(str(host), stage, None, MS_BIND | MS_REC)
+            mounts.mount(str(host), stage, None, mounts.MS_BIND | mounts.MS_REC)
         except OSError as e:
             raise SandboxError(f"sandbox mount source {host} is not readable by the sandbox uid and could not be "
                                f"staged ({e.strerror}); make its parent directories searchable (chmod o+x)") from e
@@ -331,7 +329,7 @@ class BwrapSandbox:
         for pid in list(self._running):
             _kill_tree(pid)  # bwrap dies, so its pid namespace and everything in it
         for mount in reversed(self._mounts):
-            _umount(mount)
+            mounts.umount(mount)
         self._mounts.clear()
         hostfs.remove_tree(self._host_dir)
 
@@ -366,46 +364,6 @@ _LIVE: weakref.WeakSet[BwrapSandbox] = weakref.WeakSet()
 def _close_live() -> None:
     for box in list(_LIVE):
         box.close()
-
-
-# ---- host mounts (root only) --------------------------------------------------------------
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
-MNT_DETACH = 2
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str | None = None) -> None:
-    rc = _libc.mount(source.encode(), str(target).encode(), fstype.encode() if fstype else None,
-                     ctypes.c_ulong(flags), data.encode() if data else None)
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(target))
-
-
-def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> bool:
-    """Mount a tmpfs owned by ``uid`` at ``path``, capped at ``size_mb`` and at 128 inodes per MiB
-    (empty files cost memory too); False where mounting is not allowed."""
-    opts = f"size={size_mb}m,nr_inodes={size_mb * 128},mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
-    try:
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    except OSError:
-        return False
-    return True
-
-
-def _umount(path: Path) -> None:
-    _libc.umount2(str(path).encode(), MNT_DETACH)
-
-
-def _world_reachable(path: Path) -> bool:
-    """Whether a process of any uid can reach ``path`` (every directory on the way searchable by
-    others, and ``path`` itself readable by others)."""
-    for parent in reversed(path.parents):
-        if not os.stat(parent).st_mode & stat.S_IXOTH:
-            return False
-    mode = os.stat(path).st_mode
-    need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
-    return mode & need == need
 
 
 # ---- process clean-up ---------------------------------------------------------------------
