@@ -85,6 +85,22 @@ def micro_batches(rows: list[TrainingRow], max_tokens: int = 8192):
         yield batch
 
 
+def length_bucketed(rows: list[TrainingRow], steps: int, rng: random.Random):
+    """``steps`` batches of ``SFT_BATCH`` rows of similar length (little padding), in random order:
+    each pass shuffles, sorts windows of 8 batches by length, and shuffles the batches cut from them."""
+    made = 0
+    while True:
+        order = rng.sample(rows, len(rows))
+        for lo in range(0, len(order), 8 * SFT_BATCH):
+            window = sorted(order[lo:lo + 8 * SFT_BATCH], key=len)
+            batches = [window[k:k + SFT_BATCH] for k in range(0, len(window), SFT_BATCH)]
+            for b in rng.sample(batches, len(batches)):
+                yield b
+                made += 1
+                if made == steps:
+                    return
+
+
 def optimizer_step(model, opt) -> float:
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     opt.step()
@@ -117,13 +133,15 @@ def sft(lm, seqs, rng: random.Random, progress: bool) -> None:
     rows = [r for s in seqs for r in sequence_to_rows(s, 1.0)]
     steps = SFT_EPOCHS * len(rows) // SFT_BATCH
     opt = adamw(lm.model, SFT_LR)
-    # 20 warm-up steps, then a cosine from the peak down to a tenth of it
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: (k + 1) / 20 if k < 20 else
-                                              0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (k - 20) / max(1, steps - 20)))))
+    def lr_scale(k: int) -> float:  # 20 warm-up steps, then a cosine from the peak down to a tenth of it
+        if k < 20:
+            return (k + 1) / 20
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (k - 20) / max(1, steps - 20))))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_scale)
     torch.set_num_threads(TRAIN_THREADS)
     lm.model.train()
-    for _ in tqdm(range(steps), desc="sft", disable=not progress):
-        batch = rng.sample(rows, SFT_BATCH)
+    for batch in tqdm(length_bucketed(rows, steps, rng), total=steps, desc="sft", disable=not progress):
         n = sum(sum(r.loss_mask[1:]) for r in batch)
         for mb in micro_batches(batch):
             b = pad_rows(mb)
