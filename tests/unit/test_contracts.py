@@ -57,3 +57,13 @@ def test_the_registry_owns_the_per_domain_rules():
         check_domain_settings(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"]))
     with pytest.raises(ConfigError, match="needs tools"):
         check_domain_settings(load_config(None, ["harness.arms=[single-turn]"]))
+
+
+def test_every_wire_protocol_client_meets_the_client_contract():
+    from rlonce.harness.clients import CLIENTS, Client
+
+    members = [n for n in dir(Client) if not n.startswith("_")]
+    assert set(members) >= {"ask", "give", "restart", "protocol"}
+    for protocol, cls in CLIENTS.items():
+        assert cls.protocol == protocol and inspect.iscoroutinefunction(cls.ask)
+        assert all(hasattr(cls, m) for m in members), cls

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 Send = Callable[[str, dict], Awaitable[dict]]
 
@@ -23,6 +24,22 @@ class Reply:
     truncated: bool
     context_tokens: int
     """Prompt plus completion tokens of this turn: how full the context is."""
+
+
+class Client(Protocol):
+    """The harness/client contract: what the agent loop (``harness.loop.run_episode``) asks of a
+    wire-protocol client. ``CLIENTS[protocol](send, system, user, tools)`` builds one."""
+
+    protocol: str
+
+    async def ask(self) -> Reply:
+        """Send the conversation so far; the model's reply, its tool calls parsed."""
+
+    def give(self, results: list[tuple[str, str]]) -> None:
+        """Append the tool results, as ``(call id, output)``, for the next ``ask``."""
+
+    def restart(self, user: str) -> None:
+        """Start over from the system prompt and ``user`` (compaction)."""
 
 
 class ChatClient:
@@ -112,7 +129,7 @@ class ResponsesClient:
         self.pending += [{"type": "function_call_output", "call_id": cid, "output": text} for cid, text in results]
 
 
-CLIENTS = {c.protocol: c for c in (ChatClient, AnthropicClient, ResponsesClient)}
+CLIENTS: dict[str, type[Client]] = {c.protocol: c for c in (ChatClient, AnthropicClient, ResponsesClient)}
 
 
 def http_transport(base_url: str, api_key: str, *, timeout: float = 600.0) -> Send:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn
 
+from rlonce.envs.base import Environment
 from rlonce.harness.arms import Arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
+from rlonce.harness.clients import Client
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class HarnessLimits:
     """Arms with compaction restart into a new context once a turn fills this fraction of the budget."""
 
 
-async def run_episode(arm: Arm, env, client, session, limits: HarnessLimits, max_context: int) -> NoReturn:
+async def run_episode(arm: Arm, env: Environment, client: Client, session, limits: HarnessLimits,
+                      max_context: int) -> NoReturn:
     """Run the loop; it always ends by raising an ``EpisodeEnd``. ``session`` is the gateway
     session (in-process), used to flag turns the penalty module should see."""
     tools = arm.toolset(env)
