@@ -62,7 +62,7 @@ def test_the_registry_owns_the_per_domain_rules():
 def test_every_wire_protocol_client_meets_the_client_contract():
     from rlonce.harness.clients import CLIENTS, Client
 
-    members = [n for n in dir(Client) if not n.startswith("_")]
+    members = [n for n in dir(Client) if not n.startswith("_")] + list(inspect.get_annotations(Client))
     assert set(members) >= {"ask", "give", "restart", "protocol"}
     for protocol, cls in CLIENTS.items():
         assert cls.protocol == protocol and inspect.iscoroutinefunction(cls.ask)
