@@ -149,87 +149,66 @@ class TorchEngine:
 
     def _run_wave(self, wave: list[_Request]) -> list[Generation]:
         t0 = time.perf_counter()
-        B = len(wave)
-        lens = [len(r.prompt_ids) for r in wave]
-        L = max(lens)
-        ids_BL = torch.full((B, L), self.pad, dtype=torch.long)
-        attn_BL = torch.zeros((B, L), dtype=torch.long)
-        for i, r in enumerate(wave):
-            ids_BL[i, L - lens[i]:] = torch.tensor(r.prompt_ids)
-            attn_BL[i, L - lens[i]:] = 1
-        pos_BL = (attn_BL.cumsum(-1) - 1).clamp(min=0)
-        temp_B = torch.tensor([r.sampling.temperature for r in wave])
-        topk_B = torch.tensor([r.sampling.top_k for r in wave])
-        topp_B = torch.tensor([r.sampling.top_p for r in wave])
-        max_new_B = torch.tensor([r.sampling.max_tokens for r in wave])
-        run_limit = [r.sampling.stop_confident_run for r in wave]
-        run_thr = [math.log(r.sampling.confident_p) for r in wave]
-        runs = [0] * B
-        gens = [torch.Generator().manual_seed(r.sampling.seed) if r.sampling.seed is not None else None
-                for r in wave]
+        ids_BL, attn_BL, pos_BL = _left_pad([r.prompt_ids for r in wave], self.pad)
+        rows = _WaveRows(wave)
 
         from transformers import DynamicCache
 
         cache = DynamicCache()
         out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL,
                          use_cache=True, **{self._cache_kw: cache}, **self._last_only)
-        logits_BV = out.logits[:, -1]
-        self._stats["prefill_tokens"] += sum(lens)
+        self._stats["prefill_tokens"] += sum(len(r.prompt_ids) for r in wave)
         t_prefill = time.perf_counter() - t0
+        steps = self._decode(rows, cache, out.logits[:, -1], attn_BL, pos_BL[:, -1])
+        self._stats["waves"] += 1
+        self._stats["decode_steps"] += steps
+        self._stats["generated_tokens"] += sum(len(t) for t in rows.tokens)
+        wall = time.perf_counter() - t0
+        return [
+            Generation(rows.tokens[i], rows.logps[i], [self.version] * len(rows.tokens[i]), rows.reasons[i] or "length",
+                       metrics={"wave_size": len(wave), "wave_seconds": wall, "prefill_seconds": t_prefill})
+            for i in range(len(wave))
+        ]
 
-        rows = list(range(B))  # cache row -> wave index
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        logps: list[list[float]] = [[] for _ in range(B)]
-        reasons: list[str | None] = [None] * B
-        last_pos_R = pos_BL[:, -1]
+    def _decode(self, w: _WaveRows, cache, logits_BV: torch.Tensor, attn_BL: torch.Tensor,
+                last_pos_R: torch.Tensor) -> int:
+        """Sample token after token until every row of the wave has finished; returns the steps.
+        Cache rows map to wave rows through ``rows``; finished rows ride along on pad tokens
+        (their output ignored) until enough of them are done to drop them from the cache."""
+        rows = list(range(len(w.tokens)))  # cache row -> wave index
         steps = 0
         while True:
-            live = [r for r, i in enumerate(rows) if reasons[i] is None]
-            wave_idx = torch.tensor([rows[r] for r in live])
-            logp_AV = process_logits(logits_BV[torch.tensor(live)], temp_B[wave_idx], topk_B[wave_idx],
-                                     topp_B[wave_idx])
-            tok_A = self._draw(logp_AV, [gens[rows[r]] for r in live])
-            lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0]
-            next_R = torch.full((len(rows),), self.pad, dtype=torch.long)
-            for j, r in enumerate(live):
-                i, t = rows[r], int(tok_A[j])
-                tokens[i].append(t)
-                logps[i].append(float(lp_A[j]))
-                next_R[r] = t
-                runs[i] = runs[i] + 1 if logps[i][-1] > run_thr[i] else 0
-                if bool((self.eos == t).any()):
-                    reasons[i] = "stop"
-                elif run_limit[i] and runs[i] >= run_limit[i]:
-                    reasons[i] = "repetition"
-                elif len(tokens[i]) >= int(max_new_B[i]):
-                    reasons[i] = "length"
-                elif self._paused.is_set():
-                    reasons[i] = "abort"
+            next_R = self._sample_step(w, rows, logits_BV)
             steps += 1
-            keep = [r for r, i in enumerate(rows) if reasons[i] is None]
+            keep = [r for r, i in enumerate(rows) if w.reasons[i] is None]
             if not keep:
-                break
+                return steps
             if len(rows) - len(keep) >= max(1, self.compact_fraction * len(rows)):  # drop finished rows
                 sel = torch.tensor(keep)
                 cache.batch_select_indices(sel)
                 attn_BL, last_pos_R, next_R = attn_BL[sel], last_pos_R[sel], next_R[sel]
                 rows = [rows[r] for r in keep]
-            # finished rows not yet compacted away ride along on pad tokens; their output is ignored
             attn_BL = torch.cat([attn_BL, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             last_pos_R = last_pos_R + 1
             out = self.model(input_ids=next_R[:, None], attention_mask=attn_BL, position_ids=last_pos_R[:, None],
                              use_cache=True, **{self._cache_kw: cache})
             logits_BV = out.logits[:, -1]
-        n_gen = sum(len(t) for t in tokens)
-        self._stats["waves"] += 1
-        self._stats["decode_steps"] += steps
-        self._stats["generated_tokens"] += n_gen
-        wall = time.perf_counter() - t0
-        return [
-            Generation(tokens[i], logps[i], [self.version] * len(tokens[i]), reasons[i] or "length",
-                       metrics={"wave_size": B, "wave_seconds": wall, "prefill_seconds": t_prefill})
-            for i in range(B)
-        ]
+
+    def _sample_step(self, w: _WaveRows, rows: list[int], logits_BV: torch.Tensor) -> torch.Tensor:
+        """Draw one token for every unfinished row and record it; the next input token of each
+        cache row (pad for finished ones)."""
+        live = [r for r, i in enumerate(rows) if w.reasons[i] is None]
+        wave_idx = torch.tensor([rows[r] for r in live])
+        logp_AV = process_logits(logits_BV[torch.tensor(live)], w.temp_B[wave_idx], w.topk_B[wave_idx],
+                                 w.topp_B[wave_idx])
+        tok_A = self._draw(logp_AV, [w.gens[rows[r]] for r in live])
+        lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0]
+        next_R = torch.full((len(rows),), self.pad, dtype=torch.long)
+        for j, r in enumerate(live):
+            i, t = rows[r], int(tok_A[j])
+            next_R[r] = t
+            w.record(i, t, float(lp_A[j]), bool((self.eos == t).any()), self._paused)
+        return next_R
 
     def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
         probs_AV = logp_AV.exp()
@@ -239,6 +218,52 @@ class TorchEngine:
         for j, g in enumerate(gens):
             out.append(torch.multinomial(probs_AV[j], 1, generator=g or self._gen))
         return torch.cat(out)
+
+
+def _left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts as one right-aligned batch: token ids, attention mask and positions, each (B, L)."""
+    lens = [len(p) for p in prompts]
+    B, L = len(prompts), max(lens)
+    ids_BL = torch.full((B, L), pad, dtype=torch.long)
+    attn_BL = torch.zeros((B, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids_BL[i, L - lens[i]:] = torch.tensor(p)
+        attn_BL[i, L - lens[i]:] = 1
+    return ids_BL, attn_BL, (attn_BL.cumsum(-1) - 1).clamp(min=0)
+
+
+class _WaveRows:
+    """Sampling settings and outputs of one wave, indexed by position in the wave."""
+
+    def __init__(self, wave: list[_Request]):
+        B = len(wave)
+        self.temp_B = torch.tensor([r.sampling.temperature for r in wave])
+        self.topk_B = torch.tensor([r.sampling.top_k for r in wave])
+        self.topp_B = torch.tensor([r.sampling.top_p for r in wave])
+        self.max_new_B = torch.tensor([r.sampling.max_tokens for r in wave])
+        self.run_limit = [r.sampling.stop_confident_run for r in wave]
+        self.run_thr = [math.log(r.sampling.confident_p) for r in wave]
+        self.runs = [0] * B
+        self.gens = [torch.Generator().manual_seed(r.sampling.seed) if r.sampling.seed is not None else None
+                     for r in wave]
+        self.tokens: list[list[int]] = [[] for _ in range(B)]
+        self.logps: list[list[float]] = [[] for _ in range(B)]
+        self.reasons: list[str | None] = [None] * B
+
+    def record(self, i: int, token: int, logp: float, eos: bool, paused: threading.Event) -> None:
+        """Append row ``i``'s token and decide whether the row is done: end of sequence, a confident
+        run that reached its limit ('repetition'), the token budget, or the engine paused ('abort')."""
+        self.tokens[i].append(token)
+        self.logps[i].append(logp)
+        self.runs[i] = self.runs[i] + 1 if logp > self.run_thr[i] else 0
+        if eos:
+            self.reasons[i] = "stop"
+        elif self.run_limit[i] and self.runs[i] >= self.run_limit[i]:
+            self.reasons[i] = "repetition"
+        elif len(self.tokens[i]) >= int(self.max_new_B[i]):
+            self.reasons[i] = "length"
+        elif paused.is_set():
+            self.reasons[i] = "abort"
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

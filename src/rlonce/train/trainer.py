@@ -214,54 +214,59 @@ class Trainer:
         self.model.train()
         old_lp = self._recompute(rows) if correction != "none" else None
         splits = minibatch_splits(len(rows), minibatches, seed)
-        sums: dict[str, float] = {}
-        count = 0
+        loss_fn = functools.partial(policy_loss, objective, **params)
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         if old_lp is not None and version is not None:
             for i, r in enumerate(rows):
                 pairs.append(_same_version(r, old_lp[i], version))
+        sums: dict[str, float] = {}
         for k_split, split in enumerate(splits):
-            mb = [rows[i] for i in split]
-            w_BT, ntok = self._weights(mb, agg)
-            stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
-            for idx in self._chunks(mb):
-                if idx is None:
-                    self._idle_pass()
-                    continue
-                b = pad_rows([mb[i] for i in idx])
-                lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
-                                               mask_BT=b.mask_BT)
-                if k_split == 0 and old_lp is None and version is not None:
-                    for j, i in enumerate(idx):
-                        pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
-                w = _slice_weights(w_BT, idx, lp_BT.shape[1])
-                denom_BT = b.old_lp_BT
-                if old_lp is not None:
-                    denom_BT = _pad_like(b.mask_BT, [old_lp[split[i]] for i in idx])
-                    corr_BT, cm = rollout_correction(denom_BT, b.old_lp_BT, b.mask_BT, mode=correction,
-                                                     cap=correction_cap)
-                    w = w * corr_BT
-                else:
-                    cm = {}
-                loss, m = policy_loss(objective, lp_BT, denom_BT, b.adv_BT, b.mask_BT, weights_BT=w, **params)
-                loss.backward()
-                share = float(b.mask_BT.sum()) / max(ntok, 1.0)
-                stats["loss"] += float(loss.detach())
-                stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
-                for k, v in {**m, **cm}.items():
-                    stats[k] = stats.get(k, 0.0) + v * share
-            stats = sum_over_ranks(self.group, stats)
-            stats["grad_norm"] = self._optimizer_step()
+            measure = k_split == 0 and old_lp is None and version is not None
+            stats = self._rl_minibatch([rows[i] for i in split], loss_fn, agg,
+                                       old_lp=None if old_lp is None else [old_lp[i] for i in split],
+                                       correction=correction, correction_cap=correction_cap,
+                                       pairs=pairs if measure else None, version=version)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
-            count += 1
-        out = {k: v / count for k, v in sums.items()}
+        out = {k: v / len(splits) for k, v in sums.items()}
         out["lr"] = self.lr_at(self.step - 1)
         out.update(sum_over_ranks(self.group, {"trained_tokens": float(sum(sum(r.loss_mask) for r in rows))}))
         if version is not None:
             out.update(mismatch_metrics(cat_over_ranks(self.group, [p[0] for p in pairs]),
                                         cat_over_ranks(self.group, [p[1] for p in pairs])))
         return out
+
+    def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, old_lp: list[torch.Tensor] | None,
+                      correction: str, correction_cap: float, pairs: list | None, version: int | None) -> dict:
+        """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
+        metrics (token-weighted, summed over ranks) and the gradient norm. ``old_lp``: π_old of
+        each row of ``mb`` when rollout correction is on. ``pairs``: where to collect the
+        (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None."""
+        w_BT, ntok = self._weights(mb, agg)
+        stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        for idx in self._chunks(mb):
+            if idx is None:
+                self._idle_pass()
+                continue
+            b = pad_rows([mb[i] for i in idx])
+            lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
+                                           mask_BT=b.mask_BT)
+            if pairs is not None:
+                for j, i in enumerate(idx):
+                    pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
+            w = _slice_weights(w_BT, idx, lp_BT.shape[1])
+            denom_BT, w, cm = _corrected(b, w, None if old_lp is None else [old_lp[i] for i in idx], correction,
+                                         correction_cap)
+            loss, m = loss_fn(lp_BT, denom_BT, b.adv_BT, b.mask_BT, weights_BT=w)
+            loss.backward()
+            share = float(b.mask_BT.sum()) / max(ntok, 1.0)
+            stats["loss"] += float(loss.detach())
+            stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
+            for k, v in {**m, **cm}.items():
+                stats[k] = stats.get(k, 0.0) + v * share
+        stats = sum_over_ranks(self.group, stats)
+        stats["grad_norm"] = self._optimizer_step()
+        return stats
 
     @torch.no_grad()
     def _recompute(self, rows: list[TrainingRow]) -> list[torch.Tensor]:
@@ -328,6 +333,18 @@ def minibatch_splits(n: int, minibatches: int, seed: int) -> list[list[int]]:
     order = list(range(n))
     random.Random(seed).shuffle(order)
     return [order[k::minibatches] for k in range(minibatches)]
+
+
+def _corrected(b: Batch, w_BT: torch.Tensor, old_lp: list[torch.Tensor] | None, correction: str,
+               cap: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The ratio's denominator, the loss weights and the correction's metrics: the rollout
+    log-probs and ``w_BT`` as they are; or, given π_old (``old_lp``, per row), π_old and ``w_BT``
+    times the truncated IS weight ``min(π_old/μ, cap)``."""
+    if old_lp is None:
+        return b.old_lp_BT, w_BT, {}
+    denom_BT = _pad_like(b.mask_BT, old_lp)
+    corr_BT, cm = rollout_correction(denom_BT, b.old_lp_BT, b.mask_BT, mode=correction, cap=cap)
+    return denom_BT, w_BT * corr_BT, cm
 
 
 def _same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:

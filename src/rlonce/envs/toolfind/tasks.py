@@ -59,6 +59,19 @@ def make_task(split: str, index: int, *, two_hop_fraction: float = 0.6) -> Toolf
     if split not in SPLIT_SEED_BASE:
         raise ValueError(f"unknown split {split!r}; use one of {sorted(SPLIT_SEED_BASE)}")
     rng = random.Random(SPLIT_SEED_BASE[split] + index * 7919)
+    facts = _facts(rng)
+    question, chain = _question(rng, facts, two_hop=rng.random() < two_hop_fraction)
+    return ToolfindTask(
+        task_id=f"toolfind/{split}/{index}",
+        question=question,
+        answer=chain[-1][1],
+        files=_files(rng, facts, chain),
+        chain=chain,
+    )
+
+
+def _facts(rng: random.Random) -> dict[str, str]:
+    """Six entities, each with two links to another of them and three attribute values."""
     entities = rng.sample(ENTITIES, 6)
     facts: dict[str, str] = {}
     for ent in entities:
@@ -66,28 +79,33 @@ def make_task(split: str, index: int, *, two_hop_fraction: float = 0.6) -> Toolf
             facts[f"{ent}.{rel}"] = rng.choice([e for e in entities if e != ent])
         for attr in rng.sample(ATTRIBUTES, 3):
             facts[f"{ent}.{attr}"] = rng.choice(VALUES[attr])
+    return facts
 
-    two_hop = rng.random() < two_hop_fraction
+
+def _question(rng: random.Random, facts: dict[str, str], *, two_hop: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The question and its look-up chain: an attribute of an entity, or of the entity a link
+    leads to (redrawn until the linked entity has an attribute)."""
+    if not two_hop:
+        key = rng.choice([k for k in facts if k.split(".")[1] in ATTRIBUTES])
+        ent, attr = key.split(".")
+        return f"What is the {attr} of {ent}?", ((key, facts[key]),)
     link_keys = [k for k in facts if k.split(".")[1] in LINKS]
     while True:
-        if two_hop:
-            first = rng.choice(link_keys)
-            mid = facts[first]
-            attrs = [k for k in facts if k.startswith(mid + ".") and k.split(".")[1] in ATTRIBUTES]
-            if not attrs:
-                continue
-            second = rng.choice(attrs)
-            ent, rel = first.split(".")
-            attr = second.split(".")[1]
-            question = f"What is the {attr} of the {rel} of {ent}?"
-            chain = ((first, mid), (second, facts[second]))
-        else:
-            key = rng.choice([k for k in facts if k.split(".")[1] in ATTRIBUTES])
-            ent, attr = key.split(".")
-            question = f"What is the {attr} of {ent}?"
-            chain = ((key, facts[key]),)
-        break
+        first = rng.choice(link_keys)
+        mid = facts[first]
+        attrs = [k for k in facts if k.startswith(mid + ".") and k.split(".")[1] in ATTRIBUTES]
+        if attrs:
+            break
+    second = rng.choice(attrs)
+    ent, rel = first.split(".")
+    attr = second.split(".")[1]
+    return f"What is the {attr} of the {rel} of {ent}?", ((first, mid), (second, facts[second]))
 
+
+def _files(rng: random.Random, facts: dict[str, str],
+           chain: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The facts shuffled over ``FILES_PER_TASK`` files under docs/, the two facts of a two-hop
+    chain in different files."""
     names = rng.sample(FILE_NAMES, FILES_PER_TASK)
     buckets: dict[str, list[str]] = {n: [] for n in names}
     keys = list(facts)
@@ -104,16 +122,9 @@ def make_task(split: str, index: int, *, two_hop_fraction: float = 0.6) -> Toolf
             swap = buckets[other].pop()
             buckets[other].append(line)
             buckets[f0].append(swap)
-    files = tuple(
+    return tuple(
         (f"docs/{n}.txt", "\n".join(sorted(lines, key=lambda _: rng.random())) + "\n")
         for n, lines in sorted(buckets.items())
-    )
-    return ToolfindTask(
-        task_id=f"toolfind/{split}/{index}",
-        question=question,
-        answer=chain[-1][1],
-        files=files,
-        chain=chain,
     )
 
 
