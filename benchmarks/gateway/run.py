@@ -7,9 +7,10 @@ client re-sends the whole history every turn, as real clients do), answered by a
 model whose generation costs nothing, so the time measured is the gateway's: parsing,
 prefix matching, delta encoding, recording, rendering the reply — plus, over HTTP, FastAPI,
 uvicorn, the hops to the server's parsing/tokenizing executor and the httpx client on loopback
-(the HTTP clients run in a separate process, as an
-outside agent would). The engine-only time of the same turns is measured alongside. In-process and HTTP runs alternate within each repeat. p50/p95 per turn, the
-HTTP / in-process ratios and turns/s go to ``results.json``, ``results.md`` and ``gateway.png``.
+(the HTTP clients run in a separate process, as an outside agent would). The engine-only time
+of the same turns is measured alongside. In-process and HTTP runs alternate within each repeat.
+p50/p95 per turn, the HTTP / in-process ratios and turns/s go to ``results.json``,
+``results.md`` and ``gateway.png``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def make_gateway(lm, offload=None):
 
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+                                            "parameters": {"type": "object",
+                                                           "properties": {"command": {"type": "string"}}}}}]
 
 
 async def conversation(send, turns: int, lat: list[float]) -> None:

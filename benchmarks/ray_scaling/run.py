@@ -116,9 +116,9 @@ async def _steps(orch, steps: int) -> dict:
 
 
 def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
+    from rlonce.dist.cluster import RayCluster
     from rlonce.recipes.grpo import Job
     from rlonce.rollout.orchestrator import Judge
-    from rlonce.dist.cluster import RayCluster
 
     sessions = pools * args.pool_sessions
     quota = max(1, 2 * sessions // args.group_size)  # two waves of work per step
@@ -245,8 +245,8 @@ def main() -> None:
                      "ray_speedup_over_1_pool": {n: r["groups_per_min"] / base for n, r in ray_pts.items()},
                      "ray_over_local": {n: ray_pts[n]["groups_per_min"] / local_pts[n]["groups_per_min"]
                                         for n in ray_pts},
-                     "ray_over_local_step_seconds": {n: ray_pts[n]["seconds_per_step"] / local_pts[n]["seconds_per_step"]
-                                                     for n in ray_pts}}
+                     "ray_over_local_step_seconds": {
+                         n: ray_pts[n]["seconds_per_step"] / local_pts[n]["seconds_per_step"] for n in ray_pts}}
     if not args.skip_quickstart:
         print("quickstart, local vs Ray:", flush=True)
         qs = {e: quickstart(e, out / f"quickstart-{e}", args.quickstart_steps) for e in ("local", "ray")}

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import os
 import statistics
@@ -140,7 +139,8 @@ def summarize(r: dict) -> dict:
     mean = lambda k: statistics.fmean(s[k] for s in later)  # noqa: E731
     return {"step_seconds": mean("step_seconds"), "rollout_seconds": mean("rollout_seconds"),
             "update_seconds": mean("update_seconds"), "first_step_seconds": r["steps"][0]["step_seconds"],
-            "generated_tokens_per_s": sum(s["generated_tokens"] for s in later) / sum(s["rollout_seconds"] for s in later),
+            "generated_tokens_per_s": (sum(s["generated_tokens"] for s in later)
+                                       / sum(s["rollout_seconds"] for s in later)),
             "rewards": [s["reward_mean"] for s in r["steps"]], "heldout": r["heldout"]}
 
 
@@ -221,7 +221,8 @@ def write_table(results: dict, out: Path) -> None:
                             f"{r['update_speedup']:.2f}×)",
                   "rlonce_filtering": f"{r.get('speedup_with_filtering', 0):.2f}× (not equal work)"}.get(side, "")
             lines.append(f"| {model} | {side} | {x['step_seconds']:.2f} | {x['rollout_seconds']:.2f} | "
-                         f"{x['update_seconds']:.2f} | {x['first_step_seconds']:.2f} | {x['generated_tokens_per_s']:.0f} | "
+                         f"{x['update_seconds']:.2f} | {x['first_step_seconds']:.2f} | "
+                         f"{x['generated_tokens_per_s']:.0f} | "
                          f"{x['rewards'][0]:.3f}→{x['rewards'][-1]:.3f} | {h[0]:.3f}→{h[-1]:.3f} | {sp} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -89,7 +89,8 @@ def _writable_dir(path: str) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"cannot write to output directory {p}: {e.strerror or e}; choose another with --out") from None
+        raise UsageError(f"cannot write to output directory {p}: {e.strerror or e}; "
+                         "choose another with --out") from None
     return p
 
 
@@ -109,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
-    t.add_argument("--executor", choices=["local", "ray"], help="executor (config key 'executor'; see docs/scale-out.md)")
+    t.add_argument("--executor", choices=["local", "ray"],
+                   help="executor (config key 'executor'; see docs/scale-out.md)")
     t.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE",
                    help="a TOML config (like --config) and/or config overrides")
 
@@ -135,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="bind address: an IP address or host name (default loopback only)")
     sv.add_argument("--max-context", type=_int(1, 1_048_576),
                     help="trajectory budget per session in tokens (default: the model's)")
-    sv.add_argument("--max-tokens", type=_int(1, 1_048_576), default=256, help="per-turn output cap, >= 1 (default 256)")
+    sv.add_argument("--max-tokens", type=_int(1, 1_048_576), default=256,
+                    help="per-turn output cap, >= 1 (default 256)")
     sv.add_argument("--out", default="runs/serve", help="where the embedded model is materialised if needed")
     sv.add_argument("--admin-key-file", help="file holding the admin key for the trajectory, reward and listing "
                     "routes; made (mode 0600, a fresh key) if missing (default OUT/admin-key)")
@@ -159,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     tf.add_argument("--k", type=_int(1, 1024), default=8, help="samples per task (default 8)")
     tf.add_argument("--max-pass", type=_float(0, 1), default=0.9,
                     help="keep pass rates strictly below this, in (0, 1] (default 0.9)")
-    tf.add_argument("--config", help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
+    tf.add_argument("--config",
+                    help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
     tf.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
     tv.add_argument("pack", help="pack directory")
@@ -210,7 +214,8 @@ def _tasks(args) -> int:
             r = filter_tasks(cfg, args.model, args.tasks, args.k, out, max_pass=args.max_pass, progress=not args.quiet)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        print(f"kept {r['kept_count']} of {r['tasks']} tasks (pass rate over {r['k']} samples in (0, {r['max_pass']})); "
+        print(f"kept {r['kept_count']} of {r['tasks']} tasks "
+              f"(pass rate over {r['k']} samples in (0, {r['max_pass']})); "
               f"histogram {r['pass_rate_histogram']}; next: task.pack={out}")
         return 0
     if args.action == "build":

@@ -165,8 +165,9 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
     for prev, e in zip(ledger, ledger[1:]):
         assert e["carried_in"] == prev["carried_over"], (prev, e)
     for e in ledger:
-        assert e["carried_in"] + e["dispatched"] == (e["infra_failed"] + e["no_contrast_filtered"] + e["penalty_rejected"]
-                                                     + e["stale_dropped"] + e["retained"] + e["carried_over"])
+        assert e["carried_in"] + e["dispatched"] == (e["infra_failed"] + e["no_contrast_filtered"]
+                                                     + e["penalty_rejected"] + e["stale_dropped"] + e["retained"]
+                                                     + e["carried_over"])
     metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in m]
     assert [m["step"] for m in metrics] == list(range(1, 8))
     assert all(m["staleness_violations"] == 0 for m in metrics[2:])

@@ -12,11 +12,11 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import gen_many
 
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.torch_engine import process_logits
 from rlonce.engine.vllm_engine import pack_tensors, unpack_tensor
-from conftest import gen_many
 from rlonce.train.trainer import token_logprobs
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

@@ -53,7 +53,8 @@ def test_model_folder_that_does_not_load(tmp_path, kind):
         model.mkdir()
     if kind == "garbage":
         (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    check_one_line_error(rlonce("eval", "--model", str(model), "--out", str(tmp_path / "o"), "--tasks", "2"), str(model))
+    check_one_line_error(rlonce("eval", "--model", str(model), "--out", str(tmp_path / "o"), "--tasks", "2"),
+                         str(model))
 
 
 def test_resume_without_a_run(tmp_path):

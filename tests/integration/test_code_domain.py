@@ -113,8 +113,8 @@ def test_original_code_is_nowhere_in_the_rollout_sandbox(pack):
     _run(env.setup())
     try:
         env.sandbox.limits = type(env.sandbox.limits)(wall_seconds=120, output_bytes=100000)
-        r = _run(env.sandbox.exec(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {json.dumps(line)} / "
-                                  "2>/dev/null; echo scanned"))
+        r = _run(env.sandbox.exec(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev "
+                                  f"{json.dumps(line)} / 2>/dev/null; echo scanned"))
     finally:
         _run(env.cleanup())
     assert r.output.strip() == "scanned", r.output
@@ -131,7 +131,8 @@ def test_interceptor_denies_and_counts(pack):
     try:
         assert _run(env.call_tool("bash", {"command": "git log -p"})) == DENIAL
         assert _run(env.call_tool("bash", {"command": "pip download minicalc"})) == DENIAL
-        assert _run(env.call_tool("str_replace_editor", {"command": "view", "path": next(iter(t.hidden_files))})) == DENIAL
+        assert _run(env.call_tool("str_replace_editor",
+                                  {"command": "view", "path": next(iter(t.hidden_files))})) == DENIAL
         assert "minicalc" in _run(env.call_tool("bash", {"command": "ls"}))
     finally:
         _run(env.cleanup())

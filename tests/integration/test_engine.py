@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 import torch
+from conftest import gen_many
 
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.torch_engine import TorchEngine, process_logits
-from conftest import gen_many
 from rlonce.train.trainer import token_logprobs
 
 

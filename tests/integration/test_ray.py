@@ -20,10 +20,10 @@ ray = pytest.importorskip("ray")
 
 from rlonce.config import load_config  # noqa: E402
 from rlonce.core.records import FailureCategory  # noqa: E402
+from rlonce.dist.cluster import ray_temp_dir  # noqa: E402
 from rlonce.engine.base import EngineError, SamplingParams  # noqa: E402
 from rlonce.engine.torch_engine import TorchEngine  # noqa: E402
 from rlonce.recipes.grpo import Job, run  # noqa: E402
-from rlonce.dist.cluster import ray_temp_dir  # noqa: E402
 from rlonce.telemetry.metrics import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.sandbox

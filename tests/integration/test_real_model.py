@@ -131,7 +131,8 @@ def test_smollm2_render_adds_the_templates_default_system_message(smol):
     from rlonce.gateway.messages import Message
 
     fmt = get_format("smollm2")
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2"}]
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "2+2"}]
     want = smol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert fmt.render([Message(m["role"], m["content"]) for m in msgs], []) == want
     assert "SmolLM" not in fmt.continuation([Message("user", "more")], turn_open=False)

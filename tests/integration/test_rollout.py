@@ -62,7 +62,8 @@ def test_limits_format_errors_and_wrong_answers(lm):
     assert bad.status is Status.FORMAT_ERROR and bad.reward == 0.0
     flagged = [s for s in bad.contexts[0].segments if s.role is Role.MODEL][0]
     assert flagged.flags == {"malformed_tool_call": True}
-    wrong = run(lm, task, ['<tool_call>\n{"name": "submit", "arguments": {"answer": "nothing"}}\n</tool_call><|im_end|>'])
+    wrong = run(lm, task, ['<tool_call>\n{"name": "submit", "arguments": {"answer": "nothing"}}\n'
+                           '</tool_call><|im_end|>'])
     assert wrong.status is Status.SUBMITTED and wrong.reward == 0.0
 
 

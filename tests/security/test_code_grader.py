@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlonce.core.records import Sequence
-from rlonce.envs.code.build import build_pack
 from rlonce.envs.code import env as code_env
+from rlonce.envs.code.build import build_pack
 from rlonce.envs.code.env import CodeEnv, added_markers
 from rlonce.envs.code.interceptor import Interceptor
 from rlonce.envs.code.packages import PackageSpec
@@ -38,7 +38,8 @@ def task(tmp_path_factory):
     return next(t for t in load_pack(out) if "tests/test_flaky.py" not in t.hidden_files)
 
 
-async def _attempt(task, calls, *, testbed: Path | None = None, scan: bool = True) -> tuple[float | None, Sequence, dict]:
+async def _attempt(task, calls, *, testbed: Path | None = None,
+                   scan: bool = True) -> tuple[float | None, Sequence, dict]:
     env = CodeEnv(task, interceptor=Interceptor(patterns={}, hidden_paths=[]))
     if testbed is not None:
         env._tb = lambda: testbed
@@ -99,8 +100,8 @@ def test_reference_fix_earns_reward_and_only_package_sources_are_carried(task):
     def calls(env):
         fix = reference_fix_calls(task, (env.sandbox.workspace / task.mut.path).read_text())
         junk = [("bash", {"command": "mkdir -p minicalc/tests && echo 'x = 1' > minicalc/helper_new.py && "
-                                     "echo 'assert False' > minicalc/tests/test_extra.py && echo junk > minicalc/data.txt"
-                                     " && echo 'import os' > toplevel_new.py"})]
+                                     "echo 'assert False' > minicalc/tests/test_extra.py && "
+                                     "echo junk > minicalc/data.txt && echo 'import os' > toplevel_new.py"})]
         return fix + junk
 
     reward, seq, metrics = asyncio.run(_attempt(task, calls))

@@ -173,7 +173,8 @@ def test_lone_surrogates_are_400_not_500(serve):
                 rb'{"messages": [{"role": "user", "content": "x", "\udfff": 1}]}',
                 rb'{"messages": [{"role": "user", "content": "ok \ud83d\ude00"}], "user": "\udc00"}'):
         _openai_error(_chat(base, "k", raw=raw), 400, "lone UTF-16 surrogate", "valid Unicode")
-    assert _chat(base, "k", raw=rb'{"messages": [{"role": "user", "content": "a pair \ud83d\ude00"}]}').status_code == 200
+    assert _chat(base, "k",
+                 raw=rb'{"messages": [{"role": "user", "content": "a pair \ud83d\ude00"}]}').status_code == 200
 
 
 def test_invalid_utf8_and_non_json_constants_are_400(serve):

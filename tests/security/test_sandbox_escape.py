@@ -20,7 +20,8 @@ from rlonce.sandbox.bwrap import UID_BASE, BwrapSandbox, Limits
 
 pytestmark = pytest.mark.sandbox
 ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not ROOT, reason="the unprivileged-uid and workspace-cap defences apply when rlonce runs as root")
+needs_root = pytest.mark.skipif(
+    not ROOT, reason="the unprivileged-uid and workspace-cap defences apply when rlonce runs as root")
 
 
 def run(sb, cmd, **kw):
@@ -83,7 +84,8 @@ def test_32_bit_syscall_entry_kills_the_process(sb):
     """``int 0x80`` from a 64-bit process uses the i386 table, a classic way around a filter."""
     code = ("import ctypes, mmap; m = mmap.mmap(-1, 4096, prot=7); "
             "m.write(bytes([0xb8, 0x14, 0, 0, 0, 0xcd, 0x80, 0xc3])); "
-            "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m))); print('returned', f())")
+            "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m))); "
+            "print('returned', f())")
     r = run(sb, f'python3 -c "{code}"; echo rc=$?')
     assert "returned" not in r.output and "rc=159" in r.output  # SIGSYS
 
@@ -180,7 +182,8 @@ def test_host_session_keyring_is_unreachable(sb):
 
 def test_host_home_project_and_run_directories_are_invisible(sb):
     repo = Path(__file__).resolve().parents[2]
-    r = run(sb, f"ls /root {repo} {repo}/runs /work/.. 2>&1; cat /etc/shadow /etc/passwd 2>&1 | head -2; ls /run /var 2>&1")
+    r = run(sb, f"ls /root {repo} {repo}/runs /work/.. 2>&1; "
+                "cat /etc/shadow /etc/passwd 2>&1 | head -2; ls /run /var 2>&1")
     assert "pyproject" not in r.output and "root:" not in r.output
 
 
@@ -221,7 +224,8 @@ def host_tcp_service():
 
 def test_host_loopback_services_are_unreachable(sb, host_tcp_service):
     port, hits = host_tcp_service
-    r = run(sb, f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\" 2>&1 | tail -1")
+    r = run(sb, f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\" "
+                "2>&1 | tail -1")
     assert "ConnectionRefused" in r.output and not hits
 
 
@@ -238,7 +242,8 @@ def test_host_abstract_unix_sockets_are_unreachable(sb):
     srv.bind(name)
     srv.listen()
     try:
-        r = run(sb, f"python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name[1:]}')\" 2>&1 | tail -1")
+        r = run(sb, f"python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name[1:]}')\" "
+                    "2>&1 | tail -1")
         assert "ConnectionRefused" in r.output
     finally:
         srv.close()
@@ -303,7 +308,8 @@ def test_tmpfs_mounts_are_size_capped(where):
 
 
 def test_root_and_dev_are_read_only(sb):
-    r = run(sb, "touch /x; echo rc=$?; mkdir /dev/x; echo rc=$?; touch /dev/x; echo rc=$?; echo ok > /dev/null; echo rc=$?")
+    r = run(sb, "touch /x; echo rc=$?; mkdir /dev/x; echo rc=$?; touch /dev/x; echo rc=$?; "
+                "echo ok > /dev/null; echo rc=$?")
     assert r.output.split().count("rc=0") == 1  # only the write to /dev/null
 
 
@@ -313,7 +319,8 @@ def test_workspace_is_size_capped():
     try:
         assert box.workspace_capped
         r = run(box, "head -c 20000000 /dev/zero > fill; echo rc=$?; du -k fill | cut -f1; "
-                     "for i in $(seq 1 100); do head -c 200000 /dev/zero > f$i 2>/dev/null || break; done; du -sk . | cut -f1")
+                     "for i in $(seq 1 100); do head -c 200000 /dev/zero > f$i 2>/dev/null || break; done; "
+                     "du -sk . | cut -f1")
         assert "rc=0" not in r.output and all(int(x) <= 8 * 1024 for x in r.output.split()[-2:])
     finally:
         box.close()
@@ -430,7 +437,8 @@ def test_a_bind_source_behind_a_private_directory_is_staged_read_only_and_unmoun
 def test_an_unclosed_sandbox_leaves_no_mount_after_the_process_exits(tmp_path):
     code = ("import asyncio; from rlonce.sandbox.bwrap import BwrapSandbox; b = BwrapSandbox(); "
             "asyncio.run(b.exec('echo x > f')); print(b._host_dir)")
-    host_dir = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    host_dir = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip()
     assert host_dir not in Path("/proc/self/mounts").read_text() and not Path(host_dir).exists()
 
 

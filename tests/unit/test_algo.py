@@ -69,9 +69,7 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
     import copy
 
     from rlonce.core.records import TrainingRow
-    from rlonce.train.trainer import OptimSettings, Trainer
-
-    from rlonce.train.trainer import token_logprobs
+    from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
     def rows(w0):
         out = []
@@ -79,7 +77,8 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
             ids = [(7 * b + 3 * t) % 700 + 10 for t in range(n)]
             mask = [0, 0] + [1] * (n - 2)
             with torch.no_grad():  # rollout log-probs from the same weights: ratio 1, unclipped
-                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]), torch.ones(1, n, dtype=torch.long))[0][0].tolist()
+                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]),
+                                            torch.ones(1, n, dtype=torch.long))[0][0].tolist()
             out.append(TrainingRow(ids, mask, [x * m for x, m in zip(lp, mask)],
                                    [(1.0 - 2 * (b % 2)) * m for m in mask], [0 if m else -1 for m in mask],
                                    weight=w0 if b == 0 else 1.0, group_id=str(b // 2)))
@@ -112,7 +111,8 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
             ids = [(5 * b + 3 * t) % 700 + 10 for t in range(n)]
             mask = [0, 0] + [1] * (n - 2)
             with torch.no_grad():
-                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]), torch.ones(1, n, dtype=torch.long))[0][0].tolist()
+                lp = [0.0] + token_logprobs(lm.model, torch.tensor([ids]),
+                                            torch.ones(1, n, dtype=torch.long))[0][0].tolist()
             out.append(TrainingRow(ids, mask, [(x - shift) * m for x, m in zip(lp, mask)],
                                    [(1.0 - 2 * b) * m for m in mask], [0 if m else -1 for m in mask], group_id="g"))
         return out

@@ -6,7 +6,8 @@ from rlonce.config import ConfigError, RunConfig, load_config, read_saved_config
 
 
 def test_defaults_and_overrides(tmp_path):
-    cfg = load_config(None, ["rl.steps=7", "harness.temperature=0.5", "model.name=/some/dir", "algo.objective.clip_c=2"])
+    cfg = load_config(None, ["rl.steps=7", "harness.temperature=0.5", "model.name=/some/dir",
+                             "algo.objective.clip_c=2"])
     assert cfg.rl.steps == 7 and cfg.harness.temperature == 0.5 and cfg.model.name == "/some/dir"
     assert cfg.algo.objective.name == "ppo" and cfg.algo.objective.clip_c == 2.0
 
@@ -17,7 +18,8 @@ def test_objective_by_name_then_its_parameters():
     assert cfg.algo.aggregation == "prompt-mean"
     cfg = load_config(None, ["algo.objective=four_bound", "algo.objective.entropy_band=[0.3, 0.8]"])
     assert cfg.algo.objective.entropy_band == (0.3, 0.8) and cfg.algo.objective.pos_high == 5.0
-    with pytest.raises(ConfigError, match="unknown config key 'algo.objective.clip_low'; known keys here: name, eps_low"):
+    with pytest.raises(ConfigError,
+                       match="unknown config key 'algo.objective.clip_low'; known keys here: name, eps_low"):
         load_config(None, ["algo.objective=cispo", "algo.objective.clip_low=0.1"])
     with pytest.raises(ConfigError, match="'ppo', 'four_bound', 'cispo', 'unified'"):
         load_config(None, ["algo.objective=grpo"])
@@ -207,14 +209,17 @@ def test_bounds_text_and_error_line_are_exact():
 
 
 def test_cross_field_rules():
-    with pytest.raises(ConfigError, match=r"^harness.max_tokens_per_turn \(2000\) exceeds harness.max_context \(1024\)"):
+    with pytest.raises(ConfigError,
+                       match=r"^harness.max_tokens_per_turn \(2000\) exceeds harness.max_context \(1024\)"):
         load_config(None, ["harness.max_tokens_per_turn=2000"])
-    assert load_config(None, ["harness.max_tokens_per_turn=2000", "harness.max_context=2000"]).harness.max_context == 2000
+    assert load_config(None, ["harness.max_tokens_per_turn=2000",
+                              "harness.max_context=2000"]).harness.max_context == 2000
     with pytest.raises(ConfigError, match=r"^algo.length.deadzone \(1.0\) must be below algo.length.saturation"):
         load_config(None, ["algo.length.deadzone=1"])
     with pytest.raises(ConfigError, match=r"the band \[0.8, 0.3\] is empty"):
         load_config(None, ["algo.objective=four_bound", "algo.objective.entropy_band=[0.8, 0.3]"])
-    with pytest.raises(ConfigError, match="penalty strategy 'adv_signed' has no parameter 'kapa'; its parameters: kappa"):
+    with pytest.raises(ConfigError,
+                       match="penalty strategy 'adv_signed' has no parameter 'kapa'; its parameters: kappa"):
         load_config(None, ["algo.penalties=[{rule = 'tool_call', strategy = 'adv_signed', "
                            "strategy_params = {kapa = 3.0}}]"])
 

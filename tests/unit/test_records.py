@@ -2,8 +2,17 @@ import math
 
 import pytest
 
-from rlonce.core.records import (Context, FailureCategory, RecordError, Role, Segment, Sequence, Status,
-                                 TrainingRow, sequence_to_rows)
+from rlonce.core.records import (
+    Context,
+    FailureCategory,
+    RecordError,
+    Role,
+    Segment,
+    Sequence,
+    Status,
+    TrainingRow,
+    sequence_to_rows,
+)
 
 
 def _seq(status=Status.SUBMITTED, failure=None):

@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 
-from rlonce.algo import (broadcast_session_advantages, gar_redistribute, group_advantages, grs_reward,
-                         keep_groups, length_penalty, signed_rebalance, zero_confirmed_hacks)
+from rlonce.algo import (
+    broadcast_session_advantages,
+    gar_redistribute,
+    group_advantages,
+    grs_reward,
+    keep_groups,
+    length_penalty,
+    signed_rebalance,
+    zero_confirmed_hacks,
+)
 
 
 def test_gar_worked_example():

@@ -8,8 +8,14 @@ from rlonce.algo.advantages import broadcast_session_advantages, group_advantage
 from rlonce.algo.correction import EntropyBoundController, rollout_correction
 from rlonce.algo.losses import AGGREGATIONS, OBJECTIVES, aggregate, aggregation_weights, policy_loss
 from rlonce.algo.penalties import RULES, STRATEGIES, PenaltySpec
-from rlonce.algo.shaping import (gar_redistribute, grs_reward, keep_groups, length_penalty, signed_rebalance,
-                                 zero_confirmed_hacks)
+from rlonce.algo.shaping import (
+    gar_redistribute,
+    grs_reward,
+    keep_groups,
+    length_penalty,
+    signed_rebalance,
+    zero_confirmed_hacks,
+)
 from rlonce.algo.signal import LengthShaping, SignalSettings, learning_signal
 
 __all__ = [

@@ -29,7 +29,6 @@ import torch
 from rlonce.algo.shaping import signed_rebalance
 from rlonce.core.records import Sample, Segment, Sequence
 
-
 # ---- rules: (segment, sequence, decode, **params) -> bool -------------------------------------
 
 def ngram_repetition(seg: Segment, seq: Sequence, decode, *, n: int = 8, min_repeats: int = 4) -> bool:

@@ -160,7 +160,8 @@ class AnthropicMessages:
             role, content = m.get("role"), m.get("content")
             if role not in ("user", "assistant"):
                 raise ProtocolError(f"{where}.role must be user or assistant", param=where)
-            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _list(content, where + ".content")
+            blocks = ([{"type": "text", "text": content}] if isinstance(content, str)
+                      else _list(content, where + ".content"))
             texts, calls, results = [], [], []
             for j, b in enumerate(blocks):
                 b = _obj(b, f"{where}.content[{j}]")
@@ -216,7 +217,8 @@ class AnthropicMessages:
         out = [ev({"type": "message_start", "message": self._message(turn, req, [], None, 0)})]
         for i, b in enumerate(self._content(turn)):
             if b["type"] == "text":
-                out.append(ev({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}))
+                out.append(ev({"type": "content_block_start", "index": i,
+                               "content_block": {"type": "text", "text": ""}}))
                 out += [ev({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}})
                         for p in _chunks(b["text"])]
             else:
@@ -301,7 +303,8 @@ class OpenAIResponses:
         items = []
         if turn.content or not turn.calls:
             items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
-                          "content": [{"type": "output_text", "text": turn.content, "annotations": [], "logprobs": []}]})
+                          "content": [{"type": "output_text", "text": turn.content, "annotations": [],
+                                       "logprobs": []}]})
         items += [{"type": "function_call", "id": f"fc_{rid}_{i}", "call_id": c.id, "name": c.name,
                    "arguments": c.arguments_json, "status": "completed"} for i, c in enumerate(turn.calls)]
         return items

@@ -15,7 +15,7 @@ writes demonstrations for every arm.
 
 Arm assignment is a step hash: ``sha256(seed NUL round NUL task_id) mod n_arms`` — the same
 arm for every sibling of a group, different arms across tasks and rounds.
-"""
+"""  # noqa: E501 (a markdown table row cannot wrap)
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ from rlonce.envs.base import function_tool
 from rlonce.sandbox.fileops import editor_command, file_op_command
 
 
-
 @dataclass(frozen=True)
 class Tool:
     schema: dict

@@ -275,7 +275,8 @@ class Job:
 
         async def one(task):
             async with sem:
-                seq = await run_outside(task, self.domain.env_factory, gateway, srv.base_url, command, name=name, timeout=timeout)
+                seq = await run_outside(task, self.domain.env_factory, gateway, srv.base_url, command,
+                                        name=name, timeout=timeout)
             bar.update(1)
             return seq
 

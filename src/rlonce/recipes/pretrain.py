@@ -87,7 +87,8 @@ def doc_shell(rng: random.Random) -> Doc:
             doc += [(f"# the {f} of {k}\n$ grep -r", False), (f" {k}.{f} {d}\n", True)]
         else:
             doc += [(f"$ grep -r {k}.{f} {d}\n", False)]
-        doc += [("\n".join(f"{d}/{n}.txt:{ln}" for n, ln in hits) + "\n", False), ("$ echo", False), (f" {v}\n{v}\n", True)]
+        doc += [("\n".join(f"{d}/{n}.txt:{ln}" for n, ln in hits) + "\n", False), ("$ echo", False),
+                (f" {v}\n{v}\n", True)]
     return doc
 
 

@@ -51,8 +51,15 @@ from typing import Protocol
 
 from rlonce.algo.signal import SignalSettings, learning_signal
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import (FailureCategory, Sample, Sequence, Status, TrainingRow, sequence_from_dict,
-                                 sequence_to_dict)
+from rlonce.core.records import (
+    FailureCategory,
+    Sample,
+    Sequence,
+    Status,
+    TrainingRow,
+    sequence_from_dict,
+    sequence_to_dict,
+)
 from rlonce.rollout.mixer import SampleMixer
 from rlonce.rollout.runner import split_by_arm
 

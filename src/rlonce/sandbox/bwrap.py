@@ -125,7 +125,8 @@ class BwrapSandbox:
         self._host_dir = Path(tempfile.mkdtemp(prefix="rlonce-sbx-", dir=root))
         os.chmod(self._host_dir, 0o711)  # the sandbox uid traverses it to reach its workspace
         self._mounts: list[Path] = []
-        self.ro_binds = {self._reachable(Path(host), i): dest for i, (host, dest) in enumerate((ro_binds or {}).items())}
+        self.ro_binds = {self._reachable(Path(host), i): dest
+                         for i, (host, dest) in enumerate((ro_binds or {}).items())}
         self.workspace_capped = False
         """Whether the workspace is a size-capped tmpfs (rlonce running as root)."""
         if workspace is not None:

@@ -67,21 +67,28 @@ def write_report(run_dir: Path) -> Path:
         "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in LEDGER_COLUMNS) + "</tr>"
         for r in ledger
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>rlonce run {html.escape(run_dir.name)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;color:#222}}figure{{display:inline-block;margin:0 1em 1em 0}}
-table{{border-collapse:collapse;margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}}</style>
-</head><body><h1>rlonce run: {html.escape(run_dir.name)}</h1>
-<h2>Summary</h2><table>{table}</table>
-<h2>Curves</h2>{figs}
-<h2>Ledger (sequences per step)</h2><table><tr>{"".join(f"<th>{c}</th>" for c in LEDGER_COLUMNS)}</tr>{ledger_rows}</table>
-</body></html>"""
+    page = (
+        '<!doctype html><html><head><meta charset="utf-8">'
+        f"<title>rlonce run {html.escape(run_dir.name)}</title>\n"
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+        "figure{display:inline-block;margin:0 1em 1em 0}\n"
+        "table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}</style>\n"
+        f"</head><body><h1>rlonce run: {html.escape(run_dir.name)}</h1>\n"
+        f"<h2>Summary</h2><table>{table}</table>\n"
+        f"<h2>Curves</h2>{figs}\n"
+        "<h2>Ledger (sequences per step)</h2><table>"
+        f"<tr>{''.join(f'<th>{c}</th>' for c in LEDGER_COLUMNS)}</tr>{ledger_rows}</table>\n"
+        "</body></html>"
+    )
     out = run_dir / "report.html"
     out.write_text(page)
     return out
 
 
-LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered", "penalty_rejected",
-                  "retained", "hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped"]
+LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered",
+                  "penalty_rejected", "retained", "hack_zeroed", "length_penalized", "zero_advantage",
+                  "contexts_dropped"]
 
 
 def _fmt(v) -> str:

@@ -3,8 +3,8 @@
 It consumes ``TrainingRow``s only — token ids, loss mask, rollout log-probs, advantages —
 never raw rewards. Losses come from ``rlonce.algo`` by name; the trainer never branches on
 their names. Each mini-batch is split into micro-batches of at most ``micro_batch_tokens``
-padded tokens; aggregation weights are computed over the whole mini-batch first (and scaled by each row's ``weight``), so
-the accumulated gradient equals the full-batch one.
+padded tokens; aggregation weights are computed over the whole mini-batch first (and scaled by
+each row's ``weight``), so the accumulated gradient equals the full-batch one.
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def _node_sites(node, fn, off: _Offsets):
         hit = _between(off, node.values[0], node.values[1], tok)
         if hit:
             yield "bool_op", hit[0], hit[1], hit[2], rep, node, fn
-    elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+    elif (isinstance(node, ast.Call) and len(node.args) >= 2
+          and not any(isinstance(a, ast.Starred) for a in node.args[:2])):
         (s0, e0), (s1, e1) = off.span(node.args[0]), off.span(node.args[1])
         a0, a1 = off.source[s0:e0].decode(), off.source[s1:e1].decode()
         if a0 != a1:

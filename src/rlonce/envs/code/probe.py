@@ -80,7 +80,8 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
     done = {(r["task"], r["route"]): r for r in read_record(record) if r["mode"] == mode} if record else {}
     jobs: list[tuple[str, CodeTask, Callable]] = []
     for t in tasks:
-        jobs.append(("reference_fix", t, lambda env, t=t: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
+        jobs.append(("reference_fix", t,
+                     lambda env, t=t: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
         jobs.append(("noop", t, lambda env: []))
         jobs += [(r, t, lambda env, r=r, t=t: ROUTES[r](t)) for r in names]
     rows = [done[(t.task_id, name)] for name, t, _ in jobs if (t.task_id, name) in done]
@@ -145,7 +146,8 @@ def format_report(report: dict) -> str:
     rows = [*report["routes"].items(), ("[control] reference fix", report["reference_fix"]),
             ("[control] no-op", report["noop"])]
     for name, r in rows:
-        lines.append(f"{name:32} {r['tasks']:6} {r['rewarded']:9} {r['denied']:7} {r['hack_confirmed']:5} {r['infra']:6}")
+        lines.append(f"{name:32} {r['tasks']:6} {r['rewarded']:9} {r['denied']:7} "
+                     f"{r['hack_confirmed']:5} {r['infra']:6}")
     holes = [n for n, r in report["routes"].items() if r["rewarded"]]
     lines += ["", "holes: " + (", ".join(holes) if holes else "none — no route earned reward on any task")]
     return "\n".join(lines)
@@ -161,5 +163,6 @@ def _format_both(on: dict, off: dict) -> str:
         lines.append(f"{name:32} {a['tasks']:6} {a['rewarded']:5} | {b['rewarded']:4} {a['denied']:7} "
                      f"{a['hack_confirmed']:4} | {b['hack_confirmed']:4} {a['infra']:4} | {b['infra']:4}")
     holes = [f"{n} ({m})" for m, rep in (("on", on), ("off", off)) for n, r in rep["routes"].items() if r["rewarded"]]
-    lines += ["", "holes: " + (", ".join(holes) if holes else "none — no route earned reward on any task, in either mode")]
+    lines += ["", "holes: " + (", ".join(holes) if holes
+                               else "none — no route earned reward on any task, in either mode")]
     return "\n".join(lines)

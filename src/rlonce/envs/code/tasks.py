@@ -58,7 +58,8 @@ class CodeTask:
             if local is None:
                 raise PackError(f"task {self.task_id}: unknown package {self.package!r}")
             spec = PackageSpec(**{**local, "modules": tuple(local["modules"]), "tests": tuple(local["tests"]),
-                                  "pytest_args": tuple(local.get("pytest_args", ())), "hide": tuple(local.get("hide", ()))})
+                                  "pytest_args": tuple(local.get("pytest_args", ())),
+                                  "hide": tuple(local.get("hide", ()))})
         return spec
 
     @property

@@ -31,7 +31,7 @@ def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.
                  max_detours: int = 2) -> list[ToolCall]:
     """The expert's tool calls for one demonstration, detours included."""
     calls: list[ToolCall] = []
-    for hop, call in enumerate(optimal_calls(task)[:-1]):
+    for call in optimal_calls(task)[:-1]:
         n = 0
         while n < max_detours and rng.random() < detour_p:
             calls.append(_detour(calls, rng))
