@@ -46,6 +46,7 @@ from rlonce.rollout.runner import LocalExecutor, collect, run_sequence
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
+from rlonce.telemetry.step import StepInputs, step_record
 from rlonce.train import checkpoint
 from rlonce.train.trainer import OptimSettings, Trainer
 
@@ -367,49 +368,15 @@ class Job:
         if res.row_count:
             train_m = await self._train_step(res, step)
         lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
-        lags_n = sum(lag_counts.values())
         t_train = time.perf_counter() - t1
         st.orchestrator = orch.snapshot
         st.rl_step, st.data_position = step, orch.snapshot["next_index"][self.domain.name]
-        samples = res.samples
-        seqs = res.finished
-        staleness = orch.s.staleness
-        trained_seqs = [s for x in samples for s in x.sequences]
-        scored = [s for s in seqs if not s.infra_failed]
+        samples, seqs = res.samples, res.finished
         for category, (n, cause) in infra_causes(seqs).items():
             log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
-        gen_tokens = sum(s.metrics.get("model_tokens", 0.0) for s in seqs)
-        rec = {
-            "step": step,
-            "reward_mean": sum(s.reward for s in scored) / max(len(scored), 1),
-            "success_rate": sum(s.success for s in scored) / max(len(scored), 1),
-            "response_tokens_mean": gen_tokens / max(len(seqs), 1),
-            "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
-            "contexts_per_sequence": sum(len(s.contexts) for s in seqs) / max(len(seqs), 1),
-            "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
-            **{f"status_{k.value}": sum(s.status is k for s in seqs) / max(len(seqs), 1) for k in Status},
-            "rollout_seconds": t_roll,
-            "train_seconds": t_train,
-            "step_seconds": t_roll + t_train,
-            "generated_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
-            "retained_rows": res.row_count,
-            "version": st.version,
-            "version_lag_max": max(lag_counts) if lag_counts else 0,
-            "version_lag_mean": sum(k * n for k, n in lag_counts.items()) / lags_n if lags_n else 0.0,
-            **{f"version_lag_tokens/{k}": float(n) for k, n in sorted(lag_counts.items())},
-            "staleness_violations": float(sum(n for k, n in lag_counts.items() if k > staleness - 1)),
-            "sequences_spanning_versions": float(sum(s.metrics.get("versions_spanned", 0.0) > 1
-                                                     for s in trained_seqs)),
-            "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
-            "stale_dropped": float(sum(e.stale_dropped for e in ledger.values())),
-            "carried_over": float(sum(e.carried_over for e in ledger.values())),
-            "replayed_groups": float(orch.replayed),
-            "reissued_groups": float(orch.reissued),
-            **({f"reward_mean/{a}": sum(s.reward for s in scored if s.arm == a) / sum(s.arm == a for s in scored)
-                for a in cfg.harness.arms if any(s.arm == a for s in scored)} if len(cfg.harness.arms) > 1 else {}),
-            **signal_m,
-            **train_m,
-        }
+        rec = step_record(StepInputs(
+            step, seqs, [s for x in samples for s in x.sequences], ledger, t_roll, t_train, res.row_count, st.version,
+            orch.s.staleness, orch.replayed, orch.reissued, list(cfg.harness.arms), lag_counts), signal_m, train_m)
         for e in ledger.values():
             self.ledger.write(e.to_dict())
         shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]

@@ -1,0 +1,32 @@
+"""The per-step metrics record, against hand-computed values."""
+
+from collections import Counter
+
+import pytest
+
+from rlonce.core.ledger import LedgerEntry
+from rlonce.core.records import FailureCategory, Sequence, Status
+from rlonce.telemetry.step import StepInputs, step_record
+
+
+def test_step_record_by_hand():
+    a = Sequence("t", "mini-bash", reward=1.0, turns=2, metrics={"model_tokens": 30.0, "versions_spanned": 2.0})
+    b = Sequence("t", "mini-codex", reward=0.0, turns=3, metrics={"model_tokens": 50.0, "rollbacks": 1.0})
+    c = Sequence("t", "mini-bash", status=Status.INFRA, failure=FailureCategory.SANDBOX_ERROR, turns=1,
+                 metrics={"model_tokens": 20.0})
+    entry = LedgerEntry(3, "toolfind")
+    entry.stale_dropped, entry.carried_over = 2, 1
+    rec = step_record(StepInputs(3, [a, b, c], [a, b], {"toolfind": entry}, rollout_seconds=4.0, train_seconds=1.0,
+                                 retained_rows=2, version=7, staleness=1, replayed=1, reissued=0,
+                                 arms=["mini-bash", "mini-codex"], lag_counts=Counter({0: 10, 1: 5})),
+                      {"grs_fallback": 0}, {"loss": 0.25})
+    assert rec["reward_mean"] == 0.5 and rec["success_rate"] == 0.5  # the infra sequence is not scored
+    assert rec["response_tokens_mean"] == pytest.approx(100 / 3) and rec["turns_mean"] == 2.0
+    assert rec["generated_tokens_per_s"] == 25.0 and rec["step_seconds"] == 5.0
+    assert rec["status_infra"] == pytest.approx(1 / 3) and rec["status_submitted"] == pytest.approx(2 / 3)
+    assert rec["version_lag_max"] == 1 and rec["version_lag_mean"] == pytest.approx(5 / 15)
+    assert rec["version_lag_tokens/1"] == 5.0 and rec["staleness_violations"] == 5.0  # staleness 1: any lag breaks it
+    assert rec["sequences_spanning_versions"] == 1.0 and rec["gateway_rollbacks"] == 1.0
+    assert (rec["stale_dropped"], rec["carried_over"], rec["replayed_groups"]) == (2.0, 1.0, 1.0)
+    assert rec["reward_mean/mini-bash"] == 1.0 and rec["reward_mean/mini-codex"] == 0.0
+    assert rec["loss"] == 0.25 and rec["grs_fallback"] == 0 and rec["version"] == 7
