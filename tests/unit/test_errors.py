@@ -34,7 +34,7 @@ def test_each_error_class_is_defined_once_and_the_cli_catches_the_base():
             if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception")):
                 defined.setdefault(node.name, []).append(str(path.relative_to(SRC)))
     assert {k: v for k, v in defined.items() if len(v) > 1} == {}
-    cli = ast.parse((SRC / "cli.py").read_text())
+    cli = ast.parse((SRC / "cli" / "__init__.py").read_text())
     caught = {ast.unparse(h.type) for h in ast.walk(cli) if isinstance(h, ast.ExceptHandler) and h.type is not None
               and any(isinstance(n, ast.Return) and getattr(n.value, "value", None) == 2 for n in ast.walk(h))}
     assert "RlonceError" in caught

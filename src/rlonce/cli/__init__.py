@@ -1,0 +1,49 @@
+"""``rlonce`` console script. Arguments are parsed before any heavy library is imported.
+
+Verbs:
+  quickstart  train the embedded agent with the embedded defaults (SFT, then GRPO) on CPU
+  train       the same job from a TOML config and/or key=value overrides; --resume RUN_DIR
+  eval        held-out success of a model folder on the embedded domain, per harness arm
+  serve       the gateway over HTTP on loopback for any model rlonce can load
+  tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
+  probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
+  config      ``config show [KEY]``: every config key's resolved value, docstring and default
+
+``parser`` holds the argument parser, ``commands`` the verbs' handlers; this module catches the
+errors that are the user's to fix and prints each as one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rlonce.cli.commands import COMMANDS, ONE_LINE_OS_ERRORS, train_config
+from rlonce.cli.parser import _parser, parse_args
+from rlonce.errors import RlonceError, UsageError
+
+__all__ = ["UsageError", "_parser", "main", "parse_args", "train_config"]
+
+
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return COMMANDS[args.verb](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except RlonceError as e:
+        print(f"rlonce: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in ONE_LINE_OS_ERRORS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"rlonce: error: {e.strerror or e}{where}; {ONE_LINE_OS_ERRORS[e.errno]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlonce: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,285 @@
+"""What each ``rlonce`` verb does once its arguments are parsed.
+
+Every heavy import (torch, transformers, the recipes) happens inside a handler, so parsing and
+usage errors stay fast. A handler returns the exit code; user errors are raised as ``UsageError``
+and printed as one line by ``rlonce.cli.main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+from collections.abc import Callable
+from pathlib import Path
+
+from rlonce.errors import UsageError
+
+ONE_LINE_OS_ERRORS = {
+    errno.ENOSPC: "free disk space or choose another --out",
+    errno.EDQUOT: "free disk space or choose another --out",
+    errno.EADDRINUSE: "another process listens there: choose another --port (0 picks a free one)",
+    errno.EADDRNOTAVAIL: "that --host is not an address of this machine",
+    errno.EACCES: "check the permissions (ports below 1024 need root)",
+}
+"""OS errors that are the user's to fix, printed as one line with what to do."""
+
+
+def _writable_dir(path: str) -> Path:
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".rlonce-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {p}: {e.strerror or e}; "
+                         "choose another with --out") from None
+    return p
+
+
+def train_config(args):
+    """``rlonce train``'s config and whether it resumes: ``--resume RUN_DIR``, or ``--config FILE``
+    / a positional ``FILE.toml``, then the overrides and ``--out``."""
+    from rlonce.config import load_config, read_saved_config
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.json").is_file():
+            raise UsageError(f"{run_dir} is not a run directory (no config.json); pass the --out of an earlier run")
+        return read_saved_config(run_dir / "config.json", [*args.overrides, f"out={run_dir}"]), True
+    config, overrides = args.config, list(args.overrides)
+    if overrides and "=" not in overrides[0]:  # `rlonce train configs/x.toml k=v`
+        if config:
+            raise UsageError(f"two configs given: --config {config} and {overrides[0]}")
+        config, overrides = overrides[0], overrides[1:]
+    return load_config(config, [*overrides, *([f"out={args.out}"] if args.out else [])]), False
+
+
+def _run(cfg, resume: bool, args) -> int:
+    """The GRPO job of ``quickstart`` and ``train``, on a checked config."""
+    from rlonce.recipes.grpo import run
+
+    summary = run(cfg, resume=resume, progress=not args.quiet)
+    print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f} "
+          f"on {summary['heldout_tasks']} held-out tasks in {summary['wall_seconds']:.0f}s; run directory {cfg.out}")
+    return 0
+
+
+def _quickstart(args) -> int:
+    from rlonce.config import load_config
+    from rlonce.envs.domains import check_domain_settings
+
+    cfg = load_config(None, [*args.overrides, f"out={args.out}"])
+    check_domain_settings(cfg)
+    _writable_dir(cfg.out)
+    return _run(cfg, False, args)
+
+
+def _train(args) -> int:
+    from rlonce.envs.domains import check_domain_settings
+
+    cfg, resume = train_config(args)
+    check_domain_settings(cfg)
+    _writable_dir(cfg.out)
+    return _run(cfg, resume, args)
+
+
+def _eval(args) -> int:
+    from rlonce.config import load_config
+    from rlonce.envs.domains import check_domain_settings
+
+    cfg = load_config(None, [*args.overrides, f"out={args.out}"])
+    check_domain_settings(cfg)
+    _writable_dir(cfg.out)
+    from rlonce.recipes.grpo import evaluate_model
+
+    res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet, harness_cmd=args.harness_cmd,
+                         harness_name=args.harness_name, harness_tasks=args.harness_tasks,
+                         harness_timeout=args.harness_timeout)
+    print(f"held-out success {res['success']:.3f} on {res['tasks']} tasks ({res['infra_failed']} infra failures)")
+    for arm, v in res["per_arm"].items():
+        if arm == args.harness_name and "outside" in res:
+            o = res["outside"]
+            ends = ", ".join(f"{k} {n}" for k, n in o["statuses"].items() if n)
+            print(f"  {arm:<18} {v:.3f}  ({o['tasks']} tasks, outside harness; {ends}; "
+                  f"{o['turns_mean']:.1f} turns/episode)")
+        else:
+            print(f"  {arm:<18} {v:.3f}  ({res['tasks']} tasks)")
+    return 0
+
+
+def _tasks(args) -> int:
+    import json
+
+    if args.action == "filter":
+        from rlonce.config import load_config
+        from rlonce.recipes.filter import filter_tasks
+
+        out = _writable_dir(args.out)
+        cfg = load_config(args.config, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
+                                        *args.overrides, f"out={out}"])
+        try:
+            r = filter_tasks(cfg, args.model, args.tasks, args.k, out, max_pass=args.max_pass, progress=not args.quiet)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(f"kept {r['kept_count']} of {r['tasks']} tasks "
+              f"(pass rate over {r['k']} samples in (0, {r['max_pass']})); "
+              f"histogram {r['pass_rate_histogram']}; next: task.pack={out}")
+        return 0
+    if args.action == "build":
+        from rlonce.envs.code.build import build_pack
+        from rlonce.envs.code.packages import PACKAGES
+
+        names = args.packages.split(",") if args.packages else list(PACKAGES)
+        unknown = [n for n in names if n not in PACKAGES]
+        if unknown:
+            raise UsageError(f"unknown package(s) {', '.join(unknown)}; pinned packages: {', '.join(PACKAGES)}")
+        out = _writable_dir(args.out)
+        tasks = build_pack(out, [PACKAGES[n] for n in names], args.per_package, seed=args.seed,
+                           progress=not args.quiet)
+        print(f"wrote {len(tasks)} tasks from {len(names)} packages to {out}; "
+              f"next: rlonce tasks validate {out}")
+        return 0
+    from rlonce.envs.code.validate import validate_pack
+
+    report = validate_pack(Path(args.pack), reruns=args.reruns, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "validated_ids"}))
+    else:
+        print(f"{report['validated']} of {report['tasks']} tasks validated "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(report['packages'].items()))}); "
+              f"dropped: {report['dropped'] or 'none'}; report in {Path(args.pack) / 'validation.json'}")
+    return 0
+
+
+def _probe(args) -> int:
+    import json
+
+    from rlonce.envs.code.probe import ROUTES, format_report, probe_pack
+    from rlonce.envs.code.validate import validated_tasks
+
+    routes = args.routes.split(",") if args.routes else None
+    unknown = [r for r in routes or [] if r not in ROUTES]
+    if unknown:
+        raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    if args.record:
+        try:
+            Path(args.record).open("a").close()
+        except OSError as e:
+            raise UsageError(f"cannot write the probe record {args.record}: {e.strerror or e}; "
+                             "choose another --record path") from None
+    tasks = validated_tasks(Path(args.pack))
+    if args.limit:
+        tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
+    if args.shard:
+        tasks = tasks[args.shard[0] - 1:: args.shard[1]]
+    if not tasks:
+        raise UsageError(f"{args.pack} has no validated tasks to probe" + (" in this shard" if args.shard else ""))
+    mode = "off" if args.no_interceptor else args.interceptor
+    report = probe_pack(tasks, routes=routes, intercept={"both": "both", "on": True, "off": False}[mode],
+                        concurrency=args.concurrency, progress=not args.quiet and not args.json,
+                        record=Path(args.record) if args.record else None)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Resolve ``host`` and bind ``host:port`` once before the model loads, so that a bad address or
+    a taken port is one line now rather than the server's failure later."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise UsageError(f"serve: cannot resolve --host {host!r}: {e.strerror}; pass an IP address or a known "
+                         "host name") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            hint = ONE_LINE_OS_ERRORS.get(e.errno, "choose another --host or --port")
+            raise UsageError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}; {hint}") from None
+
+
+def _serve(args) -> int:
+    import asyncio
+
+    _check_listen(args.host, args.port)
+    import torch
+
+    torch.set_num_threads(1)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.http import AsyncServer, load_admin_key, make_app
+    from rlonce.gateway.session import Budgets, GatewaySettings
+    from rlonce.model import loader
+    from rlonce.model.chat import get_format
+
+    key_file = Path(args.admin_key_file or _writable_dir(args.out) / "admin-key")
+    try:
+        admin_key = load_admin_key(key_file)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"serve: cannot use the admin key file {key_file}: {e}") from None
+    lm = loader.load(loader.resolve(args.model, _writable_dir(args.out) / "cache"))
+    pad = lm.tokenizer.pad_token_id
+    engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0)
+    limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
+    name = "embedded" if args.model == "embedded" else Path(args.model).name
+    gw = Gateway(GatewaySettings(
+        engine, lm.encode, lm.decode, get_format(lm.chat_format), sampling=SamplingParams(max_tokens=args.max_tokens),
+        budgets=Budgets(args.max_tokens, limit), model_name=name, auto_open=True, honor_client_sampling=True,
+        idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0), tokenizer=lm.tokenizer,
+        offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
+
+    async def main() -> None:
+        async with AsyncServer(make_app(gw, admin_key=admin_key), host=args.host, port=args.port) as srv:
+            print(f"rlonce gateway for {name} at {srv.base_url}\n"
+                  f"  OpenAI:    base_url={srv.base_url}/v1  (an API key opens a session; only that key continues it)\n"
+                  f"  Anthropic: base_url={srv.base_url}\n"
+                  f"  trajectory: GET {srv.base_url}/sessions/KEY/trajectory with the admin key in {key_file}\n"
+                  f"  Ctrl-C stops", flush=True)
+            await srv.task
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.close()
+    return 0
+
+
+def _config_show(args) -> int:
+    """``rlonce config show [KEY]``: the config ``rlonce train`` would run with the same arguments."""
+    from rlonce.config import settings
+
+    keys = [x for x in args.overrides if "=" not in x and not x.endswith(".toml")]
+    if len(keys) > 1:
+        raise UsageError(f"config show: one KEY at most, got {' '.join(keys)}")
+    args.overrides = [x for x in args.overrides if x not in keys]
+    cfg, _ = train_config(args)
+    rows = settings(cfg)
+    if keys:
+        key = keys[0]
+        shown = [r for r in rows if r.key == key or r.key.startswith(key + ".")]
+        if not shown:
+            parent = key.rpartition(".")[0]
+            inside = [r.key.removeprefix(parent + ".").split(".")[0] for r in rows
+                      if parent and r.key.startswith(parent + ".")]
+            known = inside or [r.key.split(".")[0] for r in rows]
+            raise UsageError(f"config show: unknown config key {key!r}; known keys{f' in {parent}' if inside else ''}: "
+                             f"{', '.join(dict.fromkeys(known))}")
+        rows = shown
+    print("\n".join(r.text() for r in rows))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
+    "config": _config_show,
+}
+"""Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

@@ -1,0 +1,216 @@
+"""The ``rlonce`` argument parser: one function per verb, value checks that fail as one line.
+
+Only the standard library and ``rlonce.errors`` are imported here, so a bad argument is reported
+before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import re
+
+from rlonce.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit code 2, like every other usage error."""
+
+    def error(self, message: str):
+        verb = self.prog.removeprefix("rlonce").strip()
+        raise UsageError(f"{verb + ': ' if verb else ''}{message} (see `{self.prog} --help`)")
+
+
+def _int(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is out of range: use {lo}..{hi}")
+        return v
+    return parse
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shard: write I/N with 1 <= I <= N, e.g. 2/4")
+    return int(i), int(n)
+
+
+def _float(lo: float, hi: float, *, open_low: bool = True):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or not (lo < v if open_low else lo <= v) or v > hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: use a finite value in "
+                                             f"{'(' if open_low else '['}{lo:g}, {hi:g}]")
+        return v
+    return parse
+
+
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _host(text: str) -> str:
+    """An IP address or an RFC 1123 host name (a dotted all-digit name must be a valid IPv4)."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    labels = text.removesuffix(".").split(".")
+    if (len(text) <= 253 and all(_HOSTNAME.fullmatch(x) for x in labels)
+            and not all(x.isdigit() for x in labels)):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not an IP address or host name (e.g. 127.0.0.1, localhost)")
+
+
+def _quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_quickstart(sub) -> None:
+    q = sub.add_parser("quickstart", help="train the embedded agent with the embedded defaults")
+    q.add_argument("--out", default="runs/quickstart", help="run directory (default: runs/quickstart)")
+    q.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode; default sync)")
+    q.add_argument("--executor", choices=["local", "ray"],
+                   help="run rollouts, engine and trainer in this process or as Ray actors (default local)")
+    q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=10")
+    _quiet(q)
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser("train", help="train from a config file and/or overrides")
+    t.add_argument("--config", help="TOML config file (see configs/)")
+    t.add_argument("--out", help="run directory (overrides the config's 'out')")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
+    t.add_argument("--executor", choices=["local", "ray"],
+                   help="executor (config key 'executor'; see docs/scale-out.md)")
+    t.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE",
+                   help="a TOML config (like --config) and/or config overrides")
+    _quiet(t)
+
+
+def _add_eval(sub) -> None:
+    e = sub.add_parser("eval", help="held-out success of a model on the embedded domain")
+    e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
+    e.add_argument("--tasks", type=_int(1, 1_000_000), default=200, help="number of held-out tasks (default 200)")
+    e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
+    e.add_argument("--harness-cmd", metavar="CMD",
+                   help="also evaluate an outside agent command that reads OPENAI_BASE_URL/OPENAI_API_KEY (or the "
+                        "ANTHROPIC_ ones), e.g. 'python -m rlonce.harness.mswea' (mini-swe-agent)")
+    e.add_argument("--harness-name", default="outside", help="label of the outside harness in the report")
+    e.add_argument("--harness-tasks", type=_int(1, 1_000_000), default=20,
+                   help="held-out tasks for the outside harness (default 20)")
+    e.add_argument("--harness-timeout", type=_float(0, 86_400), default=300.0,
+                   help="seconds per outside episode, in (0, 86400] (default 300)")
+    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    _quiet(e)
+
+
+def _add_serve(sub) -> None:
+    sv = sub.add_parser("serve", help="serve a model through the gateway (OpenAI and Anthropic protocols)")
+    sv.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
+    sv.add_argument("--port", type=_int(0, 65535), default=8000,
+                    help="port, 0..65535 (default 8000; 0 picks a free one)")
+    sv.add_argument("--host", type=_host, default="127.0.0.1",
+                    help="bind address: an IP address or host name (default loopback only)")
+    sv.add_argument("--max-context", type=_int(1, 1_048_576),
+                    help="trajectory budget per session in tokens (default: the model's)")
+    sv.add_argument("--max-tokens", type=_int(1, 1_048_576), default=256,
+                    help="per-turn output cap, >= 1 (default 256)")
+    sv.add_argument("--out", default="runs/serve", help="where the embedded model is materialised if needed")
+    sv.add_argument("--admin-key-file", help="file holding the admin key for the trajectory, reward and listing "
+                    "routes; made (mode 0600, a fresh key) if missing (default OUT/admin-key)")
+    sv.add_argument("--session-ttl", type=_float(0, 1e7), default=900.0,
+                    help="seconds an unused session is kept (default 900; ended sessions: at most 60)")
+    _quiet(sv)
+
+
+def _add_tasks(sub) -> None:
+    tk = sub.add_parser("tasks", help="build or validate a task pack")
+    tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tb = tsub.add_parser("build", help="synthesise tasks from real packages")
+    tb.add_argument("domain", choices=["code"])
+    tb.add_argument("--out", required=True, help="pack directory to write")
+    tb.add_argument("--per-package", type=_int(1, 100_000), default=40, help="tasks per package, >= 1 (default 40)")
+    tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
+    tb.add_argument("--seed", type=_int(0, 2**32 - 1), default=0)
+    _quiet(tb)
+    tf = tsub.add_parser("filter", help="keep tasks whose pass rate under a model is in (0, max-pass)")
+    tf.add_argument("domain", choices=["reasoning"])
+    tf.add_argument("--out", required=True, help="folder for filter.json / filter.jsonl (use it as task.pack)")
+    tf.add_argument("--model", default="smollm2", help="'embedded', 'smollm2' or a model folder (default smollm2)")
+    tf.add_argument("--tasks", type=_int(1, 1_000_000), default=256,
+                    help="train tasks to measure, from index 0 (default 256)")
+    tf.add_argument("--k", type=_int(1, 1024), default=8, help="samples per task (default 8)")
+    tf.add_argument("--max-pass", type=_float(0, 1), default=0.9,
+                    help="keep pass rates strictly below this, in (0, 1] (default 0.9)")
+    tf.add_argument("--config",
+                    help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
+    tf.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    _quiet(tf)
+    tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
+    tv.add_argument("pack", help="pack directory")
+    tv.add_argument("--reruns", type=_int(1, 1000), default=8, help="runs per state for the stability gate (default 8)")
+    tv.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _quiet(tv)
+
+
+def _add_probe(sub) -> None:
+    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack")
+    pr.add_argument("domain", choices=["code"])
+    pr.add_argument("--pack", required=True)
+    pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
+    pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
+    pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",
+                    help="run the routes with the action guard on, off (the grader alone) or both in turn (default)")
+    pr.add_argument("--no-interceptor", action="store_true", help="the same as --interceptor off")
+    pr.add_argument("--shard", type=_shard, help="I/N: probe only every N-th task starting at the I-th (1-based), "
+                    "to split a long probe over processes or sessions")
+    pr.add_argument("--record", help="JSONL file that gets one line per attempt; a rerun with the same file skips "
+                    "what is recorded, so an interrupted probe resumes")
+    pr.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
+    pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _quiet(pr)
+
+
+def _add_config(sub) -> None:
+    cf = sub.add_parser("config", help="show the resolved configuration with each key's docstring and default")
+    csub = cf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cs = csub.add_parser("show", help="every key's resolved value, docstring and default (or only KEY's)")
+    cs.add_argument("--config", help="TOML config file (see configs/)")
+    cs.add_argument("--resume", metavar="RUN_DIR", help="show the saved config of the run in RUN_DIR")
+    cs.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] [KEY] [KEY=VALUE]",
+                    help="a TOML config (like --config), a dotted key to show (e.g. rl.lr; a section shows all "
+                         "its keys) and/or config overrides")
+    cs.set_defaults(out=None)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
+    sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config):
+        add(sub)
+    return ap
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # KEY=VALUE overrides after options that follow another positional (argparse stops there)
+        if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    if getattr(args, "mode", None):
+        args.overrides = [*args.overrides, f"rollout.mode={args.mode}"]
+    if getattr(args, "executor", None):
+        args.overrides = [*args.overrides, f"executor={args.executor}"]
+    return args
