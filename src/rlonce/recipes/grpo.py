@@ -27,22 +27,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rlonce.config import OPTIMIZERS, ConfigError, RunConfig, objective_params, save_config
-from rlonce.core.records import Role, Status, sequence_to_rows, version_lags
+from rlonce.config import OPTIMIZERS, RunConfig, objective_params, save_config
+from rlonce.core.records import Role, version_lags
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
-from rlonce.engine.scripted import ScriptedEngine
-from rlonce.envs.base import HasWorkspace
 from rlonce.envs.domains import check_domain_settings, domain_for
-from rlonce.envs.toolfind.expert import expert_turns
-from rlonce.harness.arms import arm_for, get_arm
-from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
+from rlonce.recipes.evaluate import heldout_success, outside_success
+from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, rollout_spec, signal_settings
 from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
 from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
-from rlonce.rollout.runner import LocalExecutor, collect, run_sequence
+from rlonce.rollout.runner import LocalExecutor
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
@@ -51,7 +48,6 @@ from rlonce.train import checkpoint
 from rlonce.train.trainer import OptimSettings, Trainer
 
 log = logging.getLogger(__name__)
-EVAL_SEED = 12345
 
 
 @dataclass
@@ -190,53 +186,15 @@ class Job:
 
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
-        cfg = self.cfg.sft
         self._threads("rollout")
-        demos = asyncio.run(self._demos())
-        rows = [r for s in demos for r in sequence_to_rows(s, 1.0)]
+        demos = asyncio.run(demonstrations(self.domain, self.spec, self.fmt, self.lm.encode, self.cfg,
+                                           progress=self.progress))
         self._threads("train")
-        steps = max(1, cfg.epochs * len(rows) // cfg.batch_rows)
-        trainer = Trainer(self.lm.model, OptimSettings(lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=steps,
-                                                       betas=(0.9, 0.95)))
-        rng = random.Random(self.cfg.runtime.seed)
-        bar = tqdm(total=steps, desc="sft", unit="step", disable=not self.progress, dynamic_ncols=True)
-        for batch in _length_bucketed(rows, cfg.batch_rows, steps, rng):
-            m = trainer.sft_step(batch)
-            bar.update(1)
-            bar.set_postfix(loss=f"{m['sft_loss']:.3f}", lr=f"{m['lr']:.1e}", refresh=False)
-        bar.close()
+        train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress)
         if self.engine is not None:
             self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
         self.state.phase = "rl"
         self._checkpoint()
-
-    async def _demos(self):
-        cfg = self.cfg
-        rng = random.Random(cfg.runtime.seed)
-        spec = copy.copy(self.spec)
-        spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
-                                    render_tools=cfg.harness.render_tools, compact_at=cfg.harness.compact_at)
-        sem = asyncio.Semaphore(32)
-        tasks = [self.domain.task("sft", i) for i in range(cfg.sft.demos)]
-        bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not self.progress, leave=False)
-
-        async def one(task):
-            arm = arm_for(spec.arm_seed, 0, task.task_id, list(spec.arms))
-            turns = expert_turns(task, rng, self.fmt, translate=get_arm(arm).translate, detour_p=cfg.sft.detour_p,
-                                 max_detours=cfg.sft.max_detours)
-            async with sem:
-                seq = await run_sequence(task, self.domain.env_factory, ScriptedEngine(turns, self.lm.encode), spec,
-                                         arm=arm)
-            bar.update(1)
-            return seq
-
-        seqs = await asyncio.gather(*(one(t) for t in tasks))
-        bar.close()
-        bad = [s for s in seqs if not s.success]
-        if bad:
-            raise RuntimeError(f"the scripted expert failed {len(bad)} tasks (first: {bad[0].task_id}, "
-                               f"status {bad[0].status.value}); the task generator or sandbox is broken")
-        return seqs
 
     def evaluate(self, n: int, desc: str) -> dict:
         return asyncio.run(self.evaluate_async(n, desc))
@@ -244,51 +202,14 @@ class Job:
     async def evaluate_async(self, n: int, desc: str) -> dict:
         """Held-out success: every task under every configured arm; ``success`` is their mean."""
         self._threads("rollout")
-        tasks = [self.domain.task("heldout", i) for i in range(n)]
-        per_arm, scored_n, infra = {}, 0, 0
-        for arm in self.spec.arms:
-            label = desc if len(self.spec.arms) == 1 else f"{desc} {arm}"
-            samples = await collect(tasks, 1, self.domain.env_factory, self.engine, self.spec, arm=arm, desc=label,
-                                    concurrency=self.cfg.eval.concurrency, progress=self.progress, seed=EVAL_SEED)
-            seqs = [s for x in samples for s in x.sequences]
-            scored = [s for s in seqs if not s.infra_failed]
-            per_arm[arm] = sum(s.success for s in scored) / max(len(scored), 1)
-            scored_n, infra = scored_n + len(scored), infra + len(seqs) - len(scored)
-        return {"success": sum(per_arm.values()) / len(per_arm), "per_arm": per_arm,
-                "tasks": scored_n // len(per_arm), "infra_failed": infra}
+        return await heldout_success(self.domain, self.engine, self.spec, n, desc,
+                                     concurrency=self.cfg.eval.concurrency, progress=self.progress)
 
     async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from rlonce.gateway.http import AsyncServer, make_app
-        from rlonce.harness.outside import run_outside
-
-        tasks = [self.domain.task("heldout", i) for i in range(n)]
-        if not isinstance(self.domain.env_factory(tasks[0]), HasWorkspace):
-            raise ConfigError(f"task {self.domain.name!r} has no workspace for an outside harness to work in: "
-                              "run --harness-cmd on a tool domain (e.g. task.name=toolfind)")
         self._threads("rollout")
-        gateway = self.spec.gateway(self.engine, render_tools=True,  # an outside agent's tools are new to the model
-                                    offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway"))
-        bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not self.progress, leave=False)
-        sem = asyncio.Semaphore(2)  # outside agents are whole processes
-
-        async def one(task):
-            async with sem:
-                seq = await run_outside(task, self.domain.env_factory, gateway, srv.base_url, command,
-                                        name=name, timeout=timeout)
-            bar.update(1)
-            return seq
-
-        async with AsyncServer(make_app(gateway)) as srv:
-            seqs = await asyncio.gather(*(one(t) for t in tasks))
-        bar.close()
-        scored = [s for s in seqs if not s.infra_failed]
-        return {"success": sum(s.success for s in scored) / max(len(scored), 1), "tasks": len(scored),
-                "infra_failed": len(seqs) - len(scored),
-                "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
-                "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}
+        return await outside_success(self.domain, self.engine, self.spec, command, name, n, timeout,
+                                     progress=self.progress)
 
     def orchestrator(self) -> Orchestrator:
         cfg, r = self.cfg, self.cfg.rollout
@@ -485,23 +406,6 @@ class Job:
         self.metrics.close()
         self.ledger.close()
         return summary
-
-
-def _length_bucketed(rows, batch_rows: int, steps: int, rng: random.Random):
-    """Batches of similar-length rows (less padding), in random order, for ``steps`` batches."""
-    made = 0
-    while True:
-        idx = list(range(len(rows)))
-        rng.shuffle(idx)
-        for start in range(0, len(idx), batch_rows * 8):
-            chunk = sorted(idx[start:start + batch_rows * 8], key=lambda i: len(rows[i]))
-            batches = [chunk[k:k + batch_rows] for k in range(0, len(chunk), batch_rows)]
-            rng.shuffle(batches)
-            for b in batches:
-                yield [rows[i] for i in b]
-                made += 1
-                if made >= steps:
-                    return
 
 
 def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True, harness_cmd: str | None = None,
