@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test test-slow test-gpu bench bench-trl bench-ray smollm2 pack system-deps venv venv-dev clean
+.PHONY: quickstart test lint test-slow test-gpu bench bench-trl bench-ray smollm2 pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -55,6 +55,9 @@ quickstart: system-deps venv
 
 test: system-deps venv-dev
 	$(PY) -m pytest -q
+
+lint: venv-dev
+	$(PY) -m ruff check src tests benchmarks
 
 test-slow: system-deps venv-dev
 	$(PY) -m pytest -q -m slow
