@@ -37,6 +37,9 @@ them back; the orchestrator judges them here (``judge``). ``RayExecutor``
 contexts) and whose rows stay in Ray's object store until the trainer fetches them (``payload``).
 An executor failure becomes an infrastructure failure of every sequence of the group, with the
 exception's ``category`` when it has one (a lost actor, a timed-out call).
+
+The group record, ``Judge`` and a group's plain-data form live in ``rlonce.rollout.groups``,
+admission in ``rlonce.rollout.admission``; both are used from here.
 """
 
 from __future__ import annotations
@@ -46,73 +49,31 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from rlonce.algo.signal import SignalSettings, learning_signal
+from rlonce.algo.signal import SignalSettings
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import (
-    FailureCategory,
-    Sample,
-    Sequence,
-    Status,
-    TrainingRow,
-    sequence_from_dict,
-    sequence_to_dict,
+from rlonce.core.records import FailureCategory, Sample, Sequence, Status, TrainingRow
+from rlonce.rollout.admission import dispatch_round
+from rlonce.rollout.groups import (
+    FAILED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+    Group,
+    Judge,
+    Judged,
+    materialize,
+    replayed_group,
+    waiting_state,
 )
 from rlonce.rollout.mixer import SampleMixer
-from rlonce.rollout.runner import split_by_arm
+
+__all__ = ["FAILED", "FINISHED", "PENDING", "RUNNING", "Executor", "Group", "Judge", "Judged", "Orchestrator",
+           "OrchestratorSettings", "StepResult"]
 
 log = logging.getLogger("rlonce.orchestrator")
-
-PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
-
-
-@dataclass
-class Group:
-    gid: str
-    task: object
-    source: str
-    dispatch_step: int
-    order: int
-    """Dispatch order: oldest-first selection and a deterministic row order."""
-    index: int = 0
-    """The task's position in its source (what a restart reissues)."""
-    state: str = PENDING
-    sequences: list[Sequence] = field(default_factory=list)
-    rows: list[TrainingRow] = field(default_factory=list)
-    accepted: bool = False
-    seconds: float = 0.0
-    job: asyncio.Task | None = None
-    payload: object | None = None
-    """Where the group's full sequences and rows live when an executor kept them remote (a
-    ``RemotePayload``: ``.rows`` is their count, ``.fetch()`` returns ``(sequences, rows)``)."""
-
-
-@dataclass
-class Judged:
-    """A finished group as the orchestrator books it."""
-
-    sequences: list[Sequence]
-    entry: LedgerEntry
-    stats: dict[str, float]
-    rows: list[TrainingRow] = field(default_factory=list)
-    payload: object | None = None
-
-
-@dataclass(frozen=True)
-class Judge:
-    """Judges one group with ``rlonce.algo.learning_signal``; plain data, so an executor can ship it
-    to where the sequences are and judge there with the same code."""
-
-    signal: SignalSettings
-    group_by_arm: bool = False
-
-    def __call__(self, task_id: str, source: str, dispatch_step: int, seqs: list[Sequence], decode=None) -> Judged:
-        sample = Sample(task_id, source, dispatch_step, seqs)
-        samples = split_by_arm([sample]) if self.group_by_arm else [sample]
-        rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode)
-        return Judged(seqs, ledger[source], dict(stats), rows)
 
 
 class Executor(Protocol):
@@ -271,61 +232,8 @@ class Orchestrator:
             del self.groups[g.gid]
 
     def _dispatch_round(self) -> int:
-        """Start every group admission allows now; returns how many. One pass over the buffer,
-        the mixer's numbers computed once: this runs after every finished group.
-
-        A source *wants* work while its expected yield — accepted groups waiting plus in-flight
-        groups times their acceptance — is short of ``B_i · (1 + p_i · min(d - 1, t_i / T))``: this
-        step's target, plus what must already be in flight to cover the source's rollout duration
-        ``t_i`` in units of the measured step interval ``T`` (Little's law), with the mixer's
-        oversampling ``p_i`` as headroom, at most ``d - 1 = min(2, staleness) - 1`` steps ahead (a
-        deeper pipe only goes stale). Sources
-        are tried by mixer weight, first within their Little's-law budgets, then — so that no slot
-        idles while some source wants work — within the session cap alone."""
-        mx, st = self.mixer, self.s
-        p, _ = mx.oversampling()
-        budgets = mx.concurrency(max(1, st.max_sessions // st.group_size), p)
-        flight, acc = Counter(), Counter()
-        kv = 0.0
-        for g in self.groups.values():
-            if g.state in (PENDING, RUNNING):
-                flight[g.source] += 1
-                kv += mx.sources[g.source].tokens * st.group_size
-            elif g.state == FINISHED and g.accepted:
-                acc[g.source] += 1
-        weights = mx.weights(dict(acc))
-        order = sorted(weights, key=lambda n: -weights[n])
-        depth = min(2, st.staleness)
-        floor = mx.settings.min_acceptance
-
-        interval = self.step_interval
-
-        def want(n: str) -> bool:
-            src = mx.sources[n]
-            if interval:  # Little's law: what is in flight must cover the source's latency in steps
-                ahead = min(depth - 1.0, src.duration / interval) * p[n]
-            else:
-                ahead = (depth - 1.0) * p[n]
-            return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * (1.0 + ahead)
-
-        started = 0
-        for soft in (False, True):
-            progress = True
-            while progress:
-                progress = False
-                for n in order:
-                    cost = mx.sources[n].tokens * st.group_size
-                    if ((sum(flight.values()) + 1) * st.group_size > st.max_sessions
-                            or (flight and kv + cost > st.kv_budget)):
-                        return started
-                    if want(n) and (soft or flight[n] < budgets[n]):
-                        self.dispatch(n)
-                        flight[n] += 1
-                        kv += cost
-                        started += 1
-                        progress = True
-                        break
-        return started
+        """Start every group admission allows now (``rlonce.rollout.admission``); returns how many."""
+        return dispatch_round(self.groups.values(), self.mixer, self.s, self.step_interval, self.dispatch)
 
     async def _dispatch_loop(self) -> None:
         while not self._stopping:
@@ -451,28 +359,13 @@ class Orchestrator:
         waiting, flight = [], []
         for g in sorted(self.groups.values(), key=lambda g: g.order):
             if g.state == FINISHED and g.accepted:
-                w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds}
-                if g.payload is not None:  # fetched only if a checkpoint is written (``materialize``)
-                    w["payload"] = g.payload
-                else:
-                    w.update(sequences=[sequence_to_dict(x) for x in g.sequences], rows=[asdict(r) for r in g.rows])
-                waiting.append(w)
+                waiting.append(waiting_state(g))
             elif g.state in (PENDING, RUNNING):
                 flight.append({"source": g.source, "index": g.index})
         return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index), "order": self.order,
                 "waiting": waiting, "in_flight": flight}
 
-    @staticmethod
-    def materialize(state: dict) -> dict:
-        """``state`` with every remote payload fetched into plain data (what a checkpoint stores)."""
-        waiting = []
-        for w in state.get("waiting", []):
-            w = dict(w)
-            if "payload" in w:
-                seqs, rows = w.pop("payload").fetch()
-                w.update(sequences=[sequence_to_dict(x) for x in seqs], rows=[asdict(r) for r in rows])
-            waiting.append(w)
-        return {**state, "waiting": waiting}
+    materialize = staticmethod(materialize)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore; the restored open work is the next step's ``carried_in``."""
@@ -485,10 +378,7 @@ class Orchestrator:
     def _restore_open_work(self) -> None:
         """At the first collect after a restart: replay accepted groups, reissue in-flight prompts."""
         for w in self._replay:
-            g = Group(f"{w['source']}:{w['index']}@{w['dispatch_step']}", self.tasks(w["source"], w["index"]),
-                      w["source"], w["dispatch_step"], self.order, index=w["index"], state=FINISHED, accepted=True,
-                      seconds=w["seconds"], sequences=[sequence_from_dict(x) for x in w["sequences"]],
-                      rows=[TrainingRow(**r) for r in w["rows"]])
+            g = replayed_group(w, self.tasks, self.order)
             self.order += 1
             self.groups[g.gid] = g
             self._entry(g.source).carried_in += self._open_count(g)

@@ -1,0 +1,106 @@
+"""One group of the replay buffer: its record and states, how it is judged, and its plain-data form.
+
+A group (one task × ``group_size`` sequences) is pending → running → finished (judged:
+accepted, no-contrast-filtered or penalty-rejected) or failed (every sequence an
+infrastructure failure). The orchestrator schedules groups (``rlonce.rollout.orchestrator``);
+this module holds what executors and checkpoints need without it.
+
+``Judge`` is plain data, so an executor can judge where the tokens are: a Ray harness-pool actor
+(``rlonce.dist.pools``) calls it on the group it ran and returns the ``Judged`` with the rows
+left in Ray's object store; after ``LocalExecutor`` the orchestrator calls the same ``Judge``.
+
+A checkpoint holds the accepted groups still waiting as plain data (``waiting_state``); a
+restart replays them with their dispatch step kept (``replayed_group``), so the staleness bound
+still applies to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from rlonce.algo.signal import SignalSettings, learning_signal
+from rlonce.core.ledger import LedgerEntry
+from rlonce.core.records import Sample, Sequence, TrainingRow, sequence_from_dict, sequence_to_dict
+from rlonce.rollout.runner import split_by_arm
+
+PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
+
+
+@dataclass
+class Group:
+    gid: str
+    task: object
+    source: str
+    dispatch_step: int
+    order: int
+    """Dispatch order: oldest-first selection and a deterministic row order."""
+    index: int = 0
+    """The task's position in its source (what a restart reissues)."""
+    state: str = PENDING
+    sequences: list[Sequence] = field(default_factory=list)
+    rows: list[TrainingRow] = field(default_factory=list)
+    accepted: bool = False
+    seconds: float = 0.0
+    job: asyncio.Task | None = None
+    payload: object | None = None
+    """Where the group's full sequences and rows live when an executor kept them remote (a
+    ``RemotePayload``: ``.rows`` is their count, ``.fetch()`` returns ``(sequences, rows)``)."""
+
+
+@dataclass
+class Judged:
+    """A finished group as the orchestrator books it."""
+
+    sequences: list[Sequence]
+    entry: LedgerEntry
+    stats: dict[str, float]
+    rows: list[TrainingRow] = field(default_factory=list)
+    payload: object | None = None
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Judges one group with ``rlonce.algo.learning_signal``; plain data, so an executor can ship it
+    to where the sequences are and judge there with the same code."""
+
+    signal: SignalSettings
+    group_by_arm: bool = False
+
+    def __call__(self, task_id: str, source: str, dispatch_step: int, seqs: list[Sequence], decode=None) -> Judged:
+        sample = Sample(task_id, source, dispatch_step, seqs)
+        samples = split_by_arm([sample]) if self.group_by_arm else [sample]
+        rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode)
+        return Judged(seqs, ledger[source], dict(stats), rows)
+
+
+def waiting_state(g: Group) -> dict:
+    """An accepted group still waiting for a step, as plain data (a remote payload kept as is)."""
+    w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds}
+    if g.payload is not None:  # fetched only if a checkpoint is written (``materialize``)
+        w["payload"] = g.payload
+    else:
+        w.update(sequences=[sequence_to_dict(x) for x in g.sequences], rows=[asdict(r) for r in g.rows])
+    return w
+
+
+def replayed_group(w: dict, tasks: Callable[[str, int], object], order: int) -> Group:
+    """The accepted group ``waiting_state`` saved, restored with its dispatch step; ``tasks`` gives
+    the task of its source and index."""
+    return Group(f"{w['source']}:{w['index']}@{w['dispatch_step']}", tasks(w["source"], w["index"]),
+                 w["source"], w["dispatch_step"], order, index=w["index"], state=FINISHED, accepted=True,
+                 seconds=w["seconds"], sequences=[sequence_from_dict(x) for x in w["sequences"]],
+                 rows=[TrainingRow(**r) for r in w["rows"]])
+
+
+def materialize(state: dict) -> dict:
+    """``state`` with every remote payload fetched into plain data (what a checkpoint stores)."""
+    waiting = []
+    for w in state.get("waiting", []):
+        w = dict(w)
+        if "payload" in w:
+            seqs, rows = w.pop("payload").fetch()
+            w.update(sequences=[sequence_to_dict(x) for x in seqs], rows=[asdict(r) for r in rows])
+        waiting.append(w)
+    return {**state, "waiting": waiting}
