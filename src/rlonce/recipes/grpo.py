@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rlonce.config import OPTIMIZERS, RunConfig, objective_params, save_config
-from rlonce.core.records import Role, version_lags
+from rlonce.config import RunConfig, save_config
+from rlonce.core.records import version_lags
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
 from rlonce.envs.domains import check_domain_settings, domain_for
@@ -36,16 +36,16 @@ from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.recipes.evaluate import heldout_success, outside_success
 from rlonce.recipes.sft import demonstrations, train_sft
-from rlonce.rollout.builders import bound_controller, rollout_spec, signal_settings
-from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
-from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
+from rlonce.rollout.orchestrator import Orchestrator
 from rlonce.rollout.runner import LocalExecutor
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
-from rlonce.telemetry.step import StepInputs, step_record
+from rlonce.telemetry.step import StepInputs, step_record, write_trajectories
 from rlonce.train import checkpoint
-from rlonce.train.trainer import OptimSettings, Trainer
+from rlonce.train.builders import optim_settings, rl_step_kwargs
+from rlonce.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ class RunState:
     baseline_per_arm: dict | None = None
     wall_seconds_before: float = 0.0
     bounds: dict | None = None
+    """State of the entropy-driven four-bound controller, when one is configured."""
     orchestrator: dict | None = None
     """The orchestrator's persisted state: mixer estimates, task positions."""
-    """State of the entropy-driven four-bound controller, when one is configured."""
 
 
 class Job:
@@ -94,10 +94,7 @@ class Job:
         self.controller = bound_controller(cfg.algo)
         if self.controller is not None and self.state.bounds:
             self.controller.load_state_dict(self.state.bounds)
-        r = cfg.rl
-        adam = OPTIMIZERS[r.optimizer]
-        self.optim = OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps, weight_decay=r.weight_decay,
-                                   max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"])
+        self.optim = optim_settings(cfg.rl)
         self.rl_trainer = Trainer(self.lm.model, self.optim, temperature=h.temperature)
 
     def _ensure_engine(self) -> None:
@@ -212,37 +209,18 @@ class Job:
                                      progress=self.progress)
 
     def orchestrator(self) -> Orchestrator:
-        cfg, r = self.cfg, self.cfg.rollout
-        staleness = r.staleness or (1 if r.mode == "sync" else 2)
-        source = self.domain.name
-        mixer = SampleMixer({source: SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
-        sessions = r.max_sessions if r.mode == "async" else cfg.rl.concurrency
+        """The rollout orchestrator over this job's executor, restored to the run's position."""
         if self.cluster is not None:
-            executor = self.cluster.executor()
-            sessions = min(sessions, cfg.ray.harness_pools * cfg.ray.pool_sessions)
+            executor, pool_cap = self.cluster.executor(), self.cfg.ray.harness_pools * self.cfg.ray.pool_sessions
         else:
-            executor = LocalExecutor(self.domain.env_factory, self.engine, self.spec)
-        orch = Orchestrator(
-            executor, lambda _source, i: self.domain.task("train", i), mixer, self.signal,
-            OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
-                                 max_sessions=max(sessions, cfg.rl.group_size),
-                                 fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
-                                 group_by_arm=cfg.harness.group_by_arm),
-            decode=self.lm.decode)
-        if self.state.orchestrator:
-            orch.load_state_dict(self.state.orchestrator)
-        orch.next_index[source] = self.state.data_position
-        return orch
+            executor, pool_cap = LocalExecutor(self.domain.env_factory, self.engine, self.spec), None
+        return build_orchestrator(self.cfg, self.domain, executor, self.signal, self.lm.decode,
+                                  state=self.state.orchestrator, position=self.state.data_position,
+                                  max_sessions=pool_cap)
 
     def _train_kwargs(self, n_rows: int, step: int) -> dict:
-        cfg = self.cfg
-        a = cfg.algo
-        params = objective_params(a)
-        if self.controller is not None:
-            params.update(self.controller.bounds())
-        return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
-                    seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap,
-                    version=self.state.version, **params)
+        bounds = self.controller.bounds() if self.controller is not None else None
+        return rl_step_kwargs(self.cfg, n_rows, step, self.state.version, bounds)
 
     def _train(self, rows, step: int) -> dict:
         metrics = self.rl_trainer.rl_step(rows, **self._train_kwargs(len(rows), step))
@@ -303,7 +281,7 @@ class Job:
         shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
         if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
             shown = res.payloads[0].fetch()[0]
-        self._write_trajectories(step, shown)
+        write_trajectories(self.out / "trajectories", step, shown, self.lm.decode)
         return rec
 
     async def _rl_phase(self) -> None:
@@ -326,19 +304,6 @@ class Job:
         finally:
             bar.close()
             await orch.close()
-
-    def _write_trajectories(self, step: int, seqs) -> None:
-        d = self.out / "trajectories"
-        d.mkdir(exist_ok=True)
-        w = JsonlWriter(d / f"step-{step:04d}.jsonl")
-        for s in seqs:
-            model = [g for c in s.contexts for g in c.segments if g.role is Role.MODEL]
-            w.write({"task_id": s.task_id, "arm": s.arm, "status": s.status.value, "reward": s.reward,
-                     "failure": s.failure.value if s.failure else None, "cause": s.cause,
-                     "answer": s.answer, "turns": s.turns,
-                     "text": self.lm.decode(s.contexts[0].token_ids()) if s.contexts else "",
-                     "turn_versions": [g.versions for g in model], "turn_logprobs": [g.logprobs for g in model]})
-        w.close()
 
     def _elapsed(self) -> float:
         return self.state.wall_seconds_before + (time.perf_counter() - self.t0)

@@ -1,0 +1,24 @@
+"""Pure builders: the trainer-side settings of a run from its resolved config."""
+
+from __future__ import annotations
+
+from rlonce.config import OPTIMIZERS, RLConfig, RunConfig, objective_params
+from rlonce.train.trainer import OptimSettings
+
+
+def optim_settings(r: RLConfig) -> OptimSettings:
+    """AdamW for the RL phase: ``rl.optimizer`` names β and ε (``rl.adam_eps`` overrides ε)."""
+    adam = OPTIMIZERS[r.optimizer]
+    return OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps, weight_decay=r.weight_decay,
+                         max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"])
+
+
+def rl_step_kwargs(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dict | None = None) -> dict:
+    """``Trainer.rl_step``'s keyword arguments for one step of ``n_rows`` rows: the objective
+    with its parameters (``bounds`` from an entropy-bound controller replace its bounds), the
+    aggregation, the mini-batch count (at most one per row), rollout correction, the version."""
+    a = cfg.algo
+    params = objective_params(a) | (bounds or {})
+    return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
+                seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap, version=version,
+                **params)
