@@ -1,4 +1,5 @@
-"""Pure builders: the rollout-side parts of a run from its resolved config. The main job, the
+"""Pure builders: the rollout-side parts of a run from its resolved config (rollout spec,
+learning-signal settings, entropy-bound controller, orchestrator). The main job, the
 Ray harness pools, ``rlonce tasks filter`` and the benchmarks build their parts here, so each
 of them gets the same parts from the same config."""
 
@@ -11,6 +12,8 @@ from rlonce.config import AlgoConfig, RunConfig
 from rlonce.engine.base import SamplingParams
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import get_format
+from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
 from rlonce.rollout.runner import RolloutSpec
 
 
@@ -50,3 +53,28 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
         max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
         arm_per_sequence=h.assign == "sequence",
     )
+
+
+def build_orchestrator(cfg: RunConfig, domain, executor, signal: SignalSettings, decode, *, state: dict | None = None,
+                       position: int = 0, max_sessions: int | None = None) -> Orchestrator:
+    """The rollout orchestrator of a run: ``domain``'s train stream through ``executor``, one
+    mixer source, sync (a fixed quota of ``rl.tasks_per_step`` groups) or async; ``state`` and
+    ``position`` resume it; ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
+    r = cfg.rollout
+    staleness = r.staleness or (1 if r.mode == "sync" else 2)
+    source = domain.name
+    mixer = SampleMixer({source: SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
+    sessions = r.max_sessions if r.mode == "async" else cfg.rl.concurrency
+    if max_sessions is not None:
+        sessions = min(sessions, max_sessions)
+    orch = Orchestrator(
+        executor, lambda _source, i: domain.task("train", i), mixer, signal,
+        OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
+                             max_sessions=max(sessions, cfg.rl.group_size),
+                             fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
+                             group_by_arm=cfg.harness.group_by_arm),
+        decode=decode)
+    if state:
+        orch.load_state_dict(state)
+    orch.next_index[source] = position
+    return orch

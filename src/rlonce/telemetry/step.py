@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from rlonce.core.records import Status
+from rlonce.core.records import Role, Status
+from rlonce.telemetry.metrics import JsonlWriter
 
 
 @dataclass
@@ -76,3 +78,18 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         **signal_metrics,
         **train_metrics,
     }
+
+
+def write_trajectories(folder: Path, step: int, seqs, decode) -> None:
+    """``folder/step-NNNN.jsonl``: per sequence its outcome (and an infrastructure failure's
+    cause), its decoded first context, and per model turn the sampled log-probs and versions."""
+    folder.mkdir(exist_ok=True)
+    w = JsonlWriter(folder / f"step-{step:04d}.jsonl")
+    for s in seqs:
+        model = [g for c in s.contexts for g in c.segments if g.role is Role.MODEL]
+        w.write({"task_id": s.task_id, "arm": s.arm, "status": s.status.value, "reward": s.reward,
+                 "failure": s.failure.value if s.failure else None, "cause": s.cause,
+                 "answer": s.answer, "turns": s.turns,
+                 "text": decode(s.contexts[0].token_ids()) if s.contexts else "",
+                 "turn_versions": [g.versions for g in model], "turn_logprobs": [g.logprobs for g in model]})
+    w.close()
