@@ -68,7 +68,7 @@ class Evaluator:
 
         self.job = Job(cfg, progress=False)
         self.job.state = RunState()
-        self.job._load(model_dir)
+        self.job.load_model(model_dir)
         self.n = n
 
     async def evaluate(self, model) -> float:

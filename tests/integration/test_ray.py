@@ -52,7 +52,7 @@ def job(ray_instance, tmp_path):
     def make(*extra: str) -> Job:
         j = Job(_cfg(tmp_path / f"run{len(made)}", *extra), progress=False)
         j.start(False)
-        j._ensure_engine()
+        j.ensure_engine()
         made.append(j)
         return j
 

@@ -41,7 +41,7 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
         raise ValueError("--max-pass must be in (0, 1]")
     cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
     job = Job.for_model(cfg, model, progress=progress)
-    job._threads("rollout")
+    job.threads("rollout")
     try:
         tasks = [job.domain.task("train", i) for i in range(n)]
         samples = asyncio.run(collect(tasks, k, job.domain.env_factory, job.engine, job.spec, seed=FILTER_SEED,

@@ -76,7 +76,8 @@ class Job:
         """The optimizer state a resumed run continues from (for trainer actors)."""
 
     # ---- set-up --------------------------------------------------------------------------
-    def _load(self, model_dir: Path) -> None:
+    def load_model(self, model_dir: Path) -> None:
+        """Load the model from ``model_dir`` and build the run's parts around it (engine when local)."""
         cfg = self.cfg
         self.domain = domain_for(cfg.task)
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
@@ -84,7 +85,7 @@ class Job:
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         self.cluster = None
-        self.engine = None  # with executor 'ray', the engine actors start after SFT (``_ensure_engine``)
+        self.engine = None  # with executor 'ray', the engine actors start after SFT (``ensure_engine``)
         if cfg.executor == "local":  # the engine generates with a copy; the trainer updates self.lm.model
             self.engine = EngineSpec.from_config(cfg, model_dir).build(
                 lm=dataclasses.replace(self.lm, model=copy.deepcopy(self.lm.model)), version=self.state.version)
@@ -97,7 +98,7 @@ class Job:
         self.optim = optim_settings(cfg.rl)
         self.rl_trainer = Trainer(self.lm.model, self.optim, temperature=h.temperature)
 
-    def _ensure_engine(self) -> None:
+    def ensure_engine(self) -> None:
         """With executor 'ray': start the trainer, engine and harness-pool actors from the current
         weights and optimizer state; ``self.engine`` then generates through the engine actors."""
         if self.engine is not None:
@@ -118,8 +119,8 @@ class Job:
         """A job that only generates (evaluation, filtering) with ``model``; ``close()`` it."""
         job = cls(cfg, progress=progress)
         job.state = RunState()
-        job._load(loader.resolve(model, Path(cfg.out) / "cache"))
-        job._ensure_engine()
+        job.load_model(loader.resolve(model, Path(cfg.out) / "cache"))
+        job.ensure_engine()
         return job
 
     def close(self) -> None:
@@ -143,7 +144,7 @@ class Job:
             except TypeError as e:
                 raise checkpoint.damaged(ckpt, state_file, f"run state: {e}") from None
             try:
-                self._load(ckpt)
+                self.load_model(ckpt)
             except loader.ModelLoadError as e:
                 raise checkpoint.damaged(ckpt, ckpt, str(e)) from None
             self.saved_trainer_state = saved.get("rl_trainer")
@@ -166,7 +167,7 @@ class Job:
             self.state = RunState()
             save_config(self.cfg, self.out / "config.json")
             model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
-            self._load(model_dir)
+            self.load_model(model_dir)
             keep = 0
             for name in ("metrics.jsonl", "ledger.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
@@ -178,15 +179,16 @@ class Job:
         if self.progress:
             tqdm.write(f"[rlonce] {msg}")
 
-    def _threads(self, kind: str) -> None:
+    def threads(self, kind: str) -> None:
+        """Torch threads for ``kind`` ("rollout" or "train"), as ``runtime.*_threads`` says."""
         torch.set_num_threads(getattr(self.cfg.runtime, f"{kind}_threads"))
 
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
-        self._threads("rollout")
+        self.threads("rollout")
         demos = asyncio.run(demonstrations(self.domain, self.spec, self.fmt, self.lm.encode, self.cfg,
                                            progress=self.progress))
-        self._threads("train")
+        self.threads("train")
         train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress)
         if self.engine is not None:
             self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
@@ -198,13 +200,13 @@ class Job:
 
     async def evaluate_async(self, n: int, desc: str) -> dict:
         """Held-out success: every task under every configured arm; ``success`` is their mean."""
-        self._threads("rollout")
+        self.threads("rollout")
         return await heldout_success(self.domain, self.engine, self.spec, n, desc,
                                      concurrency=self.cfg.eval.concurrency, progress=self.progress)
 
     async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
-        self._threads("rollout")
+        self.threads("rollout")
         return await outside_success(self.domain, self.engine, self.spec, command, name, n, timeout,
                                      progress=self.progress)
 
@@ -256,12 +258,12 @@ class Job:
         step = st.rl_step + 1
         asynchronous = cfg.rollout.mode == "async"
         t0 = time.perf_counter()
-        self._threads("rollout")
+        self.threads("rollout")
         res = await orch.collect(step)
         t_roll = time.perf_counter() - t0
         ledger, signal_m = res.ledger, res.metrics
         if not asynchronous:
-            self._threads("train")
+            self.threads("train")
         t1 = time.perf_counter()
         train_m: dict = {}
         if res.row_count:
@@ -336,7 +338,7 @@ class Job:
 
     def _run_from_baseline(self) -> dict:
         cfg, st = self.cfg, self.state
-        self._ensure_engine()
+        self.ensure_engine()
         if st.baseline_success is None:
             ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
