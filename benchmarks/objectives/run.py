@@ -50,7 +50,7 @@ def sft_checkpoint(out: Path, args) -> Path:
               progress=args.verbose)
     job.start(resume=False)
     job.sft()
-    job.engine.close()
+    job.close()
     return ckpt
 
 

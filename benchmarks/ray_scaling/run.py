@@ -116,9 +116,7 @@ async def _steps(orch, steps: int) -> dict:
 
 
 def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
-    from rlonce.dist.cluster import RayCluster
     from rlonce.recipes.grpo import Job
-    from rlonce.rollout.orchestrator import Judge
 
     sessions = pools * args.pool_sessions
     quota = max(1, 2 * sessions // args.group_size)  # two waves of work per step
@@ -128,19 +126,13 @@ def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
     job = Job(cfg, progress=False)
     job.start(False)
     factory = SimEngineFactory(str(job.model_dir), cfg.harness.arms[0], args.latency)
-    start = 0.0
-    if executor == "ray":
-        job.cluster = RayCluster(cfg, job.model_dir, job.out, state=job.lm.model.state_dict(), version=0,
-                                 trainer_state=None, optim=job.optim, judge=Judge(job.signal), engine_factory=factory)
-        job.engine, start = job.cluster.engine, job.cluster.start_seconds
-    else:
-        job.engine.close()  # the job's own torch engine: this workload's model is simulated
-        job.engine = factory(0)
+    t0 = time.perf_counter()
+    job.ensure_engine(engine_factory=factory)  # this workload's model is simulated
+    start = time.perf_counter() - t0
     try:
         r = asyncio.run(_steps(job.orchestrator(), args.steps))
     finally:
-        if job.cluster is not None:
-            job.cluster.close()
+        job.close()
     r.update(executor=executor, pools=pools, sessions=sessions, groups_per_step=quota, start_seconds=start)
     print(f"  {executor:5s} pools={pools} sessions={sessions}: {r['groups_per_min']:.1f} retained groups/min "
           f"({r['retained_groups']} in {r['seconds']:.1f} s, infra {r['infra_failed']})", flush=True)

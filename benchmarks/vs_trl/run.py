@@ -64,11 +64,9 @@ class Evaluator:
     """rlonce's held-out evaluation on its own engine; weights are copied in from either side."""
 
     def __init__(self, cfg, model_dir: Path, n: int):
-        from rlonce.recipes.grpo import Job, RunState
+        from rlonce.recipes.grpo import Job
 
-        self.job = Job(cfg, progress=False)
-        self.job.state = RunState()
-        self.job.load_model(model_dir)
+        self.job = Job.for_model(cfg, str(model_dir), progress=False)
         self.n = n
 
     async def evaluate(self, model) -> float:
@@ -81,7 +79,7 @@ class Evaluator:
         return asyncio.run(self.evaluate(model))
 
     def close(self) -> None:
-        self.job.engine.close()
+        self.job.close()
 
 
 def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
@@ -110,7 +108,7 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
             await orch.close()
 
     asyncio.run(loop())
-    job.engine.close()
+    job.close()
     return {"steps": steps, "heldout": heldout}
 
 

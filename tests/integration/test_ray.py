@@ -58,7 +58,7 @@ def job(ray_instance, tmp_path):
 
     yield make
     for j in made:
-        j.cluster.close()
+        j.close()
 
 
 def test_published_weights_reach_every_engine_by_version(job):
@@ -68,8 +68,8 @@ def test_published_weights_reach_every_engine_by_version(job):
         for p in trained.parameters():
             p.mul_(1.05)
     # the trainer actor holds the weights; put perturbed ones there and publish them as version 7
-    ray.get(j.cluster.trainer.__ray_call__.remote(lambda self: self.model.load_state_dict(trained.state_dict())))
-    j.cluster.publish(7)
+    ray.get(j.backend.trainer.__ray_call__.remote(lambda self: self.model.load_state_dict(trained.state_dict())))
+    asyncio.run(j.backend.publish(7))
     assert j.engine.version == 7
     prompt = j.lm.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
     sp = SamplingParams(max_tokens=24, temperature=1.0, seed=123)
@@ -93,8 +93,8 @@ def test_published_weights_reach_every_engine_by_version(job):
 
 def test_restarted_engine_serves_the_latest_published_version(job):
     j = job("ray.max_restarts=2")
-    j.cluster.publish(3)
-    victim = j.cluster.engine_actors[0]
+    asyncio.run(j.backend.publish(3))
+    victim = j.backend.engine_actors[0]
     pid_before = ray.get(victim.ready.remote())["pid"]
     ray.kill(victim, no_restart=False)
     prompt = j.lm.encode("hello")
@@ -115,7 +115,7 @@ def test_killed_harness_pool_is_infra_restarted_and_the_run_goes_on(job):
     j = job("ray.max_restarts=2")
     orch = j.orchestrator()
     executor = orch.executor
-    victim = j.cluster.pools[0]
+    victim = j.backend.pools[0]
     pid_before = ray.get(victim.ready.remote())["pid"]
 
     async def step_with_kill():

@@ -17,7 +17,7 @@ from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
 from rlonce.dist.trainers import TrainerActor
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
-from rlonce.rollout.orchestrator import Judge
+from rlonce.rollout.orchestrator import Judge, StepResult
 
 _SESSION_SUFFIX = len("/session_2026-11-30_01-13-03_719857_4194304/sockets/plasma_store")
 _MAX_SOCKET_PATH = 107
@@ -68,7 +68,8 @@ def split_payloads(payloads: list, world: int) -> list[list]:
 
 
 class RayCluster:
-    """The driver's handle on the actors of one run."""
+    """The driver's handle on the actors of one run: the ``TrainerBackend`` of ``executor = "ray"``
+    (``rlonce.train.backend``)."""
 
     def __init__(self, cfg, model_dir: Path, run_dir: Path, *, state: dict, version: int,
                  trainer_state: dict | None, optim, judge: Judge, engine_factory=None):
@@ -126,14 +127,17 @@ class RayCluster:
         except ray.exceptions.RayError as e:
             raise BackendError(f"{what} failed: {first_line(e)}") from None
 
-    def executor(self) -> RayExecutor:
-        return RayExecutor(self.pools, self.rc.group_timeout_s)
+    def executor(self, domain=None, spec=None) -> tuple[RayExecutor, int]:
+        """The pools' executor (each pool builds the run's domain and rollout spec from the config)
+        and the sessions they hold at once."""
+        return RayExecutor(self.pools, self.rc.group_timeout_s), self.rc.harness_pools * self.rc.pool_sessions
 
-    async def train(self, payloads: list[RemotePayload], rows: list, kwargs: dict) -> dict:
+    async def train(self, batch: StepResult, kwargs: dict) -> dict:
         """One step on every trainer rank, each given its share of the groups (local rows, replayed
         from a checkpoint, go to rank 0); the metrics are global, the lag counts summed."""
+        payloads: list[RemotePayload] = batch.payloads
         shares = split_payloads(payloads, len(self.trainers))
-        refs = [t.rl_step.remote([p.ref for p in share], rows if r == 0 else [], kwargs)
+        refs = [t.rl_step.remote([p.ref for p in share], batch.rows if r == 0 else [], kwargs)
                 for r, (t, share) in enumerate(zip(self.trainers, shares))]
         try:
             out = await asyncio.wait_for(asyncio.gather(*(awaitable(x) for x in refs)), self.rc.group_timeout_s)
@@ -145,9 +149,12 @@ class RayCluster:
             lags.update(m.pop("lag_counts"))
         return {**out[0], "lag_counts": dict(lags)}
 
-    def publish(self, version: int) -> None:
+    async def publish(self, version: int) -> None:
         """Trainer → object store → every engine, as ``version``; in-flight turns stop at their next
         token and continue under the new weights (the engines are paused for the swap)."""
+        await asyncio.to_thread(self._publish, version)
+
+    def _publish(self, version: int) -> None:
         refs = self._get([t.publish.remote(version) for t in self.trainers], "publishing weights")[0]
         self.engine.pause()
         try:
@@ -155,12 +162,15 @@ class RayCluster:
         finally:
             self.engine.resume()
 
-    def pull(self) -> tuple[dict, dict]:
-        """The trainer's model and optimizer state (for a checkpoint)."""
-        return self._get([t.state.remote() for t in self.trainers], "reading the trainer state")[0]
+    def pull(self, model) -> dict:
+        """``model`` takes the trainer actors' weights; returns their optimizer state (for a checkpoint)."""
+        model_state, trainer_state = self._get([t.state.remote() for t in self.trainers], "reading the trainer state")[0]
+        model.load_state_dict(model_state)
+        return trainer_state
 
     def close(self) -> None:
         ray = ray_module()
+        self.engine.close()
         for a in [*self.pools, *self.engine_actors, *self.trainers]:
             ray.kill(a, no_restart=True)
         if self.started:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from rlonce.dist.common import ray_module
-from rlonce.engine.base import BackendError
 
 
 class TrainerActor:
@@ -50,44 +49,29 @@ class TrainerActor:
     def setup(self, rank: int, world: int, address: tuple[str, int] | None, trainer_state: dict | None) -> dict:
         """Build the trainer: alone, or as ``rank`` of ``world`` (joining the process group at
         ``address`` and sharding the model first: the optimizer must hold the shards)."""
+        from rlonce.train.backend import restore_trainer
         from rlonce.train.trainer import Trainer
 
         self.rank, self.world = rank, world
         if world > 1:
-            from rlonce.train.distributed import (
-                init_process_group,
-                load_full_optimizer_state,
-                shard_model,
-            )
+            from rlonce.train.distributed import init_process_group, shard_model
 
             os.environ.update(MASTER_ADDR=address[0], MASTER_PORT=str(address[1]), RANK=str(rank),
                               WORLD_SIZE=str(world), LOCAL_RANK="0")
             init_process_group()
             shard_model(self.model)
         self.trainer = Trainer(self.model, self.optim, temperature=self.temperature)
-        if trainer_state and world > 1:
-            if "optimizer_full" not in trainer_state:
-                raise BackendError("this checkpoint's optimizer state is from a single trainer; resume it with "
-                                   "ray.trainer_workers = 1")
-            load_full_optimizer_state(self.model, self.trainer.optimizer,
-                                      trainer_state["optimizer_full"] if rank == 0 else {})
-            self.trainer.step = trainer_state["step"]
-        elif trainer_state:
-            if "optimizer_full" in trainer_state:
-                raise BackendError("this checkpoint's optimizer state is from data-parallel trainers; resume it "
-                                   "with ray.trainer_workers > 1")
-            self.trainer.load_state_dict(trainer_state)
+        if trainer_state:
+            restore_trainer(self.trainer, trainer_state, world=world, rank=rank)
         self.publish(self.version)
         return self.ready()
 
     def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
-        from rlonce.core.records import version_lags
+        from rlonce.train.backend import train_rows
 
         for _, more in ray_module().get(payload_refs, timeout=self.timeout):
             rows = rows + list(more)
-        metrics = self.trainer.rl_step(rows, **kwargs)
-        metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))  # this rank's rows
-        return metrics
+        return train_rows(self.trainer, rows, kwargs)  # lag_counts: this rank's rows
 
     def _full_state(self) -> dict:
         if self.world > 1:

@@ -29,6 +29,14 @@ class EngineSpec:
                    cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
                    e.tensor_parallel_size)
 
+    def check(self) -> None:
+        """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
+        before SFT, not after it."""
+        if self.backend == "vllm":
+            from rlonce.engine.vllm_engine import require_vllm
+
+            require_vllm()
+
     def build(self, index: int = 0, *, lm=None, version: int = 0):
         """Engine ``index`` of the run (its seed is offset by the index); ``lm`` reuses an already
         loaded model and tokenizer (the torch backend copies nothing: pass a copy if the caller

@@ -61,7 +61,8 @@ CHUNK_BYTES = 256 << 20
 """Tensors are sent to the workers in collective_rpc calls of about this many bytes."""
 
 
-def _require_vllm() -> None:
+def require_vllm() -> None:
+    """Raise ``BackendMissing`` with the install command unless vLLM imports."""
     try:
         importlib.import_module("vllm")
     except ModuleNotFoundError as e:
@@ -137,7 +138,7 @@ class VLLMEngine:
         addition to the tokenizer's EOS (pass ``LoadedModel.eos_token_ids``, as for
         ``TorchEngine``). Further keyword arguments go to ``AsyncEngineArgs`` unchanged.
         """
-        _require_vllm()
+        require_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         self.version = version

@@ -14,8 +14,6 @@ assume it. Everything needed to resume is checkpointed.
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import logging
 import random
 import shutil
@@ -28,24 +26,21 @@ import torch
 from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
-from rlonce.core.records import version_lags
-from rlonce.engine.base import BackendError
-from rlonce.engine.factory import EngineSpec
+from rlonce.dist.backends import build_backend, check_backend
 from rlonce.envs.domains import check_domain_settings, domain_for
 from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.recipes.evaluate import heldout_success, outside_success
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
-from rlonce.rollout.orchestrator import Orchestrator
-from rlonce.rollout.runner import LocalExecutor
+from rlonce.rollout.orchestrator import Judge, Orchestrator
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter, infra_causes
 from rlonce.telemetry.report import write_report
 from rlonce.telemetry.step import StepInputs, step_record, write_trajectories
 from rlonce.train import checkpoint
+from rlonce.train.backend import TrainerBackend, TrainerStateError
 from rlonce.train.builders import optim_settings, rl_step_kwargs
-from rlonce.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -73,46 +68,44 @@ class Job:
         self.progress = progress
         self.t0 = time.perf_counter()
         self.saved_trainer_state: dict | None = None
-        """The optimizer state a resumed run continues from (for trainer actors)."""
+        """The optimizer state a resumed run continues from (handed to the trainer backend)."""
+        self.resumed_from: Path | None = None
+        self.backend: TrainerBackend | None = None
+        self.engine = None
 
     # ---- set-up --------------------------------------------------------------------------
     def load_model(self, model_dir: Path) -> None:
-        """Load the model from ``model_dir`` and build the run's parts around it (engine when local)."""
+        """Load the model from ``model_dir`` and build the run's parts around it; the trainer
+        backend and its engine start later, from the weights SFT leaves (``ensure_engine``)."""
         cfg = self.cfg
         self.domain = domain_for(cfg.task)
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
                               lm_head_fp32=cfg.model.lm_head_fp32)
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
-        self.cluster = None
-        self.engine = None  # with executor 'ray', the engine actors start after SFT (``ensure_engine``)
-        if cfg.executor == "local":  # the engine generates with a copy; the trainer updates self.lm.model
-            self.engine = EngineSpec.from_config(cfg, model_dir).build(
-                lm=dataclasses.replace(self.lm, model=copy.deepcopy(self.lm.model)), version=self.state.version)
-        h = cfg.harness
+        check_backend(cfg, model_dir)
         self.spec = rollout_spec(cfg, self.lm)
         self.signal = signal_settings(cfg.algo)
         self.controller = bound_controller(cfg.algo)
         if self.controller is not None and self.state.bounds:
             self.controller.load_state_dict(self.state.bounds)
         self.optim = optim_settings(cfg.rl)
-        self.rl_trainer = Trainer(self.lm.model, self.optim, temperature=h.temperature)
 
-    def ensure_engine(self) -> None:
-        """With executor 'ray': start the trainer, engine and harness-pool actors from the current
-        weights and optimizer state; ``self.engine`` then generates through the engine actors."""
-        if self.engine is not None:
+    def ensure_engine(self, engine_factory=None) -> None:
+        """Start the trainer backend ``executor`` names (``rlonce.dist.backends``) from the current
+        weights and optimizer state; ``self.engine`` is its engine. ``engine_factory(index)``
+        replaces the configured engines (a benchmark's simulated model)."""
+        if self.backend is not None:
             return
-        from rlonce.dist.cluster import RayCluster
-        from rlonce.rollout.orchestrator import Judge
-
-        rc = self.cfg.ray
-        self._say(f"starting Ray actors: {rc.trainer_workers} trainer(s), {rc.engines} engine(s), "
-                  f"{rc.harness_pools} harness pool(s)")
-        self.cluster = RayCluster(self.cfg, self.model_dir, self.out, state=self.lm.model.state_dict(),
-                                  version=self.state.version, trainer_state=self.saved_trainer_state,
-                                  optim=self.optim, judge=Judge(self.signal, self.cfg.harness.group_by_arm))
-        self.engine = self.cluster.engine
+        try:
+            self.backend = build_backend(self.cfg, self.lm, self.model_dir, self.out, version=self.state.version,
+                                         optim=self.optim, trainer_state=self.saved_trainer_state,
+                                         judge=Judge(self.signal, self.cfg.harness.group_by_arm),
+                                         engine_factory=engine_factory, say=self._say)
+        except TrainerStateError as e:
+            ckpt = self.resumed_from
+            raise checkpoint.damaged(ckpt, ckpt / checkpoint.STATE_FILE, str(e)) from None
+        self.engine = self.backend.engine
 
     @classmethod
     def for_model(cls, cfg: RunConfig, model: str, *, progress: bool = True) -> Job:
@@ -124,11 +117,9 @@ class Job:
         return job
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-        if self.cluster is not None:
-            self.cluster.close()
-            self.cluster = None
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = self.engine = None
 
     def start(self, resume: bool) -> None:
         find_bwrap()
@@ -147,15 +138,7 @@ class Job:
                 self.load_model(ckpt)
             except loader.ModelLoadError as e:
                 raise checkpoint.damaged(ckpt, ckpt, str(e)) from None
-            self.saved_trainer_state = saved.get("rl_trainer")
-            if self.saved_trainer_state is not None and self.cfg.executor == "local":
-                if "optimizer_full" in self.saved_trainer_state:
-                    raise BackendError(f"{ckpt} holds the optimizer state of data-parallel trainers: resume it with "
-                                       "executor = \"ray\" and ray.trainer_workers > 1")
-                try:
-                    self.rl_trainer.load_state_dict(self.saved_trainer_state)
-                except (KeyError, ValueError, RuntimeError, TypeError) as e:
-                    raise checkpoint.damaged(ckpt, state_file, f"optimizer state: {str(e)[:160]}") from None
+            self.saved_trainer_state, self.resumed_from = saved.get("rl_trainer"), ckpt
             try:
                 checkpoint.restore_rng(saved["rng"])
             except (KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -190,8 +173,9 @@ class Job:
                                            progress=self.progress))
         self.threads("train")
         train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress)
-        if self.engine is not None:
-            self.engine.load_weights(self.lm.model.state_dict(), self.state.version)
+        if self.backend is not None:  # started before SFT: it takes the SFT weights
+            self.backend.close()
+            self.backend = self.engine = None
         self.state.phase = "rl"
         self._checkpoint()
 
@@ -200,22 +184,22 @@ class Job:
 
     async def evaluate_async(self, n: int, desc: str) -> dict:
         """Held-out success: every task under every configured arm; ``success`` is their mean."""
+        self.ensure_engine()
         self.threads("rollout")
         return await heldout_success(self.domain, self.engine, self.spec, n, desc,
                                      concurrency=self.cfg.eval.concurrency, progress=self.progress)
 
     async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
+        self.ensure_engine()
         self.threads("rollout")
         return await outside_success(self.domain, self.engine, self.spec, command, name, n, timeout,
                                      progress=self.progress)
 
     def orchestrator(self) -> Orchestrator:
         """The rollout orchestrator over this job's executor, restored to the run's position."""
-        if self.cluster is not None:
-            executor, pool_cap = self.cluster.executor(), self.cfg.ray.harness_pools * self.cfg.ray.pool_sessions
-        else:
-            executor, pool_cap = LocalExecutor(self.domain.env_factory, self.engine, self.spec), None
+        self.ensure_engine()
+        executor, pool_cap = self.backend.executor(self.domain, self.spec)
         return build_orchestrator(self.cfg, self.domain, executor, self.signal, self.lm.decode,
                                   state=self.state.orchestrator, position=self.state.data_position,
                                   max_sessions=pool_cap)
@@ -224,33 +208,16 @@ class Job:
         bounds = self.controller.bounds() if self.controller is not None else None
         return rl_step_kwargs(self.cfg, n_rows, step, self.state.version, bounds)
 
-    def _train(self, rows, step: int) -> dict:
-        metrics = self.rl_trainer.rl_step(rows, **self._train_kwargs(len(rows), step))
-        metrics["lag_counts"] = dict(version_lags(rows, self.state.version))
-        return metrics
-
     async def _train_step(self, res, step: int) -> dict:
-        """One trainer step on the step's batch, here or in the trainer actor, then the new weights
-        to the engines as ``version + 1``."""
+        """One trainer step on the step's batch in the trainer backend, then the new weights to the
+        engines as ``version + 1``."""
         st = self.state
-        if self.cluster is not None:
-            train_m = await self.cluster.train(res.payloads, res.rows, self._train_kwargs(res.row_count, step))
-        elif self.cfg.rollout.mode == "async":  # rollout keeps going on the event loop while the trainer steps
-            train_m = await asyncio.get_running_loop().run_in_executor(None, self._train, res.rows, step)
-        else:
-            train_m = self._train(res.rows, step)
+        train_m = await self.backend.train(res, self._train_kwargs(res.row_count, step))
         if self.controller is not None:
             train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
             st.bounds = self.controller.state_dict()
         st.version += 1
-        if self.cluster is not None:
-            await asyncio.to_thread(self.cluster.publish, st.version)
-        else:
-            self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
-            try:
-                self.engine.load_weights(self.lm.model.state_dict(), st.version)
-            finally:
-                self.engine.resume()
+        await self.backend.publish(st.version)
         return train_m
 
     async def rl_step(self, orch: Orchestrator) -> dict:
@@ -312,11 +279,8 @@ class Job:
 
     def _checkpoint(self) -> None:
         self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
-        if self.cluster is not None:  # the trainer actors hold the current weights and optimizer
-            model_state, trainer_state = self.cluster.pull()
-            self.lm.model.load_state_dict(model_state)
-        else:
-            trainer_state = self.rl_trainer.state_dict()
+        # the backend holds the current weights and optimizer; before it starts, the run's own do
+        trainer_state = self.backend.pull(self.lm.model) if self.backend is not None else self.saved_trainer_state
         if self.state.orchestrator:
             self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
         checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
