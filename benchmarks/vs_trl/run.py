@@ -84,6 +84,7 @@ class Evaluator:
 
 def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
     from rlonce.recipes.grpo import Job
+    from rlonce.recipes.rl import rl_step
 
     job = Job(cfg, progress=not a.quiet)
     job.start(resume=False)
@@ -94,7 +95,7 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
         orch = job.orchestrator()
         try:
             for s in range(1, a.steps + 1):
-                rec = await job.rl_step(orch)
+                rec = await rl_step(job, orch)
                 steps.append({"step": s, "rollout_seconds": rec["rollout_seconds"],
                               "update_seconds": rec["train_seconds"], "step_seconds": rec["step_seconds"],
                               "generated_tokens": rec["response_tokens_mean"] * a.prompts * a.group_size,

@@ -1,4 +1,5 @@
-"""A short end-to-end run: real model, real sandboxes, real trainer; then resume it."""
+"""A short end-to-end run: real model, real sandboxes, real trainer; then resume it. Further whole
+jobs (other objectives, mixed arms, kill -9 mid-step) are marked slow: `make test-slow`."""
 
 import json
 import subprocess
@@ -92,6 +93,7 @@ def test_resume_continues_from_the_last_checkpoint(tiny_run, tmp_path):
     assert (copy / "checkpoints" / "step-0003").is_dir()
 
 
+@pytest.mark.slow  # another whole job: the default suite keeps one smoke run (tiny_run) and its resume
 @pytest.mark.parametrize("overrides, expect", [
     (["algo.objective=four_bound", "algo.objective.entropy_band=[5.0, 6.0]", "algo.rollout_correction=token"],
      ("clip_pos_high", "clip_neg_low", "bound_pos_high", "correction_capped_frac")),
@@ -115,6 +117,7 @@ def test_other_objectives_train_from_the_sft_checkpoint(tiny_run, tmp_path, over
         assert trained[0]["bound_pos_high"] > 5.0 and trained[0]["bound_neg_high"] < 5.0
 
 
+@pytest.mark.slow  # another whole job: the default suite keeps one smoke run (tiny_run) and its resume
 def test_a_run_can_mix_harness_arms(tmp_path):
     """`harness.arms` in `rlonce train`: SFT demonstrations and RL groups are spread over the arms,
     held-out success is reported per arm, every recorded sequence names its arm."""
@@ -129,6 +132,7 @@ def test_a_run_can_mix_harness_arms(tmp_path):
     assert {t["arm"] for t in trajs} <= set(cfg.harness.arms) and len({t["arm"] for t in trajs}) == 1  # one group
 
 
+@pytest.mark.slow  # another whole job: the default suite keeps one smoke run (tiny_run) and its resume
 def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(tiny_run, tmp_path):
     """Continue the tiny run in async mode, kill -9 the process mid-run, resume it: every step's
     ledger appears once, balances, and carries into the next exactly what the step before

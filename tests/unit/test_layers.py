@@ -76,3 +76,17 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def test_no_file_over_400_lines_and_no_function_over_60():
+    """The size limits of ``src/`` (tests and benchmarks excepted): a file a reader holds in mind,
+    a function that fits on a screen."""
+    long_files, long_functions = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > 400:
+            long_files.append(f"{name} ({text.count(chr(10))} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long_functions.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long_files == [] and long_functions == []

@@ -6,7 +6,9 @@
                        ─► TrainingRows ─► PPO-clip update ─► weights to the engine (version+1)
           ─► final eval on the same held-out tasks ─► summary.json, report.html
 
-Mode ``sync`` (colocated): each step's rollout finishes before its update, so every trained
+The RL loop itself is ``rlonce.recipes.rl``; SFT is ``rlonce.recipes.sft``, evaluation
+``rlonce.recipes.evaluate``; training and weight publishing go through the trainer backend
+(``rlonce.train.backend``). Mode ``sync`` (colocated): each step's rollout finishes before its update, so every trained
 token's version lag is 0; the ledger and the per-token versions record that rather than
 assume it. Everything needed to resume is checkpointed.
 """
@@ -14,11 +16,9 @@ assume it. Everything needed to resume is checkpointed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import shutil
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,18 +31,16 @@ from rlonce.envs.domains import check_domain_settings, domain_for
 from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.recipes.evaluate import heldout_success, outside_success
+from rlonce.recipes.rl import rl_phase
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
 from rlonce.rollout.orchestrator import Judge, Orchestrator
 from rlonce.sandbox.bwrap import find_bwrap
-from rlonce.telemetry.metrics import JsonlWriter, infra_causes
+from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
-from rlonce.telemetry.step import StepInputs, step_record, write_trajectories
 from rlonce.train import checkpoint
 from rlonce.train.backend import TrainerBackend, TrainerStateError
-from rlonce.train.builders import optim_settings, rl_step_kwargs
-
-log = logging.getLogger(__name__)
+from rlonce.train.builders import optim_settings
 
 
 @dataclass
@@ -177,7 +175,7 @@ class Job:
             self.backend.close()
             self.backend = self.engine = None
         self.state.phase = "rl"
-        self._checkpoint()
+        self.save_checkpoint()
 
     def evaluate(self, n: int, desc: str) -> dict:
         return asyncio.run(self.evaluate_async(n, desc))
@@ -204,80 +202,11 @@ class Job:
                                   state=self.state.orchestrator, position=self.state.data_position,
                                   max_sessions=pool_cap)
 
-    def _train_kwargs(self, n_rows: int, step: int) -> dict:
-        bounds = self.controller.bounds() if self.controller is not None else None
-        return rl_step_kwargs(self.cfg, n_rows, step, self.state.version, bounds)
-
-    async def _train_step(self, res, step: int) -> dict:
-        """One trainer step on the step's batch in the trainer backend, then the new weights to the
-        engines as ``version + 1``."""
-        st = self.state
-        train_m = await self.backend.train(res, self._train_kwargs(res.row_count, step))
-        if self.controller is not None:
-            train_m.update({f"bound_{k}": v for k, v in self.controller.update(train_m["entropy"]).items()})
-            st.bounds = self.controller.state_dict()
-        st.version += 1
-        await self.backend.publish(st.version)
-        return train_m
-
-    async def rl_step(self, orch: Orchestrator) -> dict:
-        cfg, st = self.cfg, self.state
-        step = st.rl_step + 1
-        asynchronous = cfg.rollout.mode == "async"
-        t0 = time.perf_counter()
-        self.threads("rollout")
-        res = await orch.collect(step)
-        t_roll = time.perf_counter() - t0
-        ledger, signal_m = res.ledger, res.metrics
-        if not asynchronous:
-            self.threads("train")
-        t1 = time.perf_counter()
-        train_m: dict = {}
-        if res.row_count:
-            train_m = await self._train_step(res, step)
-        lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
-        t_train = time.perf_counter() - t1
-        st.orchestrator = orch.snapshot
-        st.rl_step, st.data_position = step, orch.snapshot["next_index"][self.domain.name]
-        samples, seqs = res.samples, res.finished
-        for category, (n, cause) in infra_causes(seqs).items():
-            log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
-        rec = step_record(StepInputs(
-            step, seqs, [s for x in samples for s in x.sequences], ledger, t_roll, t_train, res.row_count, st.version,
-            orch.s.staleness, orch.replayed, orch.reissued, list(cfg.harness.arms), lag_counts), signal_m, train_m)
-        for e in ledger.values():
-            self.ledger.write(e.to_dict())
-        shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
-        if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
-            shown = res.payloads[0].fetch()[0]
-        write_trajectories(self.out / "trajectories", step, shown, self.lm.decode)
-        return rec
-
-    async def _rl_phase(self) -> None:
-        cfg, st = self.cfg, self.state
-        bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
-        orch = self.orchestrator()
-        try:
-            while st.rl_step < cfg.rl.steps:
-                rec = await self.rl_step(orch)
-                if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
-                    ev = await self.evaluate_async(cfg.eval.during_tasks, f"eval {rec['step']}")
-                    rec["heldout_success"] = ev["success"]
-                self.metrics.write(rec)
-                bar.update(1)
-                bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",
-                                ent=f"{rec.get('entropy', 0):.2f}", s=f"{rec['step_seconds']:.1f}", refresh=False)
-                if rec["step"] % cfg.checkpoint.every == 0 and rec["step"] < cfg.rl.steps:
-                    self._checkpoint()
-        finally:
-            bar.close()
-            await orch.close()
-
     def _elapsed(self) -> float:
         return self.state.wall_seconds_before + (time.perf_counter() - self.t0)
 
-    def _checkpoint(self) -> None:
+    def save_checkpoint(self) -> None:
+        """A checkpoint of the run as it is now: weights, optimizer, run state, RNG."""
         self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
         # the backend holds the current weights and optimizer; before it starts, the run's own do
         trainer_state = self.backend.pull(self.lm.model) if self.backend is not None else self.saved_trainer_state
@@ -308,13 +237,13 @@ class Job:
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
-            self._checkpoint()
-        asyncio.run(self._rl_phase())
+            self.save_checkpoint()
+        asyncio.run(rl_phase(self))
         final = self.evaluate(cfg.eval.heldout_tasks, "final eval")
         self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
                             "final": True})
         st.phase = "done"
-        self._checkpoint()
+        self.save_checkpoint()
         wall = self._elapsed()
         summary = {
             "baseline_success": st.baseline_success,

@@ -1,0 +1,97 @@
+"""The main job's RL loop: one step is collect → train → publish → record, repeated to
+``rl.steps`` with held-out evals and checkpoints between steps.
+
+    orch.collect(step)      groups dispatched, graded, judged; TrainingRows (or remote payloads)
+    backend.train(batch)    one optimizer step where the trainer lives (``rlonce.train.backend``)
+    backend.publish(v + 1)  the new weights to every engine; later tokens carry v + 1
+    step_record(...)        the per-step metrics record (``rlonce.telemetry.step``), the ledger,
+                            the first trained group's trajectories
+
+The loop reads and advances the job's ``RunState`` (step, data position, policy version,
+bound-controller and orchestrator state), so a checkpoint between steps resumes it exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+from tqdm.auto import tqdm
+
+from rlonce.rollout.orchestrator import Orchestrator, StepResult
+from rlonce.telemetry.metrics import infra_causes
+from rlonce.telemetry.step import StepInputs, step_record, write_trajectories
+from rlonce.train.builders import rl_step_kwargs
+
+log = logging.getLogger(__name__)
+
+
+async def train_step(job, res: StepResult, step: int) -> dict:
+    """One trainer step on the step's batch in the job's trainer backend, then the new weights to
+    the engines as ``version + 1`` (an entropy-bound controller updates its bounds in between)."""
+    st, controller = job.state, job.controller
+    bounds = controller.bounds() if controller is not None else None
+    train_m = await job.backend.train(res, rl_step_kwargs(job.cfg, res.row_count, step, st.version, bounds))
+    if controller is not None:
+        train_m.update({f"bound_{k}": v for k, v in controller.update(train_m["entropy"]).items()})
+        st.bounds = controller.state_dict()
+    st.version += 1
+    await job.backend.publish(st.version)
+    return train_m
+
+
+async def rl_step(job, orch: Orchestrator) -> dict:
+    """One RL step of ``job`` on ``orch``; returns the step's metrics record (also writes the
+    ledger entries and the trajectories)."""
+    cfg, st = job.cfg, job.state
+    step = st.rl_step + 1
+    t0 = time.perf_counter()
+    job.threads("rollout")
+    res = await orch.collect(step)
+    t_roll = time.perf_counter() - t0
+    if cfg.rollout.mode != "async":  # async: rollout goes on beside the trainer, on the rollout threads
+        job.threads("train")
+    t1 = time.perf_counter()
+    train_m = await train_step(job, res, step) if res.row_count else {}
+    lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
+    t_train = time.perf_counter() - t1
+    st.orchestrator = orch.snapshot
+    st.rl_step, st.data_position = step, orch.snapshot["next_index"][job.domain.name]
+    samples, seqs = res.samples, res.finished
+    for category, (n, cause) in infra_causes(seqs).items():
+        log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
+    rec = step_record(StepInputs(
+        step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
+        orch.s.staleness, orch.replayed, orch.reissued, list(cfg.harness.arms), lag_counts), res.metrics, train_m)
+    for e in res.ledger.values():
+        job.ledger.write(e.to_dict())
+    shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
+    if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
+        shown = res.payloads[0].fetch()[0]
+    write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
+    return rec
+
+
+async def rl_phase(job) -> None:
+    """RL steps until ``rl.steps``: an eval every ``eval.every`` steps and a checkpoint every
+    ``checkpoint.every`` (the last step's eval and checkpoint are the job's final ones)."""
+    cfg, st = job.cfg, job.state
+    bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not job.progress,
+               dynamic_ncols=True)
+    orch = job.orchestrator()
+    try:
+        while st.rl_step < cfg.rl.steps:
+            rec = await rl_step(job, orch)
+            if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
+                ev = await job.evaluate_async(cfg.eval.during_tasks, f"eval {rec['step']}")
+                rec["heldout_success"] = ev["success"]
+            job.metrics.write(rec)
+            bar.update(1)
+            bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",
+                            ent=f"{rec.get('entropy', 0):.2f}", s=f"{rec['step_seconds']:.1f}", refresh=False)
+            if rec["step"] % cfg.checkpoint.every == 0 and rec["step"] < cfg.rl.steps:
+                job.save_checkpoint()
+    finally:
+        bar.close()
+        await orch.close()
