@@ -283,6 +283,25 @@ def test_resume_from_a_state_that_is_not_ours(tmp_path, lm):
                          f"checkpoint {state} does not load (not an rlonce trainer state)")
 
 
+
+@pytest.mark.parametrize("optimizer, says", [
+    ({"optimizer": {"state": {}, "param_groups": []}, "step": 1}, "does not load (optimizer state: "),
+    ({"optimizer_full": {}, "step": 1}, 'resume it with executor = "ray" and ray.trainer_workers > 1'),
+])
+def test_resume_from_an_optimizer_state_this_trainer_cannot_take(tmp_path, lm, optimizer, says):
+    """A damaged optimizer state, or data-parallel ranks' one resumed by a single local trainer:
+    one line naming the file or the setting, before any rollout."""
+    import torch
+
+    run = make_run(tmp_path / "run", lm)
+    state = run / "checkpoints" / "step-0001" / "trainer_state.pt"
+    saved = torch.load(state, weights_only=False)
+    torch.save({**saved, "rl_trainer": optimizer}, state)
+    line = check_one_line_error(rlonce("train", "--resume", str(run), "--quiet"), says)
+    if "optimizer_full" not in optimizer:
+        assert line.startswith(f"rlonce: error: checkpoint {state} does not load (optimizer state: ")
+
+
 # ---- a full disk -----------------------------------------------------------------------------
 
 
