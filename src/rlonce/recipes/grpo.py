@@ -8,7 +8,9 @@
 
 The RL loop itself is ``rlonce.recipes.rl``; SFT is ``rlonce.recipes.sft``, evaluation
 ``rlonce.recipes.evaluate``; training and weight publishing go through the trainer backend
-(``rlonce.train.backend``). Mode ``sync`` (colocated): each step's rollout finishes before its update, so every trained
+(``rlonce.train.backend``).
+
+Mode ``sync`` (colocated): each step's rollout finishes before its update, so every trained
 token's version lag is 0; the ledger and the per-token versions record that rather than
 assume it. Everything needed to resume is checkpointed.
 """
