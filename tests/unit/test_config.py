@@ -124,8 +124,12 @@ def test_reasoning_task_needs_the_single_turn_arm_and_no_sft():
 def test_named_optimizers():
     from rlonce.config import OPTIMIZERS, ConfigError, load_config
 
-    assert OPTIMIZERS["adamw-m1"] == {"betas": (0.9, 0.95), "eps": 1e-15}
-    assert load_config(None, []).rl.optimizer == "adamw-seeds"
+    assert OPTIMIZERS["adamw-m1"] == {"betas": (0.9, 0.95), "eps": 1e-15}  # M1: ε = 1e-15
+    assert OPTIMIZERS["adamw-mimo"] == {"betas": (0.95, 0.95), "eps": 1e-8}  # seed 001: β₁ = β₂ = 0.95, ε = 1e-8
+    assert OPTIMIZERS["adamw-gpt3"] == {"betas": (0.9, 0.95), "eps": 1e-8}
+    assert load_config(None, []).rl.optimizer == "adamw-gpt3"
+    with pytest.raises(ConfigError, match="'adamw-seeds' was renamed 'adamw-gpt3'"):
+        load_config(None, ["rl.optimizer=adamw-seeds"])
     assert load_config(None, ["rl.optimizer=adamw-m1", "rl.adam_eps=1e-12"]).rl.adam_eps == 1e-12
     with pytest.raises(ConfigError, match="rl.optimizer"):
         load_config(None, ["rl.optimizer=sgd"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlonce.errors import RlonceError
 
@@ -162,9 +162,12 @@ class SFTConfig(Section):
     """Most detours in a row before a look-up."""
 
 
-OPTIMIZERS = {"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "adamw-seeds": {"betas": (0.9, 0.95), "eps": 1e-8},
-              "adamw-m1": {"betas": (0.9, 0.95), "eps": 1e-15}}
-"""Named AdamW settings: torch's defaults; the seeds' β = (0.9, 0.95); MiniMax-M1's ε = 1e-15 with it."""
+OPTIMIZERS = {"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "adamw-gpt3": {"betas": (0.9, 0.95), "eps": 1e-8},
+              "adamw-mimo": {"betas": (0.95, 0.95), "eps": 1e-8}, "adamw-m1": {"betas": (0.9, 0.95), "eps": 1e-15}}
+"""Named AdamW settings, each named after its source: torch's defaults; GPT-3's (Brown et al. 2020,
+appendix B); MiMo's (seed 001: "β₁ = β₂ = 0.95 and ε = 10⁻⁸"); MiniMax-M1's (ε = 1e-15)."""
+RENAMED_OPTIMIZERS = {"adamw-seeds": "adamw-gpt3"}
+"""Former optimizer names and the preset with the same values."""
 
 
 class RLConfig(Section):
@@ -186,11 +189,20 @@ class RLConfig(Section):
     """AdamW's decoupled weight decay."""
     concurrency: int = Field(64, ge=1, le=MAX_PARALLEL)
     """sync: sequences in flight at once."""
-    optimizer: Literal["adamw", "adamw-seeds", "adamw-m1"] = "adamw-seeds"
-    """AdamW by name (``OPTIMIZERS``): 'adamw-seeds' β = (0.9, 0.95), ε = 1e-8; 'adamw-m1' the same β
-    with ε = 1e-15; 'adamw' torch's defaults."""
+    optimizer: Literal["adamw", "adamw-gpt3", "adamw-mimo", "adamw-m1"] = "adamw-gpt3"
+    """AdamW by name (``OPTIMIZERS``): 'adamw-gpt3' β = (0.9, 0.95), ε = 1e-8 (GPT-3's; not a seed's);
+    'adamw-mimo' β = (0.95, 0.95), ε = 1e-8 (MiMo's); 'adamw-m1' β = (0.9, 0.95), ε = 1e-15
+    (MiniMax-M1's); 'adamw' torch's defaults."""
     adam_eps: float | None = Field(None, gt=0, le=1)
     """Overrides the named optimizer's ε."""
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _renamed_optimizer(cls, name):
+        if name in RENAMED_OPTIMIZERS:
+            raise ValueError(f"{name!r} was renamed {RENAMED_OPTIMIZERS[name]!r} (same β and ε); presets are "
+                             f"named after their source: {', '.join(map(repr, OPTIMIZERS))}")
+        return name
 
 
 class RolloutConfig(Section):
