@@ -115,3 +115,20 @@ def test_garbled_rule_uses_decoded_text():
         learning_signal([s], 1, SignalSettings(penalties=[PenaltySpec("garbled")]))
     with pytest.raises(ValueError, match="unknown penalty rule"):
         PenaltySpec("nope")
+
+
+def test_length_shaping_defaults_to_the_reference_profile_three_metrics():
+    # all pass; (turns, input, output) = (1, 3, 2) ×3 and (2, 4, 2): output tokens alone are equal.
+    # turns: anchor q0.3 of (1,1,1,2) = 1, excess 1 → t = 1 → 0.2; input: anchor 3, excess 1/3 →
+    # 0.2·(1/3)^1.5 = 0.0385; max → 0.2. Scores (1, 1, 1, 0.8): mean 0.95.
+    seqs = [_seq(1.0), _seq(1.0), _seq(1.0), _seq(1.0, model_turns=2, tokens=1)]
+    assert LengthShaping().metrics == ("turns", "input_tokens", "output_tokens")
+    rows, ledger, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(length=LengthShaping()))
+    assert ledger["s"].length_penalized == 1 and m["length_deduction_sum"] == pytest.approx(0.2)
+    assert [r.advantages[2] for r in rows] == pytest.approx([0.05, 0.05, 0.05, -0.15])  # first model token
+    # the former default (output tokens only) sees no difference: the group has no contrast
+    rows, ledger, _ = learning_signal([Sample("a", "s", 1, seqs)], 1,
+                                      SignalSettings(length=LengthShaping(metrics=("output_tokens",))))
+    assert rows == [] and ledger["s"].no_contrast_filtered == 4
+    from rlonce.config import AlgoConfig
+    assert AlgoConfig().length.metrics == ["turns", "input_tokens", "output_tokens"]

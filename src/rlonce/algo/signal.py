@@ -38,8 +38,9 @@ from rlonce.core.records import Sample, Sequence, TrainingRow, sequence_to_rows
 
 @dataclass
 class LengthShaping:
-    metrics: tuple[str, ...] = ("output_tokens",)
-    """Any of 'turns', 'input_tokens' (observations and prompts), 'output_tokens' (model tokens)."""
+    metrics: tuple[str, ...] = ("turns", "input_tokens", "output_tokens")
+    """Any of 'turns', 'input_tokens' (observations and prompts), 'output_tokens' (model tokens);
+    the default is the public reference profile's three (seed 001), combined by ``combine``."""
     max_penalty: float = 0.2
     deadzone: float = 0.0
     saturation: float = 1.0

@@ -95,8 +95,9 @@ class LengthConfig(Section):
 
     enabled: bool = False
     """Turn length shaping on."""
-    metrics: list[Literal["turns", "input_tokens", "output_tokens"]] = Field(["output_tokens"], min_length=1)
-    """Length measures compared within a group."""
+    metrics: list[Literal["turns", "input_tokens", "output_tokens"]] = Field(
+        ["turns", "input_tokens", "output_tokens"], min_length=1)
+    """Length measures compared within a group; the default is the reference profile's three."""
     max_penalty: float = Field(0.2, ge=0, le=1)
     """Largest reward reduction."""
     deadzone: float = Field(0.0, ge=0, le=1000)
