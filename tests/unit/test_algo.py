@@ -22,6 +22,21 @@ def test_group_advantages_invalid_rows_and_singletons():
     assert adv.tolist() == pytest.approx([0.5, -0.5, 0.0, 0.7])  # singleton: mean 0, std 1
 
 
+def test_invalid_scores_take_the_valid_mean_and_count_in_the_std():
+    # seed 001's kernel: scores (1, 0, 0, invalid) → (1, 0, 0, 1/3); mean 1/3, squared deviations
+    # 4/9 + 1/9 + 1/9 + 0 = 2/3 over n - 1 = 3 → std sqrt(2/9) = 0.4714 (valid rows only: sqrt(1/3)).
+    s = torch.tensor([1.0, 0.0, 0.0, float("nan")])
+    adv = group_advantages(s, ["a"] * 4, norm_by_std=True, eps=0.0, valid_N=torch.tensor([True, True, True, False]))
+    assert adv.tolist() == pytest.approx([2 ** 0.5, -(0.5 ** 0.5), -(0.5 ** 0.5), 0.0], rel=1e-6)
+    # the former rule (invalid rows outside the std) gave (2/3)/sqrt(1/3) = 1.1547 and -0.5774
+    assert float(adv[0]) != pytest.approx(1.1547, rel=1e-3)
+    # one valid row among two: filled group (2, 2) → advantage 0 (not the singleton rule's 2);
+    # no valid row: the fill is 0 and every advantage 0
+    adv = group_advantages(torch.tensor([2.0, 5.0, 7.0, 8.0]), ["b", "b", "c", "c"], norm_by_std=True,
+                           valid_N=torch.tensor([True, False, False, False]))
+    assert adv.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
 def test_aggregation_modes_hand_computed():
     v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
     m = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # third row fully masked

@@ -2,10 +2,18 @@
 
 ``A_i = s_i - mean(group)``; with ``norm_by_std`` divided by ``std + eps`` (unbiased std, as
 ``torch.std``). Seed 001 ("The equation only works if the history is true"): the public Code
-recipe disables std normalisation, so it is off by default here. Rows marked invalid (an
-infrastructure failure, an unusable grade) are left out of their group's statistics and get
-advantage exactly 0. A singleton group uses mean 0 and std 1, so its lone score is its
-advantage (nothing to compare against; dynamic filtering normally drops such groups).
+recipe disables std normalisation, so it is off by default here.
+
+Rows marked invalid (``valid_N``: an unusable grade) follow the public GRPO kernel (seed 001,
+"Invalid scores are replaced with the mean of valid group scores, or zero if none exist, and
+invalid advantages are then explicitly zeroed."): an invalid score takes the valid rows' mean,
+so it leaves the mean unchanged but counts in the std's ``n`` (the std shrinks by
+``sqrt((k - 1)/(n - 1))`` with ``k`` valid rows of ``n``), and its advantage is then set to 0.
+A group with one valid row among several therefore gives it advantage 0. A singleton group
+(one row) uses mean 0 and std 1, so its lone score is its advantage (nothing to compare
+against; dynamic filtering normally drops such groups). Infrastructure failures never reach
+this function in ``learning_signal``: they leave their group first (the seed's
+infrastructure-UID exclusion, which precedes GRPO).
 """
 
 from __future__ import annotations
@@ -34,16 +42,16 @@ def group_advantages(scores_N: torch.Tensor, group_ids_N: Sequence, *, norm_by_s
     adv_N = torch.zeros(n)
     for idx in _groups(group_ids_N):
         idx_t = torch.tensor(idx)
-        ok = idx_t[valid_N[idx_t]]
-        if len(ok) == 0:
+        ok_G = valid_N[idx_t]
+        if not ok_G.any():
             continue
-        s = scores_N[ok]
-        mean = s.mean() if len(ok) > 1 else torch.tensor(0.0)
-        std = s.std() if len(ok) > 1 else torch.tensor(1.0)
-        a = s - mean
+        s_G = torch.where(ok_G, scores_N[idx_t], scores_N[idx_t][ok_G].mean())
+        mean = s_G.mean() if len(idx) > 1 else torch.tensor(0.0)
+        std = s_G.std() if len(idx) > 1 else torch.tensor(1.0)
+        a_G = s_G - mean
         if norm_by_std:
-            a = a / (std + eps)
-        adv_N[ok] = a
+            a_G = a_G / (std + eps)
+        adv_N[idx_t] = torch.where(ok_G, a_G, torch.zeros_like(a_G))
     return adv_N
 
 
