@@ -34,7 +34,7 @@ def test_algo_literals_equal_their_registries():
     from rlonce.algo.losses import AGGREGATIONS, OBJECTIVES
     from rlonce.algo.penalties import RULES, STRATEGIES
     from rlonce.algo.shaping import COMBINES
-    from rlonce.algo.signal import LENGTH_METRICS
+    from rlonce.algo.signal import CONTEXT_EXPORTS, LENGTH_METRICS
 
     assert _literal(C.AlgoConfig, "aggregation") == set(AGGREGATIONS)
     assert {v.model_fields["name"].default for v in _variants()} == set(OBJECTIVES)
@@ -43,6 +43,7 @@ def test_algo_literals_equal_their_registries():
     assert _literal(C.PenaltyConfig, "strategy") == set(STRATEGIES)
     assert _literal(C.LengthConfig, "metrics") == set(LENGTH_METRICS)
     assert _literal(C.LengthConfig, "combine") == set(COMBINES)
+    assert _literal(C.AlgoConfig, "export_contexts") == set(CONTEXT_EXPORTS)
 
 
 def test_each_objective_variant_has_exactly_its_loss_functions_parameters():

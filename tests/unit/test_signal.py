@@ -132,3 +132,19 @@ def test_length_shaping_defaults_to_the_reference_profile_three_metrics():
     assert rows == [] and ledger["s"].no_contrast_filtered == 4
     from rlonce.config import AlgoConfig
     assert AlgoConfig().length.metrics == ["turns", "input_tokens", "output_tokens"]
+
+
+def test_export_contexts_all_or_longest():
+    # sequence A has two contexts: 7 tokens (4 model) and 4 tokens (2 model); B has one. Rewards (1, 0):
+    # the sequences are the group members, so A's advantage is +0.5 whichever contexts are exported.
+    a = _seq(1.0, tokens=4)
+    a.contexts.append(Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [4, 4], [-0.1] * 2, [0] * 2)]))
+    s = Sample("t", "s", 1, [a, _seq(0.0)])
+    rows, _, m = learning_signal([s], 1, SignalSettings())
+    assert [len(r) for r in rows] == [7, 4, 5] and m["contexts_unexported"] == 0
+    assert rows[1].advantages == [0.0, 0.0, 0.5, 0.5]
+    rows, _, m = learning_signal([s], 1, SignalSettings(export_contexts="longest"))
+    assert [len(r) for r in rows] == [7, 5] and m["contexts_unexported"] == 1
+    assert rows[0].advantages == [0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.0] and rows[1].advantages[2:4] == [-0.5, -0.5]
+    with pytest.raises(ValueError, match="unknown context export"):
+        SignalSettings(export_contexts="first")

@@ -10,8 +10,8 @@ Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one G
  5. dynamic filtering on the shaped scores               (no contrast → whole group dropped)
  6. group-relative advantages (optional std normalisation)
  7. GAR redistribution among passing rows                (quality factors; fallback: unchanged)
- 8. broadcast to tokens: each context of a sequence becomes a row, the sequence's advantage
-    on its model tokens only
+ 8. broadcast to tokens: each exported context of a sequence becomes a row (all, or the
+    longest: ``export_contexts``), the sequence's advantage on its model tokens only
  9. penalty strategies on flagged tokens: row strategies (mask, adv_set, adv_reduction) in the
     order configured, then the group strategy (adv_signed) over the group's rows
 10. escalation: rows without surviving model tokens are dropped; a sequence with none left has
@@ -60,6 +60,12 @@ class SignalSettings:
     gar_lambda_max: float = 2.0
     length: LengthShaping | None = None
     penalties: list[penalties.PenaltySpec] = field(default_factory=list)
+    export_contexts: str = "all"
+    """Which contexts of a sequence become rows (``CONTEXT_EXPORTS``)."""
+
+    def __post_init__(self) -> None:
+        if self.export_contexts not in CONTEXT_EXPORTS:
+            raise ValueError(f"unknown context export {self.export_contexts!r}; known: {sorted(CONTEXT_EXPORTS)}")
 
 
 LENGTH_METRICS: dict[str, Callable[[Sequence], float]] = {
@@ -68,6 +74,20 @@ LENGTH_METRICS: dict[str, Callable[[Sequence], float]] = {
     "output_tokens": lambda seq: float(sum(c.model_tokens() for c in seq.contexts)),
 }
 """Length measures of a sequence by name (``algo.length.metrics``)."""
+
+
+def _longest_context(seq: Sequence) -> list[int]:
+    lengths = [len(c) for c in seq.contexts]
+    return [max(range(len(lengths)), key=lambda c: (lengths[c], c))] if lengths else []
+
+
+CONTEXT_EXPORTS: dict[str, Callable[[Sequence], list[int]]] = {
+    "all": lambda seq: list(range(len(seq.contexts))),
+    "longest": _longest_context,
+}
+"""Which contexts of a sequence are exported as rows, by name (``algo.export_contexts``): every
+context, or the one with the most tokens (the latest of equals) — seed 001, "The public Code
+recipe selects the longest trajectory for export"."""
 
 
 def length_metric(seq: Sequence, name: str) -> float:
@@ -142,7 +162,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
                     ) -> tuple[list[TrainingRow], dict[str, LedgerEntry], dict[str, float]]:
     """Rows to train on, the ledger per source, and step metrics (see the module docstring)."""
     stats: dict[str, float] = {k: 0 for k in ("grs_fallback", "length_deduction_sum", "gar_groups",
-                                              "rebalance_clamped", "rebalance_groups")}
+                                              "rebalance_clamped", "rebalance_groups", "contexts_unexported")}
     stats.update(penalties.detect(samples, settings.penalties, decode))
     ledger: dict[str, LedgerEntry] = {}
     out: list[TrainingRow] = []
@@ -174,8 +194,10 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         for i, (seq, a) in enumerate(zip(seqs, adv.tolist())):
             seq_rows = sequence_to_rows(seq, a, group_id=sample.group_id)
             per_rule = {spec.rule: penalties.flagged_tokens(seq, spec.rule) for spec in settings.penalties}
-            for c, row in enumerate(seq_rows):
-                rows.append(row)
+            exported = CONTEXT_EXPORTS[settings.export_contexts](seq)
+            stats["contexts_unexported"] += len(seq_rows) - len(exported)
+            for c in exported:
+                rows.append(seq_rows[c])
                 flags.append({rule: f[c] for rule, f in per_rule.items()})
                 owner.append(i)
         _apply_strategies(rows, flags, settings, stats)

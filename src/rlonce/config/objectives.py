@@ -175,6 +175,9 @@ class AlgoConfig(Section):
     """Redistribute advantages among passing rows by grader quality factors."""
     gar_lambda_max: float = Field(2.0, ge=1, le=1000)
     """Largest GAR redistribution factor."""
+    export_contexts: Literal["all", "longest"] = "all"
+    """Which contexts of a multi-context sequence become training rows: 'all', or 'longest' (the
+    context with the most tokens; the public Code recipe's choice)."""
     length: LengthConfig = LengthConfig()
     """Group-relative length shaping of passing rows' rewards (off by default)."""
     penalties: list[PenaltyConfig] = [PenaltyConfig(rule="repetition"), PenaltyConfig(rule="tool_call"),
