@@ -23,7 +23,8 @@ import torch
 from rlonce.config import AlgoConfig, objective_params
 from rlonce.core.records import TrainingRow
 from rlonce.train.distributed import rows_for_rank
-from rlonce.train.trainer import OptimSettings, Trainer, minibatch_splits, token_logprobs
+from rlonce.train.minibatch import minibatch_splits
+from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
 WORLD = 2
 MICRO = 34
@@ -83,17 +84,19 @@ def run_case(trainer: Trainer, rows: list[TrainingRow], case: dict) -> list[dict
 
 def reference(model, rows: list[TrainingRow], case: dict) -> list[dict]:
     """One process on the whole batch. With several mini-batches, global mini-batch k is the
-    union of each rank's k-th split of its own rows, so it is trained as one rl_step each."""
+    k-th split of whole groups over every rank's rows (rank order; groups straddle ranks here),
+    so it is trained as one rl_step each."""
     trainer = Trainer(model, SETTINGS, micro_batch_tokens=MICRO)
     k_splits = case.get("kw", {}).get("minibatches", 1)
     if k_splits == 1:
         return run_case(trainer, rows, case)
     assert case["kw"].get("correction", "none") == "none" and len(case["steps"]) == 1
     seed = case["steps"][0]["seed"]
-    shards = [rows_for_rank(rows, r, WORLD) for r in range(WORLD)]
-    splits = [minibatch_splits(len(s), k_splits, seed) for s in shards]
+    flat = [r for rank in range(WORLD) for r in rows_for_rank(rows, rank, WORLD)]
+    splits = minibatch_splits([r.group_id for r in flat], [len(r) for r in flat], k_splits, seed)
+    assert len(splits) == k_splits
     kw = {**case["kw"], "minibatches": 1}
-    per_mb = [trainer.rl_step([s[i] for s, sp in zip(shards, splits) for i in sp[k]], **kw) for k in range(k_splits)]
+    per_mb = [trainer.rl_step([flat[i] for i in sp], **kw) for sp in splits]
     return [{k: sum(m[k] for m in per_mb) / k_splits for k in per_mb[0] if k not in ("lr", "trained_tokens")}]
 
 

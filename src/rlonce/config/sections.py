@@ -182,7 +182,8 @@ class RLConfig(Section):
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear learning-rate warm-up steps."""
     minibatches: int = Field(2, ge=1, le=MAX_PARALLEL)
-    """Optimizer steps per RL step (the batch is split into this many; at most one per row)."""
+    """Optimizer steps per RL step: the batch is split into this many mini-batches of whole prompt
+    groups (at most one per group)."""
     max_grad_norm: float = Field(1.0, gt=0, le=1e6)
     """Gradient-norm clip."""
     weight_decay: float = Field(0.0, ge=0, le=1)

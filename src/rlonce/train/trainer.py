@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
+from rlonce.train.minibatch import rank_splits
 
 
 @dataclass
@@ -122,7 +122,8 @@ class Trainer:
     token shares take their denominators from the global mini-batch; the gradient is the sum
     over ranks; every rank runs the same number of micro-batches (padding with passes that train
     nothing); and the returned metrics are global. With ``minibatches > 1`` each rank splits its
-    own rows, and global mini-batch k is the union of every rank's k-th split. ``state_dict``
+    own rows by the same global assignment of whole prompt groups (``rank_splits``), and global
+    mini-batch k is the union of every rank's k-th split. ``state_dict``
     then holds this rank's shard of the optimizer state.
     """
 
@@ -194,7 +195,8 @@ class Trainer:
 
     def rl_step(self, rows: list[TrainingRow], *, objective: str, agg: str, correction: str, correction_cap: float,
                 minibatches: int = 1, seed: int = 0, version: int | None = None, **params) -> dict[str, float]:
-        """One RL update: ``minibatches`` optimizer steps over a shuffled split of ``rows``.
+        """One RL update: an optimizer step on each mini-batch of ``rows``: ``minibatches`` of
+        them, each a seeded share of whole prompt groups (``rlonce.train.minibatch``).
 
         ``objective``, ``agg``, ``correction``, ``correction_cap`` and the objective's ``params``
         come from the config (``algo.*``; ``rlonce.recipes.grpo`` passes them): they have no
@@ -213,7 +215,7 @@ class Trainer:
         """
         self.model.train()
         old_lp = self._recompute(rows) if correction != "none" else None
-        splits = minibatch_splits(len(rows), minibatches, seed)
+        splits = rank_splits(self.group, rows, minibatches, seed)
         loss_fn = functools.partial(policy_loss, objective, **params)
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         if old_lp is not None and version is not None:
@@ -326,13 +328,6 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
-
-
-def minibatch_splits(n: int, minibatches: int, seed: int) -> list[list[int]]:
-    """Row indices of each mini-batch: a seeded shuffle of ``range(n)``, dealt round-robin."""
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    return [order[k::minibatches] for k in range(minibatches)]
 
 
 def _corrected(b: Batch, w_BT: torch.Tensor, old_lp: list[torch.Tensor] | None, correction: str,

@@ -1,0 +1,61 @@
+"""Mini-batches of one RL step: whole prompt groups, balanced by tokens, the same on every rank.
+
+Prompt-mean aggregation divides each group's token losses by the group's own token count (seed
+001: "The denominator is the sum of output lengths within the prompt group … Tokens are
+normalized within each prompt group, then prompt groups are averaged"). That is only the
+seed's reduction when every mini-batch holds whole groups: a group dealt over two mini-batches
+is normalised twice, over two halves. So rows are split by group (rows sharing ``group_id``,
+the same key ``prompt-mean`` uses), never row by row.
+
+Data-parallel, a group's rows may sit on several ranks (``rlonce.train.distributed.rows_for_rank``
+deals rows; the Ray cluster deals whole groups). The split is therefore taken over the global
+batch — every rank gathers every rank's group ids and lengths and computes the same assignment —
+and each rank keeps its own rows of each mini-batch, possibly none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch.distributed as dist
+
+from rlonce.core.records import TrainingRow
+from rlonce.train.distributed import gather
+
+
+def minibatch_splits(group_ids: Sequence[str], lengths: Sequence[int], minibatches: int,
+                     seed: int) -> list[list[int]]:
+    """Row indices of each mini-batch, every prompt group whole in one of them.
+
+    The groups, in a shuffle seeded by ``seed``, go one by one to the mini-batch with the fewest
+    tokens so far (then the fewest rows, then the lowest index); indices within a mini-batch are
+    in row order. With fewer groups than ``minibatches`` the empty mini-batches are left out, so
+    there may be fewer than asked for."""
+    if minibatches < 1:
+        raise ValueError(f"minibatches must be >= 1, got {minibatches}")
+    groups: dict[str, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    order = list(groups.values())
+    random.Random(seed).shuffle(order)
+    splits: list[list[int]] = [[] for _ in range(minibatches)]
+    tokens = [0] * minibatches
+    for rows in order:
+        k = min(range(minibatches), key=lambda k: (tokens[k], len(splits[k]), k))
+        splits[k].extend(rows)
+        tokens[k] += sum(lengths[i] for i in rows)
+    return [sorted(s) for s in splits if s]
+
+
+def rank_splits(group, rows: list[TrainingRow], minibatches: int, seed: int) -> list[list[int]]:
+    """This rank's row indices of each mini-batch: ``minibatch_splits`` over every rank's rows
+    (rank order), restricted to this rank's. Every rank gets as many mini-batches; one may be
+    empty here. ``group``: the data-parallel process group, or None (one process)."""
+    if group is None:
+        return minibatch_splits([r.group_id for r in rows], [len(r) for r in rows], minibatches, seed)
+    shards = gather(group, [(r.group_id, len(r)) for r in rows])
+    flat = [x for shard in shards for x in shard]
+    start = sum(len(s) for s in shards[: dist.get_rank(group)])
+    splits = minibatch_splits([g for g, _ in flat], [n for _, n in flat], minibatches, seed)
+    return [[i - start for i in s if start <= i < start + len(rows)] for s in splits]
