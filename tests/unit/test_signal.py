@@ -148,3 +148,21 @@ def test_export_contexts_all_or_longest():
     assert rows[0].advantages == [0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.0] and rows[1].advantages[2:4] == [-0.5, -0.5]
     with pytest.raises(ValueError, match="unknown context export"):
         SignalSettings(export_contexts="first")
+
+
+def test_mask_unfinished_drops_budget_cut_failures_but_keeps_their_score_in_the_baseline():
+    # rewards (1, 0, 0, 1); the 2nd and 4th were cut by a budget, the 4th still passed (finished).
+    # Baseline 0.5 from all four → advantages (0.5, -0.5, -0.5, 0.5); masking removes only the 2nd's rows.
+    seqs = [_seq(1.0), _seq(0.0, Status.LIMITS), _seq(0.0), _seq(1.0, Status.LIMITS)]
+    rows, ledger, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings())
+    assert [r.advantages[3] for r in rows] == pytest.approx([0.5, -0.5, -0.5, 0.5]) and m["unfinished_masked"] == 0
+    rows, ledger, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(mask_unfinished=True))
+    assert [r.advantages[3] for r in rows] == pytest.approx([0.5, -0.5, 0.5])
+    e = ledger["s"]
+    assert (e.retained, e.unfinished_masked, e.zero_advantage, m["unfinished_masked"]) == (4, 1, 0, 1)
+    # a group whose every sequence is masked has nothing left to train: rejected, both counted
+    cut = [_seq(0.0, Status.LIMITS), _seq(0.5, Status.LIMITS)]
+    rows, ledger, _ = learning_signal([Sample("b", "s", 1, cut)], 1, SignalSettings(mask_unfinished=True))
+    assert rows == [] and (ledger["s"].penalty_rejected, ledger["s"].unfinished_masked) == (2, 2)
+    with pytest.raises(LedgerImbalance, match="unfinished_masked"):
+        LedgerEntry(1, "x", dispatched=1, finished=1, retained=1, unfinished_masked=2).check()

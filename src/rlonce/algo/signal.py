@@ -11,7 +11,9 @@ Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one G
  6. group-relative advantages (optional std normalisation)
  7. GAR redistribution among passing rows                (quality factors; fallback: unchanged)
  8. broadcast to tokens: each exported context of a sequence becomes a row (all, or the
-    longest: ``export_contexts``), the sequence's advantage on its model tokens only
+    longest: ``export_contexts``), the sequence's advantage on its model tokens only; with
+    ``mask_unfinished`` a sequence cut by a budget without a pass gets no rows (its score
+    stayed in steps 5–7: the public path masks its tokens, not its reward)
  9. penalty strategies on flagged tokens: row strategies (mask, adv_set, adv_reduction) in the
     order configured, then the group strategy (adv_signed) over the group's rows
 10. escalation: rows without surviving model tokens are dropped; a sequence with none left has
@@ -33,7 +35,7 @@ from rlonce.algo import penalties
 from rlonce.algo.advantages import group_advantages
 from rlonce.algo.shaping import gar_redistribute, grs_reward, keep_groups, length_penalty, zero_confirmed_hacks
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import Sample, Sequence, TrainingRow, sequence_to_rows
+from rlonce.core.records import Sample, Sequence, Status, TrainingRow, sequence_to_rows
 
 
 @dataclass
@@ -62,6 +64,8 @@ class SignalSettings:
     penalties: list[penalties.PenaltySpec] = field(default_factory=list)
     export_contexts: str = "all"
     """Which contexts of a sequence become rows (``CONTEXT_EXPORTS``)."""
+    mask_unfinished: bool = False
+    """Sequences cut by a budget without a pass get no rows (their score stays in the group's statistics)."""
 
     def __post_init__(self) -> None:
         if self.export_contexts not in CONTEXT_EXPORTS:
@@ -130,6 +134,34 @@ def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, 
     return scores, passed
 
 
+def _unfinished(seq: Sequence, passed: bool) -> bool:
+    """Cut by a budget (``Status.LIMITS``) without a pass: the seed's ``finished=False``."""
+    return seq.status is Status.LIMITS and not passed
+
+
+def _export(sample: Sample, seqs: list[Sequence], adv: torch.Tensor, passed: torch.Tensor, settings: SignalSettings,
+            stats: dict) -> tuple[list[TrainingRow], list[dict[str, list[bool]]], list[int], int]:
+    """Step 8 on one group: the rows of the exported contexts, their flagged tokens per rule, the
+    index of each row's sequence, and how many sequences were masked as unfinished."""
+    rows: list[TrainingRow] = []
+    flags: list[dict[str, list[bool]]] = []
+    owner: list[int] = []
+    masked = 0
+    for i, (seq, a) in enumerate(zip(seqs, adv.tolist())):
+        if settings.mask_unfinished and _unfinished(seq, bool(passed[i])):
+            masked += 1
+            continue
+        seq_rows = sequence_to_rows(seq, a, group_id=sample.group_id)
+        per_rule = {spec.rule: penalties.flagged_tokens(seq, spec.rule) for spec in settings.penalties}
+        exported = CONTEXT_EXPORTS[settings.export_contexts](seq)
+        stats["contexts_unexported"] += len(seq_rows) - len(exported)
+        for c in exported:
+            rows.append(seq_rows[c])
+            flags.append({rule: f[c] for rule, f in per_rule.items()})
+            owner.append(i)
+    return rows, flags, owner, masked
+
+
 def _apply_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]], settings: SignalSettings,
                       stats: dict) -> None:
     """Step 9 on one group's rows, in place."""
@@ -162,7 +194,8 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
                     ) -> tuple[list[TrainingRow], dict[str, LedgerEntry], dict[str, float]]:
     """Rows to train on, the ledger per source, and step metrics (see the module docstring)."""
     stats: dict[str, float] = {k: 0 for k in ("grs_fallback", "length_deduction_sum", "gar_groups",
-                                              "rebalance_clamped", "rebalance_groups", "contexts_unexported")}
+                                              "rebalance_clamped", "rebalance_groups", "contexts_unexported",
+                                              "unfinished_masked")}
     stats.update(penalties.detect(samples, settings.penalties, decode))
     ledger: dict[str, LedgerEntry] = {}
     out: list[TrainingRow] = []
@@ -188,18 +221,9 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             new = gar_redistribute(adv, passed, quality, lambda_max=settings.gar_lambda_max)
             stats["gar_groups"] += int(not torch.equal(new, adv))
             adv = new
-        rows: list[TrainingRow] = []
-        flags: list[dict[str, list[bool]]] = []
-        owner: list[int] = []
-        for i, (seq, a) in enumerate(zip(seqs, adv.tolist())):
-            seq_rows = sequence_to_rows(seq, a, group_id=sample.group_id)
-            per_rule = {spec.rule: penalties.flagged_tokens(seq, spec.rule) for spec in settings.penalties}
-            exported = CONTEXT_EXPORTS[settings.export_contexts](seq)
-            stats["contexts_unexported"] += len(seq_rows) - len(exported)
-            for c in exported:
-                rows.append(seq_rows[c])
-                flags.append({rule: f[c] for rule, f in per_rule.items()})
-                owner.append(i)
+        rows, flags, owner, masked = _export(sample, seqs, adv, passed, settings, stats)
+        entry.unfinished_masked += masked
+        stats["unfinished_masked"] += masked
         _apply_strategies(rows, flags, settings, stats)
         alive = [sum(r.loss_mask) > 0 for r in rows]
         entry.contexts_dropped += alive.count(False)
@@ -207,7 +231,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         if not survivors:
             entry.penalty_rejected += len(seqs)
             continue
-        entry.zero_advantage += len(seqs) - len(survivors)
+        entry.zero_advantage += len(seqs) - len(survivors) - masked
         entry.retained += len(seqs)
         out += [r for r, ok in zip(rows, alive) if ok]
     for e in ledger.values():

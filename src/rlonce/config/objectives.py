@@ -178,6 +178,9 @@ class AlgoConfig(Section):
     export_contexts: Literal["all", "longest"] = "all"
     """Which contexts of a multi-context sequence become training rows: 'all', or 'longest' (the
     context with the most tokens; the public Code recipe's choice)."""
+    mask_unfinished: bool = False
+    """Give no training rows to a sequence cut by a budget (turns, tokens, context) that did not
+    pass, instead of training it as a failure; its score still counts in its group's baseline."""
     length: LengthConfig = LengthConfig()
     """Group-relative length shaping of passing rows' rewards (off by default)."""
     penalties: list[PenaltyConfig] = [PenaltyConfig(rule="repetition"), PenaltyConfig(rule="tool_call"),

@@ -12,7 +12,9 @@ counts sequences that ended this step without an infrastructure failure.
 Counted per task source. Rewrites that keep a sequence are counted beside the partition:
 ``hack_zeroed`` (a confirmed hack's reward set to 0), ``length_penalized`` (a length
 deduction applied), ``zero_advantage`` (a retained sequence whose every context the penalty
-module dropped) and ``contexts_dropped``. A ledger that does not balance is a bug, raised at once.
+module dropped), ``contexts_dropped`` and ``unfinished_masked`` (a sequence cut by a budget
+without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``).
+A ledger that does not balance is a bug, raised at once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LedgerEntry:
     length_penalized: int = 0
     zero_advantage: int = 0
     contexts_dropped: int = 0
+    unfinished_masked: int = 0
     carried_in: int = 0
     stale_dropped: int = 0
     carried_over: int = 0
@@ -52,6 +55,9 @@ class LedgerEntry:
                 f"infra_failed {self.infra_failed} + filtered {self.no_contrast_filtered} + rejected "
                 f"{self.penalty_rejected} + stale {self.stale_dropped} + retained {self.retained} + carried_over "
                 f"{self.carried_over}")
+        if self.unfinished_masked > self.finished:
+            raise LedgerImbalance(f"step {self.step} {self.source}: unfinished_masked {self.unfinished_masked} > "
+                                  f"finished {self.finished}")
         if self.infra_by_category and sum(self.infra_by_category.values()) != self.infra_failed:
             raise LedgerImbalance(f"step {self.step} {self.source}: infra categories {self.infra_by_category} do not "
                                   f"sum to infra_failed {self.infra_failed}")

@@ -220,7 +220,7 @@ class Orchestrator:
             w.infra_by_category[k] = w.infra_by_category.get(k, 0) + v
         w.no_contrast_filtered += ev.no_contrast_filtered
         w.penalty_rejected += ev.penalty_rejected
-        for k in ("hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped"):
+        for k in ("hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked"):
             setattr(w, k, getattr(w, k) + getattr(ev, k))
         self.signal_stats.update(stats)
         g.rows, g.accepted = rows, ev.retained > 0

@@ -88,7 +88,7 @@ def write_report(run_dir: Path) -> Path:
 
 LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered",
                   "penalty_rejected", "retained", "hack_zeroed", "length_penalized", "zero_advantage",
-                  "contexts_dropped"]
+                  "contexts_dropped", "unfinished_masked"]
 
 
 def _fmt(v) -> str:
