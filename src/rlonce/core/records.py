@@ -3,8 +3,10 @@
 The seed's four-level hierarchy, kept literally: a ``Sample`` (one dispatched task, a GRPO
 group) holds G ``Sequence``s (one agent-loop execution each); a sequence holds ``Context``s
 (dialogue branches); a context holds ``Segment``s (one turn each). Only model segments carry
-loss, and each of their tokens keeps the log-probability it was sampled with and the policy
-version that sampled it. ``TrainingRow`` is the flat form the trainer sees.
+loss, and each of their tokens keeps the log-probability it was sampled with, the policy
+version that sampled it and, under top-k/top-p, the size of the candidate set it was drawn from
+(seed 000: recorded candidate sets renormalise the training log-probs). ``TrainingRow`` is the
+flat form the trainer sees.
 
 Invariants are checked when a record is built, so a broken record fails where it is made,
 not three layers later inside a loss.
@@ -53,6 +55,15 @@ class RecordError(ValueError):
     """A record violates one of its invariants."""
 
 
+def _check_candidates(candidates: list[int] | None, n: int, where: str) -> None:
+    if candidates is None:
+        return
+    if len(candidates) != n:
+        raise RecordError(f"{where} lengths differ: {n} tokens, {len(candidates)} candidate-set sizes")
+    if any(k < 0 for k in candidates):
+        raise RecordError("candidate-set sizes must be >= 0 (0: the whole vocabulary)")
+
+
 @dataclass(slots=True)
 class Segment:
     """One turn. Model segments hold, per token, the rollout log-prob and policy version."""
@@ -63,6 +74,9 @@ class Segment:
     versions: list[int] | None = None
     finish_reason: str | None = None
     flags: dict[str, bool] = field(default_factory=dict)
+    candidates: list[int] | None = None
+    """Model segments sampled under top-k/top-p: per token, the size k of its candidate set — the
+    k tokens the sampling policy ranked highest (0: the whole vocabulary). None: no cut."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -78,7 +92,8 @@ class Segment:
                 raise RecordError("policy versions must be >= 0")
             if any(not math.isfinite(lp) or lp > 1e-6 for lp in self.logprobs):
                 raise RecordError("rollout log-probs must be finite and <= 0")
-        elif self.logprobs is not None or self.versions is not None:
+            _check_candidates(self.candidates, n, "model segment")
+        elif self.logprobs is not None or self.versions is not None or self.candidates is not None:
             raise RecordError(f"a {self.role.value} segment is never trained on; it carries no log-probs")
 
     @property
@@ -165,6 +180,9 @@ class TrainingRow:
     policy_versions: list[int]
     weight: float = 1.0
     group_id: str = ""
+    candidates: list[int] | None = None
+    """Per token, the candidate-set size it was sampled from (``Segment.candidates``; 0: the whole
+    vocabulary, as on untrained positions); the trainer renormalises over it. None: no cut anywhere."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -178,6 +196,7 @@ class TrainingRow:
         for m, lp, v in zip(self.loss_mask, self.rollout_logprobs, self.policy_versions):
             if m and (v < 0 or not math.isfinite(lp)):
                 raise RecordError("every trained token needs a rollout log-prob and a policy version")
+        _check_candidates(self.candidates, n, "training row")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -193,9 +212,11 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
         mask: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
+        cands: list[int] = []
         for seg in ctx.segments:
             n = len(seg.token_ids)
             ids += seg.token_ids
+            cands += seg.candidates or [0] * n
             if seg.trainable:
                 mask += [1] * n
                 lps += seg.logprobs  # type: ignore[arg-type]
@@ -205,23 +226,26 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
                 lps += [0.0] * n
                 vers += [-1] * n
         adv = [advantage if m else 0.0 for m in mask]
-        rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id))
+        rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id,
+                                candidates=cands if any(cands) else None))
     return rows
 
 
 def sequence_to_dict(seq: Sequence) -> dict:
-    """Plain data (for checkpoints): every token, log-prob, version and flag."""
+    """Plain data (for checkpoints): every token, log-prob, version, candidate-set size and flag."""
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
             "turns": seq.turns, "metrics": dict(seq.metrics), "hack_confirmed": seq.hack_confirmed, "cause": seq.cause,
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
-                 "finish_reason": s.finish_reason, "flags": dict(s.flags)} for s in c.segments]} for c in seq.contexts]}
+                 "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates}
+                for s in c.segments]} for c in seq.contexts]}
 
 
 def sequence_from_dict(d: dict) -> Sequence:
     contexts = [Context([Segment(Role(s["role"]), s["token_ids"], s["logprobs"], s["versions"], s["finish_reason"],
-                                 s["flags"]) for s in c["segments"]], c["label"]) for c in d["contexts"]]
+                                 s["flags"], s.get("candidates")) for s in c["segments"]], c["label"])
+                for c in d["contexts"]]
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
                     d["metrics"], d["hack_confirmed"], d.get("cause"))

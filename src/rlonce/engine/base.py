@@ -1,9 +1,9 @@
 """The Engine contract: token ids in, token ids out, with the log-probs that were sampled.
 
 An engine never sees text. Each generated token comes back with the log-probability under
-the distribution it was actually drawn from (after temperature, top-k and top-p) and the
-policy version of the weights that drew it, which is what makes an importance ratio mean
-what it says.
+the distribution it was actually drawn from (after temperature, top-k and top-p), the size of
+that distribution's candidate set when top-k or top-p cut it, and the policy version of the
+weights that drew it, which is what makes an importance ratio mean what it says.
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ class SamplingParams:
         if self.stop_confident_run < 0 or not 0 < self.confident_p < 1:
             raise ValueError("stop_confident_run must be >= 0 and confident_p in (0, 1)")
 
+    @property
+    def cuts_candidates(self) -> bool:
+        """Top-k or top-p may leave only part of the vocabulary: the engine records each token's
+        candidate-set size (``Generation.candidates``)."""
+        return self.top_p < 1 or self.top_k > 0
+
 
 @dataclass
 class Generation:
@@ -49,6 +55,10 @@ class Generation:
     """'stop' (end-of-turn token, included in token_ids), 'length', 'repetition' (the
     confident-run stop rule) or 'abort' (engine paused)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    candidates: list[int] | None = None
+    """Per token, the size k of the candidate set it was drawn from: the k tokens the policy
+    ranked highest at that position, which is what top-k and top-p keep (k = 0: the whole
+    vocabulary). None when nothing restricted the distribution (top_p = 1 and top_k = 0)."""
 
 
 class EngineError(RuntimeError):

@@ -6,7 +6,9 @@ prompts, prefills once (computing the LM head at the last position only) and dec
 step with a ``DynamicCache``. Rows that finish are dropped from the cache once a quarter of the
 remaining rows is done (``compact_fraction``), so one long reply does not keep paying for the
 finished ones. Sampling applies temperature, then top-k, then top-p; the
-log-prob returned per token is taken from that processed distribution — the one sampled from.
+log-prob returned per token is taken from that processed distribution — the one sampled from —
+and, when top-k or top-p is on, so is the size of its candidate set (its finite entries), which
+the trainer renormalises over.
 
 It departs from vLLM-style continuous batching: requests arriving during a wave wait for the
 next one. With the short turns of agent loops on CPU this costs little and keeps the loop
@@ -166,7 +168,8 @@ class TorchEngine:
         wall = time.perf_counter() - t0
         return [
             Generation(rows.tokens[i], rows.logps[i], [self.version] * len(rows.tokens[i]), rows.reasons[i] or "length",
-                       metrics={"wave_size": len(wave), "wave_seconds": wall, "prefill_seconds": t_prefill})
+                       metrics={"wave_size": len(wave), "wave_seconds": wall, "prefill_seconds": t_prefill},
+                       candidates=rows.sizes[i])
             for i in range(len(wave))
         ]
 
@@ -203,11 +206,12 @@ class TorchEngine:
                                  w.topp_B[wave_idx])
         tok_A = self._draw(logp_AV, [w.gens[rows[r]] for r in live])
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0]
+        size_A = logp_AV.isfinite().sum(-1).tolist()  # the candidate set: what top-k/top-p left
         next_R = torch.full((len(rows),), self.pad, dtype=torch.long)
         for j, r in enumerate(live):
             i, t = rows[r], int(tok_A[j])
             next_R[r] = t
-            w.record(i, t, float(lp_A[j]), bool((self.eos == t).any()), self._paused)
+            w.record(i, t, float(lp_A[j]), size_A[j], bool((self.eos == t).any()), self._paused)
         return next_R
 
     def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
@@ -248,13 +252,17 @@ class _WaveRows:
                      for r in wave]
         self.tokens: list[list[int]] = [[] for _ in range(B)]
         self.logps: list[list[float]] = [[] for _ in range(B)]
+        self.sizes: list[list[int] | None] = [[] if r.sampling.cuts_candidates else None for r in wave]
         self.reasons: list[str | None] = [None] * B
 
-    def record(self, i: int, token: int, logp: float, eos: bool, paused: threading.Event) -> None:
-        """Append row ``i``'s token and decide whether the row is done: end of sequence, a confident
-        run that reached its limit ('repetition'), the token budget, or the engine paused ('abort')."""
+    def record(self, i: int, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> None:
+        """Append row ``i``'s token (and its candidate-set size, where top-k/top-p is on) and decide
+        whether the row is done: end of sequence, a confident run that reached its limit
+        ('repetition'), the token budget, or the engine paused ('abort')."""
         self.tokens[i].append(token)
         self.logps[i].append(logp)
+        if self.sizes[i] is not None:
+            self.sizes[i].append(size)
         self.runs[i] = self.runs[i] + 1 if logp > self.run_thr[i] else 0
         if eos:
             self.reasons[i] = "stop"

@@ -269,8 +269,10 @@ class Session:
         more_s = replace(sampling, max_tokens=left,
                          seed=None if sampling.seed is None else sampling.seed + 104729 * self.interrupts)
         more = await self.settings.engine.generate(prompt + gen.token_ids, more_s)
+        sizes = None if gen.candidates is None and more.candidates is None else (
+            (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
-                          more.finish_reason, {**gen.metrics, **more.metrics})
+                          more.finish_reason, {**gen.metrics, **more.metrics}, sizes)
 
     def _commit_prompt_only(self, plan: _Plan) -> None:
         if plan.new_branch:
@@ -297,7 +299,8 @@ class Session:
             b.marks += [len(b.context.segments)] * len(new)
         if plan.event:
             self.events.append(plan.event)
-        seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason)
+        seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason,
+                      candidates=None if gen.candidates is None else list(gen.candidates))
         b.context.segments.append(seg)
         self.generations.append(gen)
         text = self.settings.decode(gen.token_ids)
@@ -319,7 +322,8 @@ class Session:
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:
-        """The trajectory: every context's segments with ids, log-probs, versions and flags."""
+        """The trajectory: every context's segments with ids, log-probs, versions, candidate-set
+        sizes (top-k/top-p; null when nothing cut the distribution) and flags."""
         return {
             "session_id": self.id,
             "status": self.status,
@@ -330,8 +334,9 @@ class Session:
                 "label": b.context.label,
                 "messages": len(b.messages),
                 "segments": [{"role": s.role.value, "token_ids": s.token_ids, "logprobs": s.logprobs,
-                              "versions": s.versions, "finish_reason": s.finish_reason, "flags": dict(s.flags),
-                              "text": self.settings.decode(s.token_ids)} for s in b.context.segments],
+                              "versions": s.versions, "candidates": s.candidates, "finish_reason": s.finish_reason,
+                              "flags": dict(s.flags), "text": self.settings.decode(s.token_ids)}
+                             for s in b.context.segments],
             } for b in self.branches],
         }
 

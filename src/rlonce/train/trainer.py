@@ -19,7 +19,7 @@ import torch.distributed as dist
 from rlonce.algo.correction import rollout_correction
 from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
-from rlonce.model.logits import selected_logits
+from rlonce.model.logits import selected_logits, token_logprobs_over
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
 
@@ -45,6 +45,8 @@ class Batch:
     adv_BT: torch.Tensor
     weight_B: torch.Tensor
     group_ids: list[str]
+    cand_BT: torch.Tensor | None = None
+    """Candidate-set size of each next token (0: the whole vocabulary); None when no row has one."""
 
 
 def pad_rows(rows: list[TrainingRow]) -> Batch:
@@ -56,6 +58,7 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
     mask = torch.zeros((B, T))
     old = torch.zeros((B, T))
     adv = torch.zeros((B, T))
+    cand = torch.zeros((B, T), dtype=torch.long) if any(r.candidates for r in rows) else None
     for b, r in enumerate(rows):
         n = len(r)
         ids[b, :n] = torch.tensor(r.token_ids)
@@ -63,13 +66,21 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
         mask[b, : n - 1] = torch.tensor(r.loss_mask[1:], dtype=torch.float32)
         old[b, : n - 1] = torch.tensor(r.rollout_logprobs[1:])
         adv[b, : n - 1] = torch.tensor(r.advantages[1:])
+        if cand is not None and r.candidates:
+            cand[b, : n - 1] = torch.tensor(r.candidates[1:])
     weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
-    return Batch(ids, attn, mask, old, adv, weight, [r.group_id for r in rows])
+    return Batch(ids, attn, mask, old, adv, weight, [r.group_id for r in rows], cand_BT=cand)
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = False, mask_BT: torch.Tensor | None = None):
+                   with_entropy: bool = False, mask_BT: torch.Tensor | None = None,
+                   cand_BT: torch.Tensor | None = None):
     """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy.
+
+    With ``cand_BT`` (B×T-1, ``Batch.cand_BT``) each log-prob and entropy is taken over the
+    token's recorded candidate set — the k highest logits where k > 0 — instead of the whole
+    vocabulary (``rlonce.model.logits.token_logprobs_over``), so that at the rollout's weights
+    it equals the log-prob the engine sampled with under top-k/top-p.
 
     With ``mask_BT`` (B×T-1) the LM head, softmax and entropy are computed only where it is 1 —
     the trained tokens — and the other positions are 0: prompts and observations cost the
@@ -82,7 +93,8 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     """
     dev = _device(model)
     lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temperature, with_entropy,
-                                    None if mask_BT is None else mask_BT.to(dev))
+                                    None if mask_BT is None else mask_BT.to(dev),
+                                    None if cand_BT is None else cand_BT.to(dev))
     return lp_BT.cpu(), None if ent_BT is None else ent_BT.cpu()
 
 
@@ -91,26 +103,23 @@ def _device(model) -> torch.device:
     return torch.device("cpu") if p is None else p.device
 
 
-def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT):
+def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT, cand_BT):
     decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if mask_BT is None or decoder is None or head is None:
-        logits = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
-        logp_BTV = logits.log_softmax(-1)
-        lp_BT = logp_BTV.gather(-1, ids_BT[:, 1:, None])[..., 0]
-        ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
-        return lp_BT, ent_BT
+        logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
+        B, T, V = logits_BTV.shape
+        lp_N, ent_N = token_logprobs_over(logits_BTV.reshape(B * T, V), ids_BT[:, 1:].reshape(-1),
+                                          None if cand_BT is None else cand_BT.reshape(-1), with_entropy)
+        return lp_N.view(B, T), None if ent_N is None else ent_N.view(B, T)
     sel_BT = mask_BT > 0
     # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
     forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
-    logp_NV = (forward(ids_BT, attn_BT, sel_BT).float() / temperature).log_softmax(-1)
-    lp_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype, device=sel_BT.device)
-    lp_BT = lp_BT.masked_scatter(sel_BT, logp_NV.gather(-1, ids_BT[:, 1:][sel_BT][:, None])[:, 0])
-    ent_BT = None
-    if with_entropy:
-        ent_BT = torch.zeros(sel_BT.shape, dtype=logp_NV.dtype, device=sel_BT.device).masked_scatter(
-            sel_BT, -(logp_NV.exp() * logp_NV).sum(-1))
-    return lp_BT, ent_BT
+    logits_NV = forward(ids_BT, attn_BT, sel_BT).float() / temperature
+    lp_N, ent_N = token_logprobs_over(logits_NV, ids_BT[:, 1:][sel_BT], None if cand_BT is None else cand_BT[sel_BT],
+                                      with_entropy)
+    zeros_BT = torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=sel_BT.device)
+    return zeros_BT.masked_scatter(sel_BT, lp_N), None if ent_N is None else zeros_BT.masked_scatter(sel_BT, ent_N)
 
 
 class Trainer:
@@ -252,7 +261,7 @@ class Trainer:
                 continue
             b = pad_rows([mb[i] for i in idx])
             lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
-                                           mask_BT=b.mask_BT)
+                                           mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             if pairs is not None:
                 for j, i in enumerate(idx):
                     pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
@@ -279,7 +288,8 @@ class Trainer:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, mask_BT=b.mask_BT)
+            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, mask_BT=b.mask_BT,
+                                      cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out

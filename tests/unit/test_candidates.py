@@ -1,0 +1,149 @@
+"""Top-k/top-p candidate sets: recorded by the engine, carried by the records, renormalised over
+by the trainer (seed 000: "top-p candidate sets recorded during rollout are used to renormalize
+training log-probabilities")."""
+
+import asyncio
+import copy
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from rlonce.core.records import (
+    Context,
+    RecordError,
+    Role,
+    Segment,
+    Sequence,
+    TrainingRow,
+    sequence_from_dict,
+    sequence_to_dict,
+    sequence_to_rows,
+)
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.torch_engine import TorchEngine, process_logits
+from rlonce.model.logits import token_logprobs_over
+from rlonce.train.trainer import OptimSettings, Trainer, pad_rows, token_logprobs
+
+P = [0.5, 0.3, 0.15, 0.05]
+
+
+def _logits(temperature=1.0):
+    return torch.log(torch.tensor([P] * 6)) / temperature
+
+
+def test_renormalisation_over_the_top_k_logits_hand_computed():
+    tokens = torch.tensor([1, 0, 1, 3, 0, 2])
+    sizes = torch.tensor([2, 2, 0, 3, 1, 4])
+    lp, ent = token_logprobs_over(_logits(), tokens, sizes, with_entropy=True)
+    assert lp.tolist() == pytest.approx([math.log(0.3 / 0.8), math.log(0.5 / 0.8), math.log(0.3),
+                                         math.log(0.05 / 0.95),  # outside its set of 3: finite, not -inf
+                                         0.0, math.log(0.15)], abs=1e-6)
+    h2 = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))  # {0.5, 0.3} renormalised
+    h_all = -sum(p * math.log(p) for p in P)
+    h3 = -sum(p / 0.95 * math.log(p / 0.95) for p in P[:3])
+    assert ent.tolist() == pytest.approx([h2, h2, h_all, h3, 0.0, h_all], abs=1e-6)
+    assert h2 == pytest.approx(0.661563, abs=1e-6)
+
+
+def test_renormalisation_divides_by_the_temperature_first():
+    lp, _ = token_logprobs_over(_logits(2.0)[:1], torch.tensor([1]), torch.tensor([2]))
+    q = math.sqrt(0.3) / (math.sqrt(0.5) + math.sqrt(0.3))  # p^(1/T) over the set, T = 2
+    assert float(lp[0]) == pytest.approx(math.log(q), abs=1e-6)
+
+
+def test_gradient_moves_only_the_candidates():
+    logits = torch.log(torch.tensor([P])).requires_grad_()
+    lp, _ = token_logprobs_over(logits, torch.tensor([1]), torch.tensor([2]))
+    lp.sum().backward()
+    # d log q(1) / d logit = onehot(1) - q over the set {0, 1}; tokens outside it get nothing
+    assert logits.grad[0].tolist() == pytest.approx([-0.625, 0.625, 0.0, 0.0], abs=1e-6)
+
+
+def test_engine_set_sizes_are_what_top_k_and_top_p_keep():
+    logits = torch.log(torch.tensor([P, P, P]))
+    lp = process_logits(logits, torch.ones(3), torch.tensor([0, 3, 0]), torch.tensor([0.7, 1.0, 0.9]))
+    # top-p 0.7 keeps {0.5, 0.3}; top-k 3 keeps three; top-p 0.9 keeps {0.5, 0.3, 0.15} (0.8 < 0.9)
+    assert lp.isfinite().sum(-1).tolist() == [2, 3, 3]
+
+
+def test_records_check_and_carry_candidate_sets():
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [4, 5], [-0.5, -0.2], [0, 0], candidates=[3])
+    with pytest.raises(RecordError):
+        Segment(Role.MODEL, [4], [-0.5], [0], candidates=[-1])
+    with pytest.raises(RecordError):
+        Segment(Role.OBSERVATION, [4], candidates=[2])
+    with pytest.raises(RecordError):
+        TrainingRow([1, 2, 3], [0, 1, 1], [0, -1, -1], [0, 1, 1], [-1, 0, 0], candidates=[0, 2])
+    ctx = Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [3, 4], [-0.5, -0.25], [0, 0], "stop",
+                                                         candidates=[2, 7]),
+                   Segment(Role.OBSERVATION, [5]), Segment(Role.MODEL, [6], [-1.0], [1])])  # the last: no cut
+    seq = Sequence("t", "a", [ctx], reward=1.0)
+    back = sequence_from_dict(json.loads(json.dumps(sequence_to_dict(seq))))
+    assert [s.candidates for s in back.contexts[0].segments] == [None, [2, 7], None, None]
+    (row,) = sequence_to_rows(back, 1.0)
+    assert row.candidates == [0, 0, 2, 7, 0, 0]
+    assert pad_rows([row]).cand_BT.tolist() == [[0, 2, 7, 0, 0]]  # shifted: position t is token t+1
+    old = sequence_to_dict(seq)
+    for s in old["contexts"][0]["segments"]:
+        del s["candidates"]  # a checkpoint written before candidate sets existed
+    (row,) = sequence_to_rows(sequence_from_dict(old), 1.0)
+    assert row.candidates is None and pad_rows([row]).cand_BT is None
+
+
+@pytest.fixture(scope="module")
+def lm64(lm):
+    """The embedded model in float64: engine and trainer then agree to float32 rounding, so what is
+    left of the ratio is the renormalisation (float32 kernels add ~1e-5 of their own)."""
+    m = copy.deepcopy(lm.model).double()
+    return m
+
+
+GRID = list(itertools.product([0.5, 0.7, 0.9, 1.0], [0, 5, 50]))
+PROMPTS = [[1, 50, 60, 70], [1, 80], [1, 90, 91, 92, 93, 94, 95], [1, 100, 101]]
+
+
+def _rollout_rows(lm, model, temperature):
+    engine = TorchEngine(copy.deepcopy(model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, max_batch_size=64)
+
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=24, temperature=temperature,
+                                                                        top_p=tp, top_k=tk, seed=i))
+                                      for i, (tp, tk) in enumerate(GRID) for p in PROMPTS))
+    try:
+        gens = asyncio.run(go())
+    finally:
+        engine.close()
+    rows = []
+    for i, g in enumerate(gens):
+        assert (g.candidates is None) == (GRID[i // len(PROMPTS)] == (1.0, 0))
+        seg = Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions, g.finish_reason, candidates=g.candidates)
+        seq = Sequence("t", "a", [Context([Segment(Role.PROMPT, PROMPTS[i % len(PROMPTS)]), seg])])
+        rows += sequence_to_rows(sequence_from_dict(sequence_to_dict(seq)), 1.0, group_id=f"g{i}")
+    return [rows[k * len(PROMPTS):(k + 1) * len(PROMPTS)] for k in range(len(GRID))]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@torch.no_grad()
+def test_identical_weights_give_ratio_one_for_any_top_p_and_top_k(lm, lm64, temperature):
+    trainer = Trainer(lm64, OptimSettings(), temperature=temperature)
+    for (top_p, top_k), rows in zip(GRID, _rollout_rows(lm, lm64, temperature)):
+        b = pad_rows(rows)
+        sel = b.mask_BT > 0
+        recomputed = trainer._recompute(rows)  # rollout correction's π_old: the masked-head path
+        ratios = {
+            "full": token_logprobs(lm64, b.ids_BT, b.attn_BT, temperature, cand_BT=b.cand_BT)[0][sel],
+            "masked": token_logprobs(lm64, b.ids_BT, b.attn_BT, temperature, mask_BT=b.mask_BT,
+                                     cand_BT=b.cand_BT)[0][sel],
+            "recompute": torch.cat([lp[m[: len(lp)] > 0] for lp, m in zip(recomputed, b.mask_BT)]),
+        }
+        for path, lp in ratios.items():
+            r = (lp - b.old_lp_BT[sel]).exp()
+            assert abs(float(r.mean()) - 1) < 1e-5 and abs(float(r.min()) - 1) < 1e-5, (top_p, top_k, path)
+            assert abs(float(r.max()) - 1) < 1e-5, (top_p, top_k, path)
+        if (top_p, top_k) == (0.5, 0):  # the defect: a full-vocabulary log-softmax underestimates π
+            full = token_logprobs(lm64, b.ids_BT, b.attn_BT, temperature)[0][sel]
+            assert float((full - b.old_lp_BT[sel]).exp().min()) < 0.9
