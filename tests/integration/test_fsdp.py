@@ -38,6 +38,7 @@ different orders, and Adam turns noise δ in a near-zero entry into a step of up
 def _kw(objective: str, agg: str, correction: str = "none", correction_cap: float = 2.0, **params) -> dict:
     """rl_step's arguments: the config's objective parameters, overridden by ``params``."""
     return {"objective": objective, "agg": agg, "correction": correction, "correction_cap": correction_cap,
+            "geometric_bounds": (0.999, 1.001),
             **objective_params(AlgoConfig(objective=objective)), **params}
 
 
@@ -46,6 +47,8 @@ CASES = {
                    "kw": _kw("ppo", "token-mean", clip_low=0.2, clip_high=0.2, clip_c=None)},
     "prompt-mean+correction": {"steps": [{"seed": 0, "version": 0}],
                                "kw": _kw("ppo", "prompt-mean", "token", 1.2)},
+    "masked IS, sequence": {"steps": [{"seed": 0, "version": 0}],  # masked rows leave every denominator
+                            "kw": _kw("ppo", "prompt-mean", "sequence-mis", 1.2)},
     "seq-mean-token-mean, 2 mini-batches": {"steps": [{"seed": 3}],
                                             "kw": _kw("ppo", "seq-mean-token-mean", minibatches=2)},
     "seq-mean-token-sum-norm, cispo": {"steps": [{"seed": 0}],  # norm: the global padded length

@@ -73,20 +73,48 @@ def test_every_objective_descends_the_right_way(name):
     assert g[0] < 0 < g[1]
 
 
-def test_rollout_correction_token_and_sequence():
+def test_rollout_correction_truncated_masked_and_geometric():
     old = torch.log(torch.tensor([[0.5, 0.9, 0.2], [0.4, 0.4, 0.4]]))
     roll = torch.log(torch.tensor([[0.25, 0.9, 0.4], [0.1, 0.4, 0.4]]))
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    w, m = rollout_correction(old, roll, mask, mode="token", cap=3.0)
-    assert w.flatten().tolist() == pytest.approx([2.0, 1.0, 0.5, 3.0, 1.0, 0.0], rel=1e-5)  # 4.0 capped at 3
-    assert m["correction_capped_frac"] == pytest.approx(1 / 5)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # ratios: row 0 → 2, 1, 0.5; row 1 → 4, 1 (5 valid tokens)
+
+    def run(mode, cap=3.0, bounds=(0.5, 1.5)):
+        w, keep, m = rollout_correction(old, roll, mask, mode=mode, cap=cap, bounds=bounds)
+        return w.flatten().tolist(), keep.flatten().tolist(), m
+
+    # TIS, token: 4 is truncated to 3; nothing is masked; mean weight 7.5 / 5
+    w, keep, m = run("token")
+    assert w == pytest.approx([2.0, 1.0, 0.5, 3.0, 1.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 1, 1, 0]
+    assert (m["correction_capped_frac"], m["correction_masked_frac"]) == (pytest.approx(1 / 5), 0.0)
     assert m["correction_weight_mean"] == pytest.approx(7.5 / 5, rel=1e-5)
-    w, m = rollout_correction(old, roll, mask, mode="sequence", cap=3.0)
-    # row 0: 2·1·0.5 = 1; row 1: 4·1 = 4 → capped at 3
-    assert w.flatten().tolist() == pytest.approx([1.0, 1.0, 1.0, 3.0, 3.0, 0.0], rel=1e-5)
-    assert m["correction_capped_frac"] == pytest.approx(1 / 2)
+    # TIS, sequence: row 0's product 2·1·0.5 = 1; row 1's 4·1 = 4 → 3 on both its tokens (2 of 5 capped)
+    w, keep, m = run("sequence")
+    assert w == pytest.approx([1.0, 1.0, 1.0, 3.0, 3.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 1, 1, 0]
+    assert m["correction_capped_frac"] == pytest.approx(2 / 5) and m["correction_weight_mean"] == pytest.approx(9 / 5)
+    # MIS, token: the token with weight 4 > 3 is masked, the others keep their untruncated weight
+    w, keep, m = run("token-mis")
+    assert w == pytest.approx([2.0, 1.0, 0.5, 0.0, 1.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 0, 1, 0]
+    assert (m["correction_masked_frac"], m["correction_capped_frac"]) == (pytest.approx(1 / 5), 0.0)
+    assert m["correction_weight_mean"] == pytest.approx(4.5 / 4, rel=1e-5)  # over the 4 kept tokens
+    # MIS, sequence: row 1's product 4 > 3 masks the whole row; under cap 5 it keeps weight 4
+    w, keep, m = run("sequence-mis")
+    assert w == pytest.approx([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 0, 0, 0]
+    assert m["correction_masked_frac"] == pytest.approx(2 / 5) and m["correction_weight_mean"] == pytest.approx(1.0)
+    w, keep, m = run("sequence-mis", cap=5.0)
+    assert w == pytest.approx([1.0, 1.0, 1.0, 4.0, 4.0, 0.0], rel=1e-5) and m["correction_masked_frac"] == 0.0
+    # geometric: row 0's (2·1·0.5)^(1/3) = 1 is inside [0.5, 1.5]; row 1's (4·1)^(1/2) = 2 is not
+    w, keep, m = run("geometric")
+    assert w == pytest.approx([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 0, 0, 0]
+    assert m["correction_masked_frac"] == pytest.approx(2 / 5) and m["correction_weight_mean"] == pytest.approx(1.0)
+    assert run("geometric", bounds=(0.5, 2.5))[1] == [1, 1, 1, 1, 1, 0]
+    # below the lower bound: ratios 0.25, 1 → geometric mean 0.5
+    low = torch.log(torch.tensor([[0.1, 0.1]])), torch.log(torch.tensor([[0.4, 0.1]])), torch.ones(1, 2)
+    assert rollout_correction(*low, mode="geometric", cap=2.0, bounds=(0.6, 1.5))[1].tolist() == [[0.0, 0.0]]
+    assert rollout_correction(*low, mode="geometric", cap=2.0, bounds=(0.4, 1.5))[1].tolist() == [[1.0, 1.0]]
     with pytest.raises(ValueError, match="unknown rollout correction"):
-        rollout_correction(old, roll, mask, mode="nope", cap=2.0)
+        rollout_correction(old, roll, mask, mode="nope", cap=2.0, bounds=(0.5, 1.5))
+    with pytest.raises(ValueError, match="geometric bounds"):
+        rollout_correction(old, roll, mask, mode="geometric", cap=2.0, bounds=(1.2, 1.5))
 
 
 def test_entropy_controller_moves_bounds_and_checkpoints():

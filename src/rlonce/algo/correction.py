@@ -2,9 +2,15 @@
 
 ``rollout_correction`` — the engine that sampled a token and the trainer that recomputes its
 probability are different numerical programs (batching, kernels, precision), so even at the
-same weights ``π_trainer ≠ μ_rollout``. Truncated importance sampling multiplies each token's
-loss by ``min(π_old / μ, cap)`` (token level) or one capped product per sequence (sequence
-level), so the update stays an unbiased-up-to-truncation estimate for the policy being trained.
+same weights ``π_trainer ≠ μ_rollout``. Truncated importance sampling (TIS) multiplies each
+token's loss by ``min(π_old / μ, cap)`` (token level) or one capped product per sequence
+(sequence level), so the update stays an unbiased-up-to-truncation estimate for the policy being
+trained. Masked importance sampling (MIS) keeps the weight untruncated but drops the tokens (or
+sequences) whose weight exceeds the cap, and the geometric mask drops a whole sequence whose
+per-token ratios drift on average (their geometric mean outside ``[lower, upper]``): rejection
+rather than clipping, as Liu, Li et al. argue ("When Speed Kills Stability", 2025) and verl's
+rollout correction implements. Seed 001 places a rollout-correction stage in the public kernel's
+order ("Rollout correction follows") but gives no rule; these rules are not the seeds'.
 Seed 001 ("The equation only works if the history is true"): the sampling-time log-probs are
 kept, never recomputed as if the latest policy had produced them.
 
@@ -23,41 +29,70 @@ from dataclasses import asdict, dataclass
 import torch
 
 
-def _token_weights(log_w_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float):
+def _tis_token(log_w_BT, mask_BT, cap, bounds):
     w_BT = log_w_BT.exp()
-    capped_BT = (w_BT > cap) & (mask_BT > 0)
-    share = capped_BT.float().sum() / mask_BT.sum().clamp(min=1)
-    return w_BT.clamp(max=cap) * mask_BT, share
+    return w_BT.clamp(max=cap) * mask_BT, mask_BT, (w_BT > cap) & (mask_BT > 0)
 
 
-def _sequence_weights(log_w_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float):
-    log_w_B = (log_w_BT * mask_BT).sum(-1)
-    rows_B = mask_BT.sum(-1) > 0
-    w_B = log_w_B.exp()
-    share = ((w_B > cap) & rows_B).float().sum() / rows_B.sum().clamp(min=1)
-    return w_B.clamp(max=cap)[:, None] * mask_BT, share
+def _tis_sequence(log_w_BT, mask_BT, cap, bounds):
+    w_B = log_w_BT.sum(-1).exp()
+    return w_B.clamp(max=cap)[:, None] * mask_BT, mask_BT, (w_B > cap)[:, None] & (mask_BT > 0)
 
 
-CORRECTIONS: dict[str, Callable] = {"token": _token_weights, "sequence": _sequence_weights}
+def _mis_token(log_w_BT, mask_BT, cap, bounds):
+    w_BT = log_w_BT.exp()
+    keep_BT = mask_BT * (w_BT <= cap).float()
+    return torch.where(keep_BT > 0, w_BT, 0.0), keep_BT, torch.zeros_like(mask_BT, dtype=torch.bool)
+
+
+def _mis_sequence(log_w_BT, mask_BT, cap, bounds):
+    w_B = log_w_BT.sum(-1).exp()
+    keep_BT = mask_BT * (w_B <= cap).float()[:, None]
+    return torch.where(keep_BT > 0, w_B[:, None], 0.0), keep_BT, torch.zeros_like(mask_BT, dtype=torch.bool)
+
+
+def _geometric(log_w_BT, mask_BT, cap, bounds):
+    g_B = (log_w_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1)).exp()
+    keep_BT = mask_BT * ((g_B >= bounds[0]) & (g_B <= bounds[1])).float()[:, None]
+    return keep_BT.clone(), keep_BT, torch.zeros_like(mask_BT, dtype=torch.bool)
+
+
+CORRECTIONS: dict[str, Callable] = {"token": _tis_token, "sequence": _tis_sequence, "token-mis": _mis_token,
+                                    "sequence-mis": _mis_sequence, "geometric": _geometric}
+"""Each maps (log π_old/μ on valid tokens, mask, cap, bounds) to (weights, kept tokens, capped tokens)."""
 
 
 def rollout_correction(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor,
-                       *, mode: str, cap: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated IS weights ``min(exp(old - rollout), cap)`` per token (``mode='token'``) or per
-    sequence (``'sequence'``: the product over the row's valid tokens), zero where masked.
-    Metrics: ``correction_capped_frac`` (share of valid tokens, or non-empty rows, whose weight
-    the cap bound) and ``correction_weight_mean`` (over valid tokens)."""
+                       *, mode: str, cap: float, bounds: tuple[float, float]):
+    """Rollout-correction weights and the tokens they keep, from ``ρ = exp(old − rollout)``:
+
+    - ``token`` / ``sequence`` (TIS): ``min(ρ, cap)`` per token, or ``min(Πρ, cap)`` per row on
+      each of its tokens; every token kept.
+    - ``token-mis`` / ``sequence-mis`` (MIS): ``ρ`` (or ``Πρ``) where it is at most ``cap``; a
+      token (row) above the cap is masked out, not truncated.
+    - ``geometric``: a row whose geometric mean ``exp(mean log ρ)`` lies outside
+      ``bounds = (lower, upper)`` is masked whole; kept rows weigh 1 (rejection only, no IS weight).
+
+    Returns ``(weights_BT, keep_BT, metrics)``: weights are 0 where masked or invalid; ``keep_BT``
+    is ``mask_BT`` less the masked tokens (the trainer takes them out of the loss, so they leave
+    its denominators too). Metrics, shares of valid tokens: ``correction_capped_frac`` (weight
+    truncated by the cap), ``correction_masked_frac``; ``correction_weight_mean`` over kept tokens."""
     try:
         fn = CORRECTIONS[mode]
     except KeyError:
         raise ValueError(f"unknown rollout correction {mode!r}; known: {sorted(CORRECTIONS)}") from None
     if cap < 1:
         raise ValueError(f"rollout correction cap must be >= 1, got {cap}")
+    if not 0 < bounds[0] <= 1 <= bounds[1]:
+        raise ValueError(f"geometric bounds {tuple(bounds)} must satisfy 0 < lower <= 1 <= upper")
     mask_BT = mask_BT.float()
     with torch.no_grad():
-        w_BT, share = fn((old_logprobs_BT - rollout_logprobs_BT) * mask_BT, mask_BT, cap)
-        mean = (w_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
-    return w_BT, {"correction_capped_frac": float(share), "correction_weight_mean": float(mean)}
+        w_BT, keep_BT, capped_BT = fn((old_logprobs_BT - rollout_logprobs_BT).double() * mask_BT, mask_BT, cap, bounds)
+        n = mask_BT.sum().clamp(min=1)
+        metrics = {"correction_capped_frac": float(capped_BT.float().sum() / n),
+                   "correction_masked_frac": float((mask_BT - keep_BT).sum() / n),
+                   "correction_weight_mean": float((w_BT * keep_BT).sum() / keep_BT.sum().clamp(min=1))}
+    return w_BT.to(mask_BT.dtype), keep_BT, metrics
 
 
 @dataclass

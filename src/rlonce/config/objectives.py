@@ -163,10 +163,19 @@ class AlgoConfig(Section):
     """Divide group advantages by the group's std (the public Code recipe leaves it off)."""
     filter_no_contrast: bool = True
     """Dynamic filtering: drop groups whose valid rewards are all equal (no group-relative signal)."""
-    rollout_correction: Literal["none", "token", "sequence"] = "none"
-    """Truncated IS between trainer-recomputed and rollout log-probs (costs one extra forward)."""
+    rollout_correction: Literal["none", "token", "sequence", "token-mis", "sequence-mis", "geometric"] = "none"
+    """Correction between trainer-recomputed (π_old) and rollout log-probs, costing one extra
+    forward: 'token'/'sequence' truncated IS (weight capped), 'token-mis'/'sequence-mis' masked IS
+    (tokens/sequences whose weight exceeds the cap are masked), 'geometric' (a sequence whose
+    geometric-mean ratio leaves [``geometric_low``, ``geometric_high``] is masked)."""
     correction_cap: float = Field(2.0, ge=1, le=1000)
-    """Cap of the rollout-correction weight."""
+    """Cap of the rollout-correction weight (truncated IS) or mask threshold (masked IS)."""
+    geometric_low: float = Field(0.999, gt=0, le=1)
+    """'geometric': a sequence whose geometric mean of π_old/μ over its tokens is below this is
+    masked whole (default: verl's geometric rejection preset)."""
+    geometric_high: float = Field(1.001, ge=1, le=1000)
+    """'geometric': a sequence whose geometric mean of π_old/μ over its tokens is above this is
+    masked whole."""
     zero_confirmed_hacks: bool = True
     """Reward 0 for sequences the grader confirms as shortcut hacks."""
     grs: bool = False

@@ -19,7 +19,8 @@ PLOTS = [
     ("mismatch_kl", "Train/inference mismatch: KL(rollout ‖ trainer) per token", "mismatch_kl"),
     ("mismatch_corr", "Train/inference mismatch: correlation of token probabilities", "mismatch_corr"),
     ("clipping", "Clipped or masked share of trained tokens (by objective)",
-     ("clipfrac", "clip_pos_low", "clip_pos_high", "clip_neg_low", "clip_neg_high", "correction_capped_frac")),
+     ("clipfrac", "clip_pos_low", "clip_pos_high", "clip_neg_low", "clip_neg_high", "correction_capped_frac",
+      "correction_masked_frac")),
 ]
 
 

@@ -20,5 +20,6 @@ def rl_step_kwargs(cfg: RunConfig, n_rows: int, step: int, version: int, bounds:
     a = cfg.algo
     params = objective_params(a) | (bounds or {})
     return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
-                seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap, version=version,
+                seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap,
+                geometric_bounds=(a.geometric_low, a.geometric_high), version=version,
                 **params)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlonce.algo.correction import rollout_correction
 from rlonce.algo.losses import aggregation_weights, policy_loss
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits, token_logprobs_over
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
+from rlonce.train.row_terms import correct_rows, correction_metrics, pad_like
 
 
 @dataclass
@@ -203,19 +203,21 @@ class Trainer:
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
     def rl_step(self, rows: list[TrainingRow], *, objective: str, agg: str, correction: str, correction_cap: float,
-                minibatches: int = 1, seed: int = 0, version: int | None = None, **params) -> dict[str, float]:
+                geometric_bounds: tuple[float, float], minibatches: int = 1, seed: int = 0,
+                version: int | None = None, **params) -> dict[str, float]:
         """One RL update: an optimizer step on each mini-batch of ``rows``: ``minibatches`` of
         them, each a seeded share of whole prompt groups (``rlonce.train.minibatch``).
 
-        ``objective``, ``agg``, ``correction``, ``correction_cap`` and the objective's ``params``
-        come from the config (``algo.*``; ``rlonce.recipes.grpo`` passes them): they have no
-        defaults here.
+        ``objective``, ``agg``, ``correction``, ``correction_cap``, ``geometric_bounds`` and the
+        objective's ``params`` come from the config (``algo.*``; ``rlonce.train.builders`` passes
+        them): they have no defaults here.
 
-        The ratio's denominator is the rollout log-prob. With ``correction`` ('token' or
-        'sequence'), the trainer first recomputes every row's log-probs under the weights it
-        holds before the update (π_old) and multiplies each token's loss by the truncated IS
-        weight ``min(π_old/μ, correction_cap)`` (``rlonce.algo.rollout_correction``); the ratio is
-        then taken against π_old. Metrics are token-weighted means over the step.
+        The ratio's denominator is the rollout log-prob. With a ``correction`` (not 'none'), the
+        trainer first recomputes every row's log-probs under the weights it holds before the
+        update (π_old); the correction (``rlonce.algo.rollout_correction``) then weights each
+        token's loss and may mask tokens or whole rows, which leave the loss masks before the
+        mini-batches are formed (``rlonce.train.row_terms``); the ratio is taken against π_old.
+        Metrics are token-weighted means over the step.
 
         With ``version`` (the policy version these weights are), the train/inference mismatch is
         measured on the trained tokens that version sampled: the trainer's log-probs — recomputed
@@ -223,23 +225,27 @@ class Trainer:
         before any update — against the rollout log-probs (``mismatch_metrics``).
         """
         self.model.train()
-        old_lp = self._recompute(rows) if correction != "none" else None
+        aux: dict[str, list[torch.Tensor]] = {}
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out: dict[str, float] = {}
+        if correction != "none":
+            aux["old"] = self._recompute(rows)
+            if version is not None:
+                pairs = [_same_version(r, aux["old"][i], version) for i, r in enumerate(rows)]
+            rows, aux["corr"], counts = correct_rows(rows, aux["old"], mode=correction, cap=correction_cap,
+                                                     bounds=geometric_bounds)
+            out.update(correction_metrics(sum_over_ranks(self.group, counts)))
         splits = rank_splits(self.group, rows, minibatches, seed)
         loss_fn = functools.partial(policy_loss, objective, **params)
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if old_lp is not None and version is not None:
-            for i, r in enumerate(rows):
-                pairs.append(_same_version(r, old_lp[i], version))
         sums: dict[str, float] = {}
         for k_split, split in enumerate(splits):
-            measure = k_split == 0 and old_lp is None and version is not None
+            measure = k_split == 0 and not aux and version is not None
             stats = self._rl_minibatch([rows[i] for i in split], loss_fn, agg,
-                                       old_lp=None if old_lp is None else [old_lp[i] for i in split],
-                                       correction=correction, correction_cap=correction_cap,
+                                       aux={k: [v[i] for i in split] for k, v in aux.items()},
                                        pairs=pairs if measure else None, version=version)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
-        out = {k: v / len(splits) for k, v in sums.items()}
+        out.update({k: v / len(splits) for k, v in sums.items()})
         out["lr"] = self.lr_at(self.step - 1)
         out.update(sum_over_ranks(self.group, {"trained_tokens": float(sum(sum(r.loss_mask) for r in rows))}))
         if version is not None:
@@ -247,12 +253,13 @@ class Trainer:
                                         cat_over_ranks(self.group, [p[1] for p in pairs])))
         return out
 
-    def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, old_lp: list[torch.Tensor] | None,
-                      correction: str, correction_cap: float, pairs: list | None, version: int | None) -> dict:
+    def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
+                      pairs: list | None, version: int | None) -> dict:
         """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
-        metrics (token-weighted, summed over ranks) and the gradient norm. ``old_lp``: π_old of
-        each row of ``mb`` when rollout correction is on. ``pairs``: where to collect the
-        (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None."""
+        metrics (token-weighted, summed over ranks) and the gradient norm. ``aux``: per row of
+        ``mb``, π_old ('old') and the correction's weights ('corr') when rollout correction is
+        on. ``pairs``: where to collect the (rollout, trainer) log-probs of ``version``'s tokens
+        from this forward, or None."""
         w_BT, ntok = self._weights(mb, agg)
         stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         for idx in self._chunks(mb):
@@ -266,14 +273,13 @@ class Trainer:
                 for j, i in enumerate(idx):
                     pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
             w = _slice_weights(w_BT, idx, lp_BT.shape[1])
-            denom_BT, w, cm = _corrected(b, w, None if old_lp is None else [old_lp[i] for i in idx], correction,
-                                         correction_cap)
-            loss, m = loss_fn(lp_BT, denom_BT, b.adv_BT, b.mask_BT, weights_BT=w)
+            x = {k: pad_like(b.mask_BT, [v[i] for i in idx]) for k, v in aux.items()}
+            loss, m = loss_fn(lp_BT, x.get("old", b.old_lp_BT), b.adv_BT, b.mask_BT, weights_BT=w * x.get("corr", 1.0))
             loss.backward()
             share = float(b.mask_BT.sum()) / max(ntok, 1.0)
             stats["loss"] += float(loss.detach())
             stats["entropy"] += float((ent_BT.detach() * b.mask_BT).sum()) / max(ntok, 1.0)
-            for k, v in {**m, **cm}.items():
+            for k, v in m.items():
                 stats[k] = stats.get(k, 0.0) + v * share
         stats = sum_over_ranks(self.group, stats)
         stats["grad_norm"] = self._optimizer_step()
@@ -340,18 +346,6 @@ class Trainer:
         self.step = state["step"]
 
 
-def _corrected(b: Batch, w_BT: torch.Tensor, old_lp: list[torch.Tensor] | None, correction: str,
-               cap: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """The ratio's denominator, the loss weights and the correction's metrics: the rollout
-    log-probs and ``w_BT`` as they are; or, given π_old (``old_lp``, per row), π_old and ``w_BT``
-    times the truncated IS weight ``min(π_old/μ, cap)``."""
-    if old_lp is None:
-        return b.old_lp_BT, w_BT, {}
-    denom_BT = _pad_like(b.mask_BT, old_lp)
-    corr_BT, cm = rollout_correction(denom_BT, b.old_lp_BT, b.mask_BT, mode=correction, cap=cap)
-    return denom_BT, w_BT * corr_BT, cm
-
-
 def _same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(rollout, trainer) log-probs of ``row``'s trained tokens sampled by ``version``."""
     keep = torch.tensor([bool(m) and v == version for m, v in zip(row.loss_mask[1:], row.policy_versions[1:])],
@@ -374,13 +368,6 @@ def mismatch_metrics(rollout_lp: torch.Tensor, train_lp: torch.Tensor) -> dict[s
     corr = float(torch.corrcoef(torch.stack([p, q]))[0, 1]) if n > 1 and p.std() > 0 and q.std() > 0 else 1.0
     return {"mismatch_kl": float((d.exp() - 1 - d).mean()), "mismatch_k1": float(-d.mean()),
             "mismatch_corr": corr, "mismatch_max_abs": float(d.abs().max()), "mismatch_tokens": float(n)}
-
-
-def _pad_like(mask_BT: torch.Tensor, rows_T: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros_like(mask_BT)
-    for b, r in enumerate(rows_T):
-        out[b, : len(r)] = r
-    return out
 
 
 def _slice_weights(w_BT: torch.Tensor, idx: list[int], T: int) -> torch.Tensor:
