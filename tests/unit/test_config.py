@@ -234,7 +234,7 @@ def test_penalty_parameter_names_match_the_functions():
     from rlonce.algo import penalties
     from rlonce.config import PENALTY_PARAMS
 
-    funcs = {**penalties.RULES, **penalties.ROW_STRATEGIES, **penalties.GROUP_STRATEGIES}
+    funcs = {**penalties.RULES, **penalties.ROW_STRATEGIES, **penalties.BATCH_STRATEGIES}
     assert set(funcs) == set(PENALTY_PARAMS)
     for name, fn in funcs.items():
         kw = [p.name for p in inspect.signature(fn).parameters.values()

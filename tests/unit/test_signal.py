@@ -166,3 +166,53 @@ def test_mask_unfinished_drops_budget_cut_failures_but_keeps_their_score_in_the_
     assert rows == [] and (ledger["s"].penalty_rejected, ledger["s"].unfinished_masked) == (2, 2)
     with pytest.raises(LedgerImbalance, match="unfinished_masked"):
         LedgerEntry(1, "x", dispatched=1, finished=1, retained=1, unfinished_masked=2).check()
+
+
+def _rebalance_batch_samples():
+    bad = {"unknown_tool": True}
+    # group a: a1 (+0.5) has 2 clean and 2 flagged positive tokens, a2 (-0.5) 2 clean negatives;
+    # group b: b1 (+0.5) 2 clean positives, b2 (-0.5) 2 clean and 2 flagged negatives
+    a = Sample("a", "s", 1, [_seq(1.0, model_turns=2, flags=bad), _seq(0.0)])
+    b = Sample("b", "s", 1, [_seq(1.0), _seq(0.0, model_turns=2, flags=bad)])
+    return [a, b]
+
+
+def test_signed_rebalance_runs_over_the_batch_with_the_aggregations_token_weights():
+    spec = [PenaltySpec("tool_call", "adv_signed")]  # κ = 2, α_max = 2, β_min = 0.5
+    # token-mean (equal weights): M+ = 6·0.5 = 3, C+ = 4·0.5 = 2 → α = 1.5; M- = 3, H- = 1, C- = 2 →
+    # β = (3 - 2·1)/2 = 0.5 (at the floor, not below). Per group, group a would have α = 2 and
+    # group b β = 0 → clamped to 0.5.
+    rows, _, m = learning_signal(_rebalance_batch_samples(), 1, SignalSettings(penalties=spec))
+    a1, a2, b1, b2 = (r.advantages for r in rows)
+    assert a1[2:7] == pytest.approx([0.75, 0.75, 0, 0, 0]) and a2[2:4] == pytest.approx([-0.25, -0.25])
+    assert b1[2:4] == pytest.approx([0.75, 0.75]) and b2[2:7] == pytest.approx([-0.25, -0.25, 0, -1.0, -1.0])
+    assert (m["rebalance_clamped"], m["rebalance_groups"]) == (0, 2)
+    # seq-mean-token-mean: each row's tokens weigh 1/(its live tokens): a1, b2 1/4; a2, b1 1/2.
+    # M+ = 4·¼·½ + 2·½·½ = 1, C+ = 2·¼·½ + ½ = ¾ → α = 4/3; M- = 1, H- = 2·¼·½ = ¼, C- = ½ + ¼ = ¾ →
+    # β = (1 - 2·¼)/¾ = 2/3. Weighted masses are kept: positive ⅓ + ⅔ = 1, negative ⅓ + ⅙ + ½ = 1.
+    settings = SignalSettings(penalties=spec, aggregation="seq-mean-token-mean")
+    rows, _, m = learning_signal(_rebalance_batch_samples(), 1, settings)
+    a1, a2, b1, b2 = (r.advantages for r in rows)
+    assert a1[2:7] == pytest.approx([2 / 3, 2 / 3, 0, 0, 0]) and a2[2:4] == pytest.approx([-1 / 3, -1 / 3])
+    assert b1[2:4] == pytest.approx([2 / 3, 2 / 3]) and b2[2:7] == pytest.approx([-1 / 3, -1 / 3, 0, -1.0, -1.0])
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        SignalSettings(aggregation="mean")
+
+
+def test_the_orchestrators_judge_defers_the_rebalance_to_the_steps_batch():
+    from rlonce.rollout.groups import Group, Judge
+
+    settings = SignalSettings(penalties=[PenaltySpec("tool_call", "adv_signed")])
+    judge = Judge(settings)
+    taken = []
+    for k, sample in enumerate(_rebalance_batch_samples()):
+        judged = judge(sample.task_id, "s", 1, sample.sequences)
+        assert judged.stats["rebalance_groups"] == 0  # judged alone: no rebalance yet
+        taken.append(Group(sample.group_id, None, "s", 1, k, rows=judged.rows))
+    # the second group's rows stayed where an executor judged them (a payload, as a Ray pool leaves them)
+    held = (taken[1].sequences, taken[1].rows)
+    taken[1].rows, taken[1].payload = [], type("Held", (), {"rows": 2, "fetch": lambda self: held})()
+    rows, stats = judge.batch(taken)
+    assert rows[0].advantages[2:7] == pytest.approx([0.75, 0.75, 0, 0, 0])  # α = 1.5 over the batch
+    assert rows[3].advantages[2:7] == pytest.approx([-0.25, -0.25, 0, -1.0, -1.0])
+    assert stats == {"rebalance_clamped": 0, "rebalance_groups": 2} and taken[1].payload is None

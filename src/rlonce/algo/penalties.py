@@ -4,9 +4,10 @@ Seed 001 ("A trajectory is not one long chat string"): a *rule* detects somethin
 (repetition, a run of near-certain tokens, a malformed or unknown tool call, garbled output,
 an infrastructure failure); a *strategy* decides what to do (``monitor``, ``mask`` the tokens,
 ``adv_set`` / ``adv_reduction`` on their advantages, ``adv_signed`` — the signed rebalance of
-``rlonce.algo.shaping``). Escalation: a context with no surviving model tokens is dropped; a
-sequence with no surviving context loses its advantage; a sample with no surviving sequence
-is rejected. Each step of that is counted by ``rlonce.algo.signal``.
+``rlonce.algo.shaping``, run over the step's batch with the aggregation's token weights).
+Escalation: a context with no surviving model tokens is dropped; a sequence with no surviving
+context loses its advantage; a sample with no surviving sequence is rejected. Each step of
+that is counted by ``rlonce.algo.signal``.
 
 Rules write their verdict onto the segment (``Segment.flags[rule] = True``), so the finding
 travels with the record into trajectories and reports; strategies read it back by name.
@@ -107,8 +108,9 @@ def _adv_reduction(adv_T, mask_T, hit_T, *, amount: float = 0.5):
 
 ROW_STRATEGIES: dict[str, Callable] = {"monitor": _monitor, "mask": _mask, "adv_set": _adv_set,
                                        "adv_reduction": _adv_reduction}
-GROUP_STRATEGIES: dict[str, Callable] = {"adv_signed": signed_rebalance}
-STRATEGIES = sorted([*ROW_STRATEGIES, *GROUP_STRATEGIES])
+BATCH_STRATEGIES: dict[str, Callable] = {"adv_signed": signed_rebalance}
+"""Strategies over the live tokens of a step's whole batch, token-weighted (``rebalance_batch``)."""
+STRATEGIES = sorted([*ROW_STRATEGIES, *BATCH_STRATEGIES])
 
 
 @dataclass

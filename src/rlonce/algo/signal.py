@@ -14,10 +14,17 @@ Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one G
     longest: ``export_contexts``), the sequence's advantage on its model tokens only; with
     ``mask_unfinished`` a sequence cut by a budget without a pass gets no rows (its score
     stayed in steps 5–7: the public path masks its tokens, not its reward)
- 9. penalty strategies on flagged tokens: row strategies (mask, adv_set, adv_reduction) in the
-    order configured, then the group strategy (adv_signed) over the group's rows
+ 9. penalty row strategies on flagged tokens (mask, adv_set, adv_reduction), in the order configured
 10. escalation: rows without surviving model tokens are dropped; a sequence with none left has
     zero advantage; a sample with none left is rejected
+
+Then once over the step's batch (all rows of all groups trained on):
+
+11. the batch strategy (adv_signed, ``rebalance_batch``): the signed rebalance over every live
+    token of the batch, its masses weighted by the aggregation's token weights — seed 000's
+    "Batch-level advantage rebalancing", seed 001's mass "with appropriate token weighting
+    where used". The orchestrator judges groups one at a time through step 10 and runs step
+    11 when it closes a step (``rlonce.rollout.groups.Judge.batch``).
 
 Every drop and rewrite is counted in the step's ledger, whose sums are checked.
 Trainer-side corrections (rollout correction, the objective, aggregation) come after this.
@@ -33,6 +40,7 @@ import torch
 
 from rlonce.algo import penalties
 from rlonce.algo.advantages import group_advantages
+from rlonce.algo.losses import AGGREGATIONS, aggregation_weights
 from rlonce.algo.shaping import gar_redistribute, grs_reward, keep_groups, length_penalty, zero_confirmed_hacks
 from rlonce.core.ledger import LedgerEntry
 from rlonce.core.records import Sample, Sequence, Status, TrainingRow, sequence_to_rows
@@ -62,12 +70,17 @@ class SignalSettings:
     gar_lambda_max: float = 2.0
     length: LengthShaping | None = None
     penalties: list[penalties.PenaltySpec] = field(default_factory=list)
+    aggregation: str = "token-mean"
+    """The trainer's aggregation (``rlonce.algo.losses.AGGREGATIONS``): its token weights weigh the
+    signed rebalance's masses."""
     export_contexts: str = "all"
     """Which contexts of a sequence become rows (``CONTEXT_EXPORTS``)."""
     mask_unfinished: bool = False
     """Sequences cut by a budget without a pass get no rows (their score stays in the group's statistics)."""
 
     def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; known: {sorted(AGGREGATIONS)}")
         if self.export_contexts not in CONTEXT_EXPORTS:
             raise ValueError(f"unknown context export {self.export_contexts!r}; known: {sorted(CONTEXT_EXPORTS)}")
 
@@ -156,14 +169,15 @@ def _export(sample: Sample, seqs: list[Sequence], adv: torch.Tensor, passed: tor
         exported = CONTEXT_EXPORTS[settings.export_contexts](seq)
         stats["contexts_unexported"] += len(seq_rows) - len(exported)
         for c in exported:
+            seq_rows[c].flags = {s.rule: per_rule[s.rule][c] for s in batch_strategies(settings)}
             rows.append(seq_rows[c])
             flags.append({rule: f[c] for rule, f in per_rule.items()})
             owner.append(i)
     return rows, flags, owner, masked
 
 
-def _apply_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]], settings: SignalSettings,
-                      stats: dict) -> None:
+def _apply_row_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]],
+                          settings: SignalSettings) -> None:
     """Step 9 on one group's rows, in place."""
     for row, row_flags in zip(rows, flags):
         adv_T = torch.tensor(row.advantages, dtype=torch.float64)
@@ -175,24 +189,48 @@ def _apply_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]
                                    **spec.strategy_params)
         row.loss_mask = [int(m) for m in mask_T.tolist()]
         row.advantages = [a if m else 0.0 for a, m in zip(adv_T.tolist(), row.loss_mask)]
-    for spec in settings.penalties:
-        fn = penalties.GROUP_STRATEGIES.get(spec.strategy)
-        if fn is None or not rows:
-            continue
-        lens = [len(r) for r in rows]
-        adv = torch.tensor([a for r in rows for a in r.advantages], dtype=torch.float64)
-        live = torch.tensor([m for r in rows for m in r.loss_mask], dtype=torch.bool)
-        hit = torch.tensor([f for rf in flags for f in rf[spec.rule]], dtype=torch.bool) & live
-        new, m = fn(adv, hit, **spec.strategy_params)
+
+
+def batch_strategies(settings: SignalSettings) -> list[penalties.PenaltySpec]:
+    """The penalties whose strategy runs over the step's batch (``penalties.BATCH_STRATEGIES``)."""
+    return [s for s in settings.penalties if s.strategy in penalties.BATCH_STRATEGIES]
+
+
+def rebalance_batch(rows: list[TrainingRow], settings: SignalSettings) -> dict[str, float]:
+    """Step 11 over one step's batch, in place: each batch strategy (``adv_signed``) over the live
+    tokens of all ``rows``, its masses weighted per token by ``settings.aggregation``'s weights
+    over the whole batch times the row weight — the weights the trainer gives those tokens.
+    Returns ``rebalance_clamped`` (strategies whose α cap or β floor was hit) and
+    ``rebalance_groups`` (groups with a flagged live token)."""
+    stats = {"rebalance_clamped": 0, "rebalance_groups": 0}
+    if not rows:
+        return stats
+    T = max(len(r) for r in rows)
+
+    def padded_BT(field: Callable[[TrainingRow], list], dtype) -> torch.Tensor:
+        return torch.tensor([field(r) + [0] * (T - len(r)) for r in rows], dtype=dtype)
+
+    mask_BT = padded_BT(lambda r: r.loss_mask, torch.bool)
+    w_BT = aggregation_weights(mask_BT, settings.aggregation, group_ids_B=[r.group_id for r in rows]).double()
+    w_BT = w_BT * torch.tensor([r.weight for r in rows], dtype=torch.float64)[:, None]
+    for spec in batch_strategies(settings):
+        adv_BT = padded_BT(lambda r: r.advantages, torch.float64)
+        hit_BT = padded_BT(lambda r, rule=spec.rule: r.flags.get(rule, [False] * len(r)), torch.bool) & mask_BT
+        new, m = penalties.BATCH_STRATEGIES[spec.strategy](adv_BT[mask_BT], hit_BT[mask_BT], weights=w_BT[mask_BT],
+                                                           **spec.strategy_params)
+        adv_BT[mask_BT] = new
         stats["rebalance_clamped"] += int(m["alpha_clamped"] or m["beta_clamped"])
-        stats["rebalance_groups"] += int(bool(hit.any()))
-        for r, chunk in zip(rows, torch.split(new, lens)):
-            r.advantages = chunk.tolist()
+        stats["rebalance_groups"] += len({r.group_id for r, h in zip(rows, hit_BT.any(-1).tolist()) if h})
+        for r, adv_T in zip(rows, adv_BT.tolist()):
+            r.advantages = adv_T[:len(r)]
+    return stats
 
 
-def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, *, decode=None
+def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, *, decode=None, batch: bool = True
                     ) -> tuple[list[TrainingRow], dict[str, LedgerEntry], dict[str, float]]:
-    """Rows to train on, the ledger per source, and step metrics (see the module docstring)."""
+    """Rows to train on, the ledger per source, and step metrics (see the module docstring).
+    ``samples`` are the step's batch; ``batch=False`` stops before step 11, for a caller that
+    judges groups one at a time and runs ``rebalance_batch`` once over the step's rows."""
     stats: dict[str, float] = {k: 0 for k in ("grs_fallback", "length_deduction_sum", "gar_groups",
                                               "rebalance_clamped", "rebalance_groups", "contexts_unexported",
                                               "unfinished_masked")}
@@ -224,7 +262,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         rows, flags, owner, masked = _export(sample, seqs, adv, passed, settings, stats)
         entry.unfinished_masked += masked
         stats["unfinished_masked"] += masked
-        _apply_strategies(rows, flags, settings, stats)
+        _apply_row_strategies(rows, flags, settings)
         alive = [sum(r.loss_mask) > 0 for r in rows]
         entry.contexts_dropped += alive.count(False)
         survivors = {owner[k] for k, ok in enumerate(alive) if ok}
@@ -236,4 +274,6 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         out += [r for r, ok in zip(rows, alive) if ok]
     for e in ledger.values():
         e.check()
+    if batch:
+        stats.update(rebalance_batch(out, settings))
     return out, ledger, stats

@@ -180,6 +180,9 @@ class TrainingRow:
     policy_versions: list[int]
     weight: float = 1.0
     group_id: str = ""
+    flags: dict[str, list[bool]] = field(default_factory=dict)
+    """Per penalty rule that a batch-level strategy reads (``adv_signed``), per token: flagged.
+    Carried so the signed rebalance can run over the step's whole batch (``rlonce.algo.signal``)."""
     candidates: list[int] | None = None
     """Per token, the candidate-set size it was sampled from (``Segment.candidates``; 0: the whole
     vocabulary, as on untrained positions); the trainer renormalises over it. None: no cut anywhere."""
@@ -189,6 +192,8 @@ class TrainingRow:
         lens = {len(self.loss_mask), len(self.rollout_logprobs), len(self.advantages), len(self.policy_versions)}
         if lens != {n}:
             raise RecordError(f"training row lengths differ: {n} tokens vs per-token fields {sorted(lens)}")
+        if any(len(f) != n for f in self.flags.values()):
+            raise RecordError(f"training row flags must have one entry per token ({n})")
         if n < 2:
             raise RecordError("a training row needs at least two tokens")
         if self.loss_mask[0]:

@@ -26,7 +26,8 @@ def signal_settings(algo: AlgoConfig) -> SignalSettings:
     return SignalSettings(
         norm_by_std=algo.norm_by_std, filter_no_contrast=algo.filter_no_contrast,
         zero_hacks=algo.zero_confirmed_hacks, grs=algo.grs, gar=algo.gar, gar_lambda_max=algo.gar_lambda_max,
-        length=length, export_contexts=algo.export_contexts, mask_unfinished=algo.mask_unfinished,
+        length=length, aggregation=algo.aggregation, export_contexts=algo.export_contexts,
+        mask_unfinished=algo.mask_unfinished,
         penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
                    for p in algo.penalties],
     )

@@ -8,6 +8,8 @@ this module holds what executors and checkpoints need without it.
 ``Judge`` is plain data, so an executor can judge where the tokens are: a Ray harness-pool actor
 (``rlonce.dist.pools``) calls it on the group it ran and returns the ``Judged`` with the rows
 left in Ray's object store; after ``LocalExecutor`` the orchestrator calls the same ``Judge``.
+A group is judged through step 10 of ``rlonce.algo.signal``; step 11 (the signed rebalance)
+runs once per step over the batch the orchestrator takes (``Judge.batch``).
 
 A checkpoint holds the accepted groups still waiting as plain data (``waiting_state``); a
 restart replays them with their dispatch step kept (``replayed_group``), so the staleness bound
@@ -20,7 +22,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from rlonce.algo.signal import SignalSettings, learning_signal
+from rlonce.algo.signal import SignalSettings, batch_strategies, learning_signal, rebalance_batch
 from rlonce.core.ledger import LedgerEntry
 from rlonce.core.records import Sample, Sequence, TrainingRow, sequence_from_dict, sequence_to_dict
 from rlonce.rollout.runner import split_by_arm
@@ -71,8 +73,21 @@ class Judge:
     def __call__(self, task_id: str, source: str, dispatch_step: int, seqs: list[Sequence], decode=None) -> Judged:
         sample = Sample(task_id, source, dispatch_step, seqs)
         samples = split_by_arm([sample]) if self.group_by_arm else [sample]
-        rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode)
+        rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode, batch=False)
         return Judged(seqs, ledger[source], dict(stats), rows)
+
+    def batch(self, taken: list[Group]) -> tuple[list[TrainingRow], dict[str, float]]:
+        """The step's local rows after the batch strategies (``rebalance_batch``) ran over all of
+        them. With such a strategy configured, groups whose rows an executor kept remote are
+        fetched first (the rebalance needs every row of the batch; they then reach the trainer as
+        local rows); without one nothing is fetched."""
+        if batch_strategies(self.signal):
+            for g in taken:
+                if g.payload is not None:
+                    g.sequences, g.rows = g.payload.fetch()
+                    g.payload = None
+        rows = [r for g in taken for r in g.rows]
+        return rows, rebalance_batch(rows, self.signal)
 
 
 def waiting_state(g: Group) -> dict:

@@ -318,7 +318,7 @@ class Orchestrator:
             dt = now - self._last_collect
             self.step_interval = dt if self.step_interval is None else 0.8 * self.step_interval + 0.2 * dt
         self._last_collect = now
-        rows = [r for g in taken for r in g.rows]
+        rows, batch_stats = self.judge.batch(taken)
         open_seqs: Counter = Counter()
         for g in self._open():
             open_seqs[g.source] += self._open_count(g)
@@ -331,7 +331,7 @@ class Orchestrator:
             ledger[n] = e
         self.window = {n: LedgerEntry(step + 1, n, carried_in=ledger[n].carried_over) for n in ledger}
         self.snapshot = self.state_dict()  # consistent with this step's ledger: its open work is carried_over
-        stats = dict(self.signal_stats)
+        stats = {**self.signal_stats, **batch_stats}
         self.signal_stats = Counter()
         stats["groups_taken"] = float(len(taken))
         stats["groups_in_flight"] = float(len(self.in_flight()))
