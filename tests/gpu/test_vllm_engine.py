@@ -122,6 +122,27 @@ def test_top_k_and_top_p_logprobs_are_of_the_processed_distribution(engine, lm):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_candidate_set_sizes_let_the_trainer_renormalise(engine, lm):
+    """Under top-p (and top-k) vLLM records each token's candidate-set size, the sizes the torch
+    processing keeps, and the trainer's log-probs over those sets are vLLM's (one near-tie tolerated)."""
+    s = [SamplingParams(max_tokens=12, temperature=0.7, top_k=k, top_p=0.9, seed=i) for i, k in enumerate((0, 5, 0, 5))]
+    off = 0
+    for p, g, si in zip(PROMPTS, gen_many(engine, PROMPTS, s), s):
+        ids = torch.tensor([p + g.token_ids])
+        with torch.no_grad():
+            logits = lm.model(input_ids=ids).logits[0, len(p) - 1:-1]
+            n = len(logits)
+            keep = process_logits(logits, torch.full((n,), 0.7), torch.full((n,), si.top_k), torch.full((n,), 0.9))
+            cand = torch.tensor([[0] * (len(p) - 1) + g.candidates])
+            lp, _ = token_logprobs(lm.model, ids, torch.ones_like(ids), temperature=0.7, cand_BT=cand)
+        assert g.metrics["candidate_sets_unknown"] == 0 and len(g.candidates) == len(g.token_ids)
+        off += sum(a != b for a, b in zip(keep.isfinite().sum(-1).tolist(), g.candidates))
+        off += int(((lp[0, len(p) - 1:] - torch.tensor(g.logprobs)).abs() > ATOL).sum())
+    assert off <= 1
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_seeded_requests_are_reproducible_and_do_not_depend_on_batch_company(engine):
     alone = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=16, seed=7)])[0]
     again = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=16, seed=7)])[0]

@@ -147,3 +147,47 @@ def test_identical_weights_give_ratio_one_for_any_top_p_and_top_k(lm, lm64, temp
         if (top_p, top_k) == (0.5, 0):  # the defect: a full-vocabulary log-softmax underestimates π
             full = token_logprobs(lm64, b.ids_BT, b.attn_BT, temperature)[0][sel]
             assert float((full - b.old_lp_BT[sel]).exp().min()) < 0.9
+
+
+def test_set_size_from_the_top_processed_logprobs_an_engine_returns():
+    from rlonce.engine.base import candidate_size
+
+    inf = float("-inf")
+    assert candidate_size([-0.47, -0.98, inf, inf], 4, 0) == 2  # two finite of four asked: the whole set
+    assert candidate_size([-1.0, -2.0, -3.0, -4.0], 4, 0) == 0  # all four finite: the set may be larger
+    assert candidate_size([-1.0, -2.0, -3.0, -4.0], 4, 4) == 4  # ... unless top-k caps it at four
+    assert candidate_size([-1.0, -2.0, -3.0, -4.0, -5.0], 4, 0) == 0  # the sampled token beyond the four
+
+
+def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
+    """The gateway puts the engine's sizes on the model segment and in its export; a waiting
+    group's checkpoint form and a pickled (Ray) payload bring them back unchanged."""
+    import pickle
+    from dataclasses import asdict
+
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.session import GatewaySettings
+    from rlonce.model.chat import get_format
+    from rlonce.rollout.groups import Group, replayed_group, waiting_state
+
+    engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0)
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, get_format(lm.chat_format),
+                                 sampling=SamplingParams(max_tokens=16, top_p=0.9)))
+    try:
+        s = gw.open("c")
+        asyncio.run(gw.call("openai-chat", {"messages": [{"role": "system", "content": "s"},
+                                                         {"role": "user", "content": "list the files"}]}, "c"))
+    finally:
+        engine.close()
+    (seg,) = [g for g in s.contexts[0].segments if g.role is Role.MODEL]
+    assert seg.candidates == s.generations[-1].candidates and len(seg.candidates) == len(seg.token_ids)
+    assert min(seg.candidates) >= 1  # every sampled token was one of its own candidates
+    exported = json.loads(json.dumps(s.export()))
+    assert [g["candidates"] for g in exported["contexts"][0]["segments"] if g["role"] == "model"] == [seg.candidates]
+    seq = Sequence("t", "a", list(s.contexts), reward=1.0)
+    rows = sequence_to_rows(seq, 0.5, group_id="g")
+    group = Group("g", None, "src", 3, 0, state="finished", sequences=[seq], rows=rows, accepted=True)
+    back = replayed_group(json.loads(json.dumps(waiting_state(group))), lambda source, index: None, 0)
+    assert back.rows == rows and back.sequences[0].contexts[0].segments[-1].candidates == seg.candidates
+    assert pickle.loads(pickle.dumps(rows)) == rows and TrainingRow(**asdict(rows[0])) == rows[0]
+    assert rows[0].candidates[-len(seg.candidates):] == seg.candidates

@@ -8,6 +8,7 @@ weights that drew it, which is what makes an importance ratio mean what it says.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,6 +73,16 @@ class BackendError(RlonceError, RuntimeError):
 
 class BackendMissing(BackendError, ImportError):
     """A backend's package is not installed."""
+
+
+def candidate_size(top_logprobs: list[float], requested: int, top_k: int) -> int:
+    """One position's candidate-set size from the ``requested`` highest log-probs of the processed
+    distribution an engine returned for it (−inf outside the set, as vLLM's ``processed_logprobs``
+    gives them): the number of finite ones, when that is the whole set — fewer than ``requested``
+    are finite, or top-k caps the set within them. Otherwise 0: the size is not known, and the
+    trainer normalises that token over the whole vocabulary."""
+    finite = sum(1 for lp in top_logprobs if math.isfinite(lp))
+    return finite if finite < requested or 0 < top_k <= requested else 0
 
 
 def check_prompt(prompt_ids: list[int], sampling: SamplingParams, max_context: int) -> None:

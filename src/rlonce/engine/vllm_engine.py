@@ -6,6 +6,11 @@ Written against vLLM 0.33 (every call used is also in 0.32). It keeps the contra
   ``logprobs_mode="processed_logprobs"`` and every request asks for ``logprobs=0``, which returns
   the sampled token's log-prob after temperature, top-k and top-p — the same processing, in the
   same order and with the same nucleus rule, as ``torch_engine.process_logits``.
+- **Candidate-set sizes under top-k/top-p.** Such a request asks for the ``CANDIDATE_LOGPROBS``
+  highest processed log-probs instead, and each token's set size is the number of finite ones
+  (``base.candidate_size``). A set that fills all of them (and is not capped by a top-k within
+  them) has an unknown size: it is recorded as 0 — the whole vocabulary, the trainer's old
+  normalisation — and counted in ``metrics["candidate_sets_unknown"]``. Not yet run on a GPU.
 - **One version per request.** A request is stamped with the engine's version when it is
   admitted. Weights change only while nothing is in flight: ``pause()`` aborts every running
   request first, and ``load_weights`` refuses while requests run unpaused. vLLM's own weight
@@ -54,10 +59,13 @@ from pathlib import Path
 
 import torch
 
-from rlonce.engine.base import BackendMissing, EngineError, Generation, SamplingParams, check_prompt
+from rlonce.engine.base import BackendMissing, EngineError, Generation, SamplingParams, candidate_size, check_prompt
 
 INSTALL = "pip install 'rlonce[vllm]'"
 CHUNK_BYTES = 256 << 20
+CANDIDATE_LOGPROBS = 20
+"""Under top-k/top-p a request asks for this many top processed log-probs (vLLM's default
+``max_logprobs``) and counts the finite ones: its tokens' candidate-set sizes."""
 """Tensors are sent to the workers in collective_rpc calls of about this many bytes."""
 
 
@@ -249,8 +257,9 @@ class VLLMEngine:
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
         return VSamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
-                               max_tokens=s.max_tokens, logprobs=0, stop_token_ids=self.eos_token_ids,
-                               detokenize=False, output_kind=RequestOutputKind.DELTA)
+                               max_tokens=s.max_tokens, logprobs=CANDIDATE_LOGPROBS if s.cuts_candidates else 0,
+                               stop_token_ids=self.eos_token_ids, detokenize=False,
+                               output_kind=RequestOutputKind.DELTA)
 
     async def _stream(self, rid: str, prompt_ids: list[int], s: SamplingParams, version: int) -> Generation:
         from vllm.exceptions import RetryableRequestError
@@ -259,6 +268,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         tokens: list[int] = []
         logps: list[float] = []
+        sizes: list[int] | None = [] if s.cuts_candidates else None
         reason: str | None = None
         cached, run, run_thr = 0, 0, math.log(s.confident_p)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._params(s), rid)
@@ -274,6 +284,9 @@ class VLLMEngine:
                         for i, (t, pos) in enumerate(zip(ids, lps)):
                             tokens.append(t)
                             logps.append(float(pos[t].logprob))
+                            if sizes is not None:
+                                sizes.append(candidate_size([p.logprob for p in pos.values()], CANDIDATE_LOGPROBS,
+                                                            s.top_k))
                             run = run + 1 if logps[-1] > run_thr else 0
                             eos_here = i == len(ids) - 1 and c.finish_reason == "stop"
                             if s.stop_confident_run and run >= s.stop_confident_run and not eos_here:
@@ -294,7 +307,9 @@ class VLLMEngine:
             raise EngineError(f"vLLM ended request {rid} with finish reason {reason!r}")
         return Generation(tokens, logps, [version] * len(tokens), reason,
                           metrics={"prompt_tokens": len(prompt_ids), "cached_prompt_tokens": cached,
-                                   "seconds": time.perf_counter() - t0})
+                                   "seconds": time.perf_counter() - t0,
+                                   "candidate_sets_unknown": float(sizes.count(0) if sizes else 0)},
+                          candidates=sizes)
 
     @staticmethod
     def _check_spans(rid: str, spans, version: int) -> None:
