@@ -63,7 +63,8 @@ TOL = 1e-5
 def global_batch(model) -> list[TrainingRow]:
     """Eight rows of varied lengths, some with an observation inside the trained span, advantages
     of both signs, one row at half weight, and rollout log-probs moved ±0.3 from the model's so
-    that ratios leave the clip range. Rows ``2g`` and ``2g+1`` form group ``g``."""
+    that ratios leave the clip range. Rows ``2g`` and ``2g+1`` form group ``g``; odd rows carry
+    top-k/top-p candidate sets of 3 to 7 tokens, which the trainer renormalises over."""
     rows = []
     for b, n in enumerate((9, 14, 6, 11, 17, 8, 12, 20)):
         ids = [(7 * b + 3 * t) % 700 + 10 for t in range(n)]
@@ -75,7 +76,8 @@ def global_batch(model) -> list[TrainingRow]:
         rollout = [0.0] + [min(x + 0.3 * ((t + b) % 3 - 1), 0.0) for t, x in enumerate(lp)]
         adv = (1.0, -0.5, 0.7, -1.2, 0.4, -0.9, 1.5, -0.3)[b]
         rows.append(TrainingRow(ids, mask, [x * m for x, m in zip(rollout, mask)], [adv * m for m in mask],
-                                [0 if m else -1 for m in mask], weight=0.5 if b == 3 else 1.0, group_id=f"g{b // 2}"))
+                                [0 if m else -1 for m in mask], weight=0.5 if b == 3 else 1.0, group_id=f"g{b // 2}",
+                                candidates=[3 + t % 5 for t in range(n)] if b % 2 else None))
     return rows
 
 
