@@ -38,7 +38,7 @@ different orders, and Adam turns noise δ in a near-zero entry into a step of up
 def _kw(objective: str, agg: str, correction: str = "none", correction_cap: float = 2.0, **params) -> dict:
     """rl_step's arguments: the config's objective parameters, overridden by ``params``."""
     return {"objective": objective, "agg": agg, "correction": correction, "correction_cap": correction_cap,
-            "geometric_bounds": (0.999, 1.001),
+            "geometric_bounds": (0.999, 1.001), "kl_coef": 0.0,
             **objective_params(AlgoConfig(objective=objective)), **params}
 
 

@@ -106,7 +106,7 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
         tr.optimizer.step = lambda: None  # keep the gradient for inspection
         tr.optimizer.zero_grad = lambda set_to_none=True: None
         tr.rl_step(rows(w0), objective="ppo", agg="prompt-mean", correction="none", correction_cap=2.0,
-                   geometric_bounds=(0.999, 1.001),
+                   geometric_bounds=(0.999, 1.001), kl_coef=0.0,
                    clip_low=0.2, clip_high=0.2, clip_c=None)
         grads.append(model.model.embed_tokens.weight.grad.clone())
     scale = grads[0].abs().max()
@@ -139,7 +139,7 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
         tr.optimizer.step = lambda: None
         tr.optimizer.zero_grad = lambda set_to_none=True: None
         m = tr.rl_step(rs, objective=objective, agg="token-mean", correction=correction, correction_cap=correction_cap,
-                       geometric_bounds=(0.999, 1.001),
+                       geometric_bounds=(0.999, 1.001), kl_coef=0.0,
                        **objective_params(AlgoConfig(objective=objective)))
         return model.model.embed_tokens.weight.grad.clone(), m
 

@@ -176,6 +176,10 @@ class AlgoConfig(Section):
     geometric_high: float = Field(1.001, ge=1, le=1000)
     """'geometric': a sequence whose geometric mean of π_old/μ over its tokens is above this is
     masked whole."""
+    kl_coef: float = Field(0.0, ge=0, le=100)
+    """β of the KL term against the reference policy (MiniMax-M1 Eq. 1), added to the loss as β
+    times the k3 estimate per token under the aggregation's weights; the reference is the policy
+    RL starts from, a frozen copy in the trainer. 0: off, as in the seeds' recipes."""
     zero_confirmed_hacks: bool = True
     """Reward 0 for sequences the grader confirms as shortcut hacks."""
     grs: bool = False

@@ -16,10 +16,11 @@ def optim_settings(r: RLConfig) -> OptimSettings:
 def rl_step_kwargs(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dict | None = None) -> dict:
     """``Trainer.rl_step``'s keyword arguments for one step of ``n_rows`` rows: the objective
     with its parameters (``bounds`` from an entropy-bound controller replace its bounds), the
-    aggregation, the mini-batch count (at most one per row), rollout correction, the version."""
+    aggregation, the mini-batch count (at most one per row), rollout correction, the KL term's
+    coefficient, the version."""
     a = cfg.algo
     params = objective_params(a) | (bounds or {})
     return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
                 seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap,
-                geometric_bounds=(a.geometric_low, a.geometric_high), version=version,
+                geometric_bounds=(a.geometric_low, a.geometric_high), kl_coef=a.kl_coef, version=version,
                 **params)

@@ -1,5 +1,6 @@
 """What the trainer computes for every row before its mini-batches: the rollout correction's
-weights and the tokens it masks (``rlonce.algo.rollout_correction``).
+weights and the tokens it masks (``rlonce.algo.rollout_correction``), and the frozen reference
+policy that the optional KL term is measured against.
 
 Masked tokens leave the row's loss mask, so they drop out of every aggregation denominator as
 well as the gradient: a masked token is rejected, not counted as a zero (verl's rollout
@@ -8,6 +9,7 @@ correction makes the same choice: rejected tokens leave the loss normaliser).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -59,3 +61,22 @@ def correction_metrics(counts: dict[str, float]) -> dict[str, float]:
     return {"correction_capped_frac": counts["correction_capped"] / valid,
             "correction_masked_frac": counts["correction_masked"] / valid,
             "correction_weight_mean": counts["correction_weight_sum"] / kept}
+
+
+def same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rollout, trainer) log-probs of ``row``'s trained tokens sampled by ``version`` (the
+    train/inference mismatch is measured on them)."""
+    keep = torch.tensor([bool(m) and v == version for m, v in zip(row.loss_mask[1:], row.policy_versions[1:])],
+                        dtype=torch.bool)
+    return torch.tensor(row.rollout_logprobs[1:])[keep], train_lp_T.float()[keep]
+
+
+def frozen_copy(model) -> torch.nn.Module:
+    """A copy of ``model`` that never trains: the KL term's reference policy. No engine here can
+    return log-probs under other weights than the ones it samples with, so the reference costs
+    one copy of the weights in the trainer (only when KL is on)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlonce.algo.losses import aggregation_weights, policy_loss
+from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits, token_logprobs_over
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
-from rlonce.train.row_terms import correct_rows, correction_metrics, pad_like
+from rlonce.train.row_terms import correct_rows, correction_metrics, frozen_copy, pad_like, same_version
 
 
 @dataclass
@@ -150,6 +150,8 @@ class Trainer:
         )
         self.step = 0
         self.group = data_parallel_group(model)
+        self.reference = None
+        """The KL term's frozen reference policy, made at the first step with ``kl_coef`` > 0."""
 
     def lr_at(self, step: int) -> float:
         s = self.settings
@@ -203,14 +205,14 @@ class Trainer:
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
     def rl_step(self, rows: list[TrainingRow], *, objective: str, agg: str, correction: str, correction_cap: float,
-                geometric_bounds: tuple[float, float], minibatches: int = 1, seed: int = 0,
+                geometric_bounds: tuple[float, float], kl_coef: float, minibatches: int = 1, seed: int = 0,
                 version: int | None = None, **params) -> dict[str, float]:
         """One RL update: an optimizer step on each mini-batch of ``rows``: ``minibatches`` of
         them, each a seeded share of whole prompt groups (``rlonce.train.minibatch``).
 
-        ``objective``, ``agg``, ``correction``, ``correction_cap``, ``geometric_bounds`` and the
-        objective's ``params`` come from the config (``algo.*``; ``rlonce.train.builders`` passes
-        them): they have no defaults here.
+        ``objective``, ``agg``, ``correction``, ``correction_cap``, ``geometric_bounds``,
+        ``kl_coef`` and the objective's ``params`` come from the config (``algo.*``;
+        ``rlonce.train.builders`` passes them): they have no defaults here.
 
         The ratio's denominator is the rollout log-prob. With a ``correction`` (not 'none'), the
         trainer first recomputes every row's log-probs under the weights it holds before the
@@ -218,6 +220,12 @@ class Trainer:
         token's loss and may mask tokens or whole rows, which leave the loss masks before the
         mini-batches are formed (``rlonce.train.row_terms``); the ratio is taken against π_old.
         Metrics are token-weighted means over the step.
+
+        With ``kl_coef`` > 0 the loss gains ``kl_coef`` times the k3 estimate of KL(π_θ ‖ π_ref)
+        under the aggregation's weights (``rlonce.algo.losses.kl_k3``; metric ``kl``). π_ref is a
+        frozen copy of the weights this trainer held at its first step with KL on — the policy
+        RL starts from — kept in ``state_dict`` so that a resumed run measures against the same
+        reference; its log-probs cost one more forward per row.
 
         With ``version`` (the policy version these weights are), the train/inference mismatch is
         measured on the trained tokens that version sampled: the trainer's log-probs — recomputed
@@ -231,17 +239,19 @@ class Trainer:
         if correction != "none":
             aux["old"] = self._recompute(rows)
             if version is not None:
-                pairs = [_same_version(r, aux["old"][i], version) for i, r in enumerate(rows)]
+                pairs = [same_version(r, aux["old"][i], version) for i, r in enumerate(rows)]
             rows, aux["corr"], counts = correct_rows(rows, aux["old"], mode=correction, cap=correction_cap,
                                                      bounds=geometric_bounds)
             out.update(correction_metrics(sum_over_ranks(self.group, counts)))
+        if kl_coef > 0:
+            aux["ref"] = self._recompute(rows, self._reference_model())
         splits = rank_splits(self.group, rows, minibatches, seed)
         loss_fn = functools.partial(policy_loss, objective, **params)
         sums: dict[str, float] = {}
         for k_split, split in enumerate(splits):
             measure = k_split == 0 and not aux and version is not None
             stats = self._rl_minibatch([rows[i] for i in split], loss_fn, agg,
-                                       aux={k: [v[i] for i in split] for k, v in aux.items()},
+                                       aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=kl_coef,
                                        pairs=pairs if measure else None, version=version)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -254,12 +264,12 @@ class Trainer:
         return out
 
     def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
-                      pairs: list | None, version: int | None) -> dict:
+                      kl_coef: float, pairs: list | None, version: int | None) -> dict:
         """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
         metrics (token-weighted, summed over ranks) and the gradient norm. ``aux``: per row of
         ``mb``, π_old ('old') and the correction's weights ('corr') when rollout correction is
-        on. ``pairs``: where to collect the (rollout, trainer) log-probs of ``version``'s tokens
-        from this forward, or None."""
+        on, the reference log-probs ('ref') when ``kl_coef`` > 0. ``pairs``: where to collect the
+        (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None."""
         w_BT, ntok = self._weights(mb, agg)
         stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         for idx in self._chunks(mb):
@@ -271,10 +281,14 @@ class Trainer:
                                            mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             if pairs is not None:
                 for j, i in enumerate(idx):
-                    pairs.append(_same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
+                    pairs.append(same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
             w = _slice_weights(w_BT, idx, lp_BT.shape[1])
             x = {k: pad_like(b.mask_BT, [v[i] for i in idx]) for k, v in aux.items()}
             loss, m = loss_fn(lp_BT, x.get("old", b.old_lp_BT), b.adv_BT, b.mask_BT, weights_BT=w * x.get("corr", 1.0))
+            if "ref" in x:
+                kl_BT = kl_k3(lp_BT, x["ref"], b.mask_BT)
+                loss = loss + kl_coef * (w * kl_BT).sum()
+                m = {**m, "kl": float(kl_BT.detach().sum() / b.mask_BT.sum().clamp(min=1))}
             loss.backward()
             share = float(b.mask_BT.sum()) / max(ntok, 1.0)
             stats["loss"] += float(loss.detach())
@@ -286,16 +300,17 @@ class Trainer:
         return stats
 
     @torch.no_grad()
-    def _recompute(self, rows: list[TrainingRow]) -> list[torch.Tensor]:
-        """Per row, the log-prob of each next token under the current weights (length len-1)."""
+    def _recompute(self, rows: list[TrainingRow], model=None) -> list[torch.Tensor]:
+        """Per row, the log-prob of each next token under the current weights, or ``model``'s
+        (length len-1)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
         for idx in self._chunks(rows):
             if idx is None:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, mask_BT=b.mask_BT,
-                                      cand_BT=b.cand_BT)
+            lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, self.temperature,
+                                      mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
@@ -338,19 +353,27 @@ class Trainer:
             (lp_BT.sum() * 0.0).backward()
 
     # ---- state ---------------------------------------------------------------------------
+    def _reference_model(self):
+        """The KL term's reference policy: a frozen copy of the weights held now, made once."""
+        if self.reference is None:
+            if self.group is not None:
+                raise ValueError("a KL term (algo.kl_coef > 0) keeps a reference copy in one trainer process; "
+                                 "data-parallel trainers do not support it: use ray.trainer_workers = 1")
+            self.reference = frozen_copy(self.model)
+        return self.reference
+
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "step": self.step}
+        state = {"optimizer": self.optimizer.state_dict(), "step": self.step}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
-
-
-def _same_version(row: TrainingRow, train_lp_T: torch.Tensor, version: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rollout, trainer) log-probs of ``row``'s trained tokens sampled by ``version``."""
-    keep = torch.tensor([bool(m) and v == version for m, v in zip(row.loss_mask[1:], row.policy_versions[1:])],
-                        dtype=torch.bool)
-    return torch.tensor(row.rollout_logprobs[1:])[keep], train_lp_T.float()[keep]
+        if "reference" in state:
+            self.reference = frozen_copy(self.model)
+            self.reference.load_state_dict(state["reference"])
 
 
 def mismatch_metrics(rollout_lp: torch.Tensor, train_lp: torch.Tensor) -> dict[str, float]:
