@@ -87,8 +87,12 @@ def raw_train(model, opt, rows) -> float:
 
 
 def trainer_train(trainer, rows) -> float:
+    from rlonce.config import load_config
+    from rlonce.train.builders import rl_step_kwargs
+
+    kw = rl_step_kwargs(load_config(None, ["rl.minibatches=1"]), len(rows), step=0, version=0)
     t0 = time.perf_counter()
-    trainer.rl_step(rows, minibatches=1, clip_low=0.2, clip_high=0.28)
+    trainer.rl_step(rows, **kw)
     return sum(len(r) for r in rows) / (time.perf_counter() - t0)
 
 
