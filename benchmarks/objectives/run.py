@@ -10,9 +10,12 @@ in the learning signal (``rlonce.algo``):
 * ``grpo``  — PPO clip [0.8, 1.2], no dynamic filtering, seq-mean-token-mean (the GRPO paper);
 * ``dapo``  — clip-higher [0.8, 1.28], dynamic filtering of no-contrast groups, token-mean;
 * ``cispo`` — clipped IS weight (upper 1.28, no lower bound), dynamic filtering, token-mean
-  (MiniMax-M1 §3.1).
+  (MiniMax-M1 §3.1);
+* ``dapo-top-p-0.9`` and ``dapo-top-p-0.9-full-vocab`` — ``dapo`` sampling at top_p 0.9, with the
+  trainer renormalising over each token's candidate set (seed 000) and without it
+  (``harness.candidate_sets=false``: a full-vocabulary log-softmax, whose π/μ < 1 the lower clip bites).
 
-All three use std-normalised group advantages, as their papers do. Every update is split into
+All arms use std-normalised group advantages, as their papers do. Every update is split into
 ``--minibatches`` optimizer steps, so later minibatches are off-policy and the clipping rules
 actually bind. Writes ``results.json``, ``results.md`` (table) and ``objectives.png`` (held-out
 success and training reward per step, mean over seeds with each seed drawn thin).
@@ -34,6 +37,8 @@ ARMS: dict[str, list[str]] = {
     "cispo": ["algo.objective=cispo", "algo.objective.eps_low=1.0", "algo.objective.eps_high=0.28",
               "algo.filter_no_contrast=true", "algo.aggregation=token-mean"],
 }
+ARMS["dapo-top-p-0.9"] = ARMS["dapo"] + ["harness.top_p=0.9"]
+ARMS["dapo-top-p-0.9-full-vocab"] = ARMS["dapo"] + ["harness.top_p=0.9", "harness.candidate_sets=false"]
 
 
 ROWS_PER_STEP = 8 * 8  # rl.tasks_per_step × rl.group_size, one context per sequence

@@ -191,3 +191,26 @@ def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
     assert back.rows == rows and back.sequences[0].contexts[0].segments[-1].candidates == seg.candidates
     assert pickle.loads(pickle.dumps(rows)) == rows and TrainingRow(**asdict(rows[0])) == rows[0]
     assert rows[0].candidates[-len(seg.candidates):] == seg.candidates
+
+
+def test_harness_candidate_sets_off_records_nothing(lm):
+    """``harness.candidate_sets = false`` (to measure what renormalising buys): the run's sampling
+    still cuts at top_p, but no sizes are recorded and the trainer normalises over the vocabulary."""
+    from dataclasses import replace
+
+    from rlonce.config import load_config
+    from rlonce.rollout.builders import rollout_spec
+
+    on = rollout_spec(load_config(None, ["harness.top_p=0.9"]), lm).sampling
+    off = rollout_spec(load_config(None, ["harness.top_p=0.9", "harness.candidate_sets=false"]), lm).sampling
+    assert on.records_candidates and not off.records_candidates and off.top_p == 0.9
+    engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0)
+
+    async def go():
+        return await asyncio.gather(*(engine.generate([1, 50, 60], replace(s, max_tokens=4, seed=1))
+                                      for s in (on, off)))
+    try:
+        g_on, g_off = asyncio.run(go())
+    finally:
+        engine.close()
+    assert len(g_on.candidates) == len(g_on.token_ids) and g_off.candidates is None

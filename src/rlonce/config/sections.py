@@ -136,6 +136,9 @@ class HarnessConfig(Section):
     """Nucleus sampling mass (1: off)."""
     top_k: int = Field(0, ge=0, le=MAX_TOKENS)
     """Sample among the k most likely tokens (0: off)."""
+    candidate_sets: bool = True
+    """Under top_p < 1 or top_k > 0, record each sampled token's candidate-set size so the trainer
+    renormalises its log-probs over it (seed 000); off only to measure what that buys."""
 
     @model_validator(mode="after")
     def _turn_fits_context(self):

@@ -27,6 +27,10 @@ class SamplingParams:
     """Stop rule (MiniMax-M1 §4): end the turn with finish reason 'repetition' once this many
     consecutive tokens were each sampled with probability > ``confident_p``. 0 disables it."""
     confident_p: float = 0.99
+    candidate_sets: bool = True
+    """Under top-k/top-p, record each token's candidate-set size (``Generation.candidates``) for the
+    trainer to renormalise over. Off only to measure what that buys: the trainer then normalises
+    over the whole vocabulary."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -41,10 +45,10 @@ class SamplingParams:
             raise ValueError("stop_confident_run must be >= 0 and confident_p in (0, 1)")
 
     @property
-    def cuts_candidates(self) -> bool:
-        """Top-k or top-p may leave only part of the vocabulary: the engine records each token's
-        candidate-set size (``Generation.candidates``)."""
-        return self.top_p < 1 or self.top_k > 0
+    def records_candidates(self) -> bool:
+        """The engine records each token's candidate-set size (``Generation.candidates``): top-k or
+        top-p may leave only part of the vocabulary, and ``candidate_sets`` is on."""
+        return self.candidate_sets and (self.top_p < 1 or self.top_k > 0)
 
 
 @dataclass

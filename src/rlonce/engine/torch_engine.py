@@ -252,7 +252,7 @@ class _WaveRows:
                      for r in wave]
         self.tokens: list[list[int]] = [[] for _ in range(B)]
         self.logps: list[list[float]] = [[] for _ in range(B)]
-        self.sizes: list[list[int] | None] = [[] if r.sampling.cuts_candidates else None for r in wave]
+        self.sizes: list[list[int] | None] = [[] if r.sampling.records_candidates else None for r in wave]
         self.reasons: list[str | None] = [None] * B
 
     def record(self, i: int, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> None:

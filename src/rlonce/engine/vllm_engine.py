@@ -257,7 +257,7 @@ class VLLMEngine:
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
         return VSamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
-                               max_tokens=s.max_tokens, logprobs=CANDIDATE_LOGPROBS if s.cuts_candidates else 0,
+                               max_tokens=s.max_tokens, logprobs=CANDIDATE_LOGPROBS if s.records_candidates else 0,
                                stop_token_ids=self.eos_token_ids, detokenize=False,
                                output_kind=RequestOutputKind.DELTA)
 
@@ -268,7 +268,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         tokens: list[int] = []
         logps: list[float] = []
-        sizes: list[int] | None = [] if s.cuts_candidates else None
+        sizes: list[int] | None = [] if s.records_candidates else None
         reason: str | None = None
         cached, run, run_thr = 0, 0, math.log(s.confident_p)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._params(s), rid)
