@@ -40,7 +40,7 @@ def _rows(lm) -> list[TrainingRow]:
 
 def _step(tr: Trainer, rows, kl_coef: float) -> dict:
     return tr.rl_step(rows, objective="ppo", agg="token-mean", correction="none", correction_cap=2.0,
-                      geometric_bounds=(0.999, 1.001), kl_coef=kl_coef, **objective_params(AlgoConfig()))
+                      geometric_bounds=(0.999, 1.001), kl_coef=kl_coef, version=0, **objective_params(AlgoConfig()))
 
 
 def _mean_k3(model, ref, rows) -> float:
@@ -61,6 +61,7 @@ def test_the_kl_term_pulls_the_policy_back_to_the_reference(lm):
     assert tr.reference is None and "reference" not in tr.state_dict()
     m = _step(tr, rows, kl_coef=0.5)  # the first step with KL on freezes the reference: the weights held now
     assert m["kl"] == pytest.approx(0.0, abs=1e-9) and m["grad_norm"] == pytest.approx(0.0, abs=1e-9)
+    assert m["mismatch_tokens"] == 17.0  # the mismatch is still measured on every trained token (7 + 10)
     ref_state = {k: v.clone() for k, v in tr.reference.state_dict().items()}
     torch.manual_seed(0)
     with torch.no_grad():  # move the policy away from the reference

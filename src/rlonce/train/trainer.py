@@ -249,7 +249,7 @@ class Trainer:
         loss_fn = functools.partial(policy_loss, objective, **params)
         sums: dict[str, float] = {}
         for k_split, split in enumerate(splits):
-            measure = k_split == 0 and not aux and version is not None
+            measure = k_split == 0 and "old" not in aux and version is not None
             stats = self._rl_minibatch([rows[i] for i in split], loss_fn, agg,
                                        aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=kl_coef,
                                        pairs=pairs if measure else None, version=version)
