@@ -214,3 +214,49 @@ def test_harness_candidate_sets_off_records_nothing(lm):
     finally:
         engine.close()
     assert len(g_on.candidates) == len(g_on.token_ids) and g_off.candidates is None
+
+
+class _PausesOnce(torch.nn.Module):
+    """The embedded model, which pauses its engine at its third forward pass (as a weight update
+    does) and resumes it 0.1 s later: the turn in flight ends 'abort' and the gateway continues it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.config, self.calls, self.engine = model, model.config, 0, None
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                logits_to_keep=0):
+        import threading
+
+        self.calls += 1
+        if self.calls == 3:
+            self.engine.pause()
+            threading.Timer(0.1, self.engine.resume).start()
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+
+@torch.no_grad()
+def test_a_turn_continued_after_a_pause_keeps_every_tokens_set(lm, lm64):
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.session import GatewaySettings
+    from rlonce.model.chat import get_format
+
+    model = _PausesOnce(copy.deepcopy(lm64))
+    engine = model.engine = TorchEngine(model, eos_token_ids=[], pad_token_id=0, seed=0)  # no EOS: 12 tokens
+    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, get_format(lm.chat_format),
+                                 sampling=SamplingParams(max_tokens=12, top_p=0.8, top_k=40)))
+    try:
+        s = gw.open("c")
+        asyncio.run(gw.call("openai-chat", {"messages": [{"role": "user", "content": "list the files"}],
+                                            "max_tokens": 12}, "c"))
+    finally:
+        engine.close()
+    assert s.interrupts == 1
+    (row,) = sequence_to_rows(Sequence("t", "a", list(s.contexts)), 1.0)
+    (seg,) = [g for g in s.contexts[0].segments if g.role is Role.MODEL]
+    assert len(seg.token_ids) == 12 and len(seg.candidates) == 12 and min(seg.candidates) >= 1
+    b = pad_rows([row])
+    lp, _ = token_logprobs(lm64, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT, cand_BT=b.cand_BT)
+    sel = b.mask_BT > 0
+    assert (lp[sel] - b.old_lp_BT[sel]).abs().max() < 1e-5
