@@ -65,6 +65,30 @@ class RayConfig(Section):
     when RUN/ray is too long for a Unix socket path)."""
 
 
+MAX_SECONDS = 604_800.0
+"""Upper bound of a wall-clock limit (a week)."""
+
+
+class TimeoutsConfig(Section):
+    """Wall-clock limits of each sequence, one per layer (``rlonce.core.timeouts``); each expiry
+    is an infrastructure failure of its own category, never a low reward. Defaults: seed 001
+    (Code: trajectory 4,800 s, model request 3,600 s, agent idle 720 s; setup 900 s as Cyber and
+    Visual, reward 1,500 s as Visual). 0 leaves a layer unbounded."""
+
+    trajectory_s: float = Field(4800.0, ge=0, le=MAX_SECONDS)
+    """The whole sequence: setup, the agent's turns and tools, grading (trajectory_timeout; 0: unbounded)."""
+    setup_s: float = Field(900.0, ge=0, le=MAX_SECONDS)
+    """Creating the environment: sandbox and workspace (setup_timeout; 0: unbounded)."""
+    reward_s: float = Field(1500.0, ge=0, le=MAX_SECONDS)
+    """Grading one sequence, or one group by a grader that compares siblings (reward_timeout; 0: unbounded)."""
+    model_request_s: float = Field(3600.0, ge=0, le=MAX_SECONDS)
+    """One model request: an engine call through the gateway, a turn paused for a weight update
+    included (model_timeout; 0: unbounded)."""
+    agent_idle_s: float = Field(720.0, ge=0, le=MAX_SECONDS)
+    """Longest time the agent may go without a model request, its tool calls included; then it is
+    stopped (agent_idle_timeout; 0: unbounded)."""
+
+
 class EvalConfig(Section):
     heldout_tasks: int = Field(200, ge=1, le=MAX_STEPS)
     """Held-out tasks of the baseline and final evaluations."""
@@ -116,6 +140,8 @@ class RunConfig(Section):
     """GRPO: steps, groups per step and their size, sync concurrency, the RL optimizer."""
     rollout: RolloutConfig = RolloutConfig()
     """The rollout orchestrator: sync or async, staleness, oversampling."""
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    """Wall-clock limits of each sequence: trajectory, setup, reward, model request, agent idle."""
     algo: AlgoConfig = AlgoConfig()
     """The learning signal: objective, aggregation, reward shaping, penalties."""
     eval: EvalConfig = EvalConfig()

@@ -8,20 +8,26 @@ scripted token has probability 1 under the script) and its version is fixed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from rlonce.engine.base import EngineError, Generation, SamplingParams
 
 
 class ScriptedEngine:
-    def __init__(self, turns: list[str], encode: Callable[[str], list[int]], *, version: int = 0):
+    def __init__(self, turns: list[str], encode: Callable[[str], list[int]], *, version: int = 0,
+                 latency: float = 0.0):
         self._turns = list(turns)
         self._encode = encode
         self.version = version
+        self.latency = latency
+        """Seconds each turn takes (a slow engine, for the wall-clock limits' tests)."""
         self.prompts: list[list[int]] = []
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         self.prompts.append(list(prompt_ids))
+        if self.latency:
+            await asyncio.sleep(self.latency)
         if not self._turns:
             raise EngineError("scripted engine has no turns left")
         ids = self._encode(self._turns.pop(0))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from rlonce.core.records import FailureCategory, Sequence, Status
+from rlonce.core.timeouts import Clock, Expired, within
 from rlonce.errors import cause_of, is_internal, note_internal
 from rlonce.sandbox.base import Sandbox
 
@@ -21,11 +22,12 @@ class GradingError(Exception):
     category: FailureCategory = FailureCategory.GRADER_UNAVAILABLE
 
 
-async def grade_or_infra(env, seq: Sequence) -> float | None:
+async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> float | None:
     """``env.grade(seq)``; a grader that cannot give a verdict makes ``seq`` an infrastructure
-    failure (its category from ``GradingError``) and the reward ``None`` — never a low score."""
+    failure (its category from ``GradingError``) and the reward ``None`` — never a low score.
+    With ``clock``, grading runs within its reward limit and the rest of the trajectory."""
     try:
-        return await env.grade(seq)
+        return await (env.grade(seq) if clock is None else clock.reward(env.grade(seq)))
     except GradingError as e:
         seq.status, seq.failure, seq.cause = Status.INFRA, e.category, cause_of(e)
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
@@ -35,10 +37,11 @@ async def grade_or_infra(env, seq: Sequence) -> float | None:
 
 def infra_failure(e: BaseException, category: FailureCategory) -> tuple[FailureCategory, str]:
     """The failure category and cause for ``e``: ``internal_error`` when ``e`` is a bug in
-    rlonce (noted for the test suite), else ``category``."""
+    rlonce (noted for the test suite), the expired layer's for a timeout (``Expired``), else
+    ``category``."""
     if is_internal(e):
         return FailureCategory.INTERNAL_ERROR, note_internal(e)
-    return category, cause_of(e)
+    return (e.category if isinstance(e, Expired) else category), cause_of(e)
 
 
 class Task(Protocol):
@@ -97,15 +100,17 @@ def group_grader(env_factory) -> Callable | None:
     return getattr(getattr(env_factory, "func", env_factory), "grade_group", None)
 
 
-async def grade_group_or_infra(env_factory, task, sequences: list[Sequence]) -> None:
-    """Run ``env_factory``'s group hook over the siblings that finished; a hook that raises makes
-    them infrastructure failures (``grader_unavailable``, or ``internal_error`` for our bug)."""
+async def grade_group_or_infra(env_factory, task, sequences: list[Sequence], reward_timeout: float | None = None
+                               ) -> None:
+    """Run ``env_factory``'s group hook over the siblings that finished, within ``reward_timeout``
+    seconds; a hook that raises makes them infrastructure failures (``grader_unavailable``,
+    ``reward_timeout``, or ``internal_error`` for our bug)."""
     hook = group_grader(env_factory)
     live = [s for s in sequences if not s.infra_failed]
     if hook is None or not live:
         return
     try:
-        await hook(task, live)
+        await within(hook(task, live), reward_timeout, FailureCategory.REWARD_TIMEOUT)
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
         failure, cause = infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
         for s in live:

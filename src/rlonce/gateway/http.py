@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import ClientDisconnect
 
+from rlonce.core.timeouts import Expired
 from rlonce.engine.base import EngineError
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import MAX_DEPTH, ProtocolError, loads
@@ -237,6 +238,9 @@ async def _serve(request: Request, session_id: str | None):
         return error_response(e, protocol, close=e.status in (408, 413))  # stop reading what is left
     except EngineError as e:  # the system failed, not the request: retryable
         return error_response(ProtocolError(f"engine unavailable: {e}", status=503, kind="api_error"), protocol)
+    except Expired as e:  # the model request outlived gateway.settings.model_timeout; the session records it
+        return error_response(ProtocolError(f"the model did not answer in time ({e})", status=504,
+                                            kind="timeout_error"), protocol)
     if isinstance(out, list):
         return StreamingResponse(iter(out), media_type="text/event-stream", headers={"cache-control": "no-cache"})
     return JSONResponse(out)

@@ -146,7 +146,8 @@ class AnthropicMessages:
     name = "anthropic-messages"
     _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
-                    413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "api_error"}
+                    413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "api_error",
+                    504: "timeout_error"}
 
     def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest:
         body = _obj(body)

@@ -37,7 +37,8 @@ from concurrent.futures import Executor
 from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any
 
-from rlonce.core.records import Context, Role, Segment
+from rlonce.core.records import Context, FailureCategory, Role, Segment
+from rlonce.core.timeouts import Expired, within
 from rlonce.engine.base import Engine, Generation, SamplingParams
 from rlonce.gateway.messages import CallOut, ChatRequest, Message, ProtocolError, Turn
 from rlonce.model.chat import ChatFormat
@@ -86,6 +87,9 @@ class GatewaySettings:
     """Drop a session unused for this many seconds (None: never)."""
     ended_ttl: float | None = None
     """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
+    model_timeout: float | None = None
+    """Seconds one engine call may take (a paused turn's continuation included); past them the
+    request fails with ``Expired(model_timeout)`` and no context changes (None: unbounded)."""
     tokenizer: Any = None
     """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
     offload: Executor | None = None
@@ -167,6 +171,11 @@ class Session:
                 if seg.role is Role.MODEL:
                     seg.flags[name] = True
                     return
+
+    def last_request(self) -> float | None:
+        """When the last request ended (``time.monotonic``), or ``None`` while one is in flight:
+        what the agent idle limit watches."""
+        return None if self.lock.locked() else self.last_used
 
     def close(self, status: str = "closed") -> None:
         if self.status == "active":
@@ -253,10 +262,20 @@ class Session:
                                 "prompt_tokens": len(plan.prompt_ids)})
             return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations), list(req.messages))
         sampling, budget_bound = self._sampling(req, room)
-        gen = await self.settings.engine.generate(plan.prompt_ids, sampling)
-        while gen.finish_reason == "abort":  # partial rollout: the engine paused for a weight update
-            gen = await self._continue(plan.prompt_ids, gen, sampling)
+        try:
+            gen = await within(self._generate(plan.prompt_ids, sampling), self.settings.model_timeout,
+                               FailureCategory.MODEL_TIMEOUT)
+        except Expired:
+            self.events.append({"kind": "model_timeout", "context": plan.branch.context.label,
+                                "seconds": self.settings.model_timeout})
+            raise
         return self._commit(plan, req, gen, budget_bound)
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+        gen = await self.settings.engine.generate(prompt, sampling)
+        while gen.finish_reason == "abort":  # partial rollout: the engine paused for a weight update
+            gen = await self._continue(prompt, gen, sampling)
+        return gen
 
     async def _continue(self, prompt: list[int], gen: Generation, sampling: SamplingParams) -> Generation:
         """Resume an interrupted turn: re-prefill the context plus the tokens sampled so far

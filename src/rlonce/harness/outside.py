@@ -17,7 +17,11 @@ rest of rlonce's sources. The command gets, as environment variables:
     RLONCE_ANSWER_FILE  where to write the final answer (no file: no submission)
 
 Its answer is graded by the environment like any built-in arm's. A command that fails before
-the model was ever asked is an infrastructure failure, never a low score.
+the model was ever asked is an infrastructure failure, never a low score. So is a sequence that
+outlives one of its wall-clock limits (``rlonce.core.timeouts``): the agent is stopped once it
+has sent no model request for ``agent_idle`` seconds (``agent_idle_timeout``), and a model
+request the gateway gave up on (a 504 to the agent) makes the sequence ``model_timeout``
+whatever the agent did next.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from urllib.parse import urlsplit
 
 import rlonce
 from rlonce.core.records import FailureCategory, Sequence, Status
-from rlonce.envs.base import grade_or_infra
+from rlonce.core.timeouts import Expired, Timeouts
+from rlonce.envs.base import grade_or_infra, infra_failure
+from rlonce.errors import cause_of
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.session import session_metrics
 from rlonce.sandbox import hostfs, relay
@@ -83,35 +89,31 @@ def outside_limits(timeout: float) -> Limits:
 
 
 async def run_outside(task, env_factory, gateway: Gateway, base_url: str, command: str, *, name: str = "outside",
-                      timeout: float = 300.0) -> Sequence:
-    t0 = time.perf_counter()
+                      timeout: float = 300.0, timeouts: Timeouts | None = None) -> Sequence:
+    """One sequence of ``command``; ``timeout`` is the command's own wall-clock limit (past it the
+    sequence is truncated), ``timeouts`` the sequence's layered limits (default: ``Timeouts()``)."""
+    t0, clock = time.perf_counter(), (timeouts or Timeouts()).start()
     env = env_factory(task)
     session = gateway.open(metadata={"task_id": task.task_id, "arm": name})
-    status, failure, answer, reward = Status.SUBMITTED, None, None, None
+    status, failure, answer, reward, cause = Status.SUBMITTED, None, None, None, None
     result = None
     try:
         try:
-            await env.setup()
-        except Exception:  # noqa: BLE001 - the retry boundary
-            status, failure = Status.INFRA, FailureCategory.SETUP_FAILED
+            await clock.setup(env.setup())
+        except Exception as e:  # noqa: BLE001 - the retry boundary
+            status, (failure, cause) = Status.INFRA, infra_failure(e, FailureCategory.SETUP_FAILED)
         else:
-            result = await _run_in_sandbox(env, session.id, session.key, gateway.settings.model_name, base_url, command,
-                                           timeout)
             try:
-                answer = env.sandbox.get_file(ANSWER, max_bytes=1 << 16).decode(errors="replace").strip()
-            except (FileNotFoundError, hostfs.HostileFile):
-                answer = None
+                result = await clock.agent(_run_in_sandbox(env, session.id, session.key, gateway.settings.model_name,
+                                                           base_url, command, timeout), session.last_request)
+            except Expired as e:
+                status, (failure, cause) = Status.INFRA, infra_failure(e, e.category)
             else:
-                hostfs.remove_tree(env.sandbox.workspace / ANSWER)
-            if answer is None:
-                if not session.generations:
-                    status, failure = Status.INFRA, FailureCategory.HARNESS_ERROR
-                else:
-                    status = Status.LIMITS
+                status, failure, answer, cause = _outcome(env, session)
         seq = Sequence(task.task_id, name, session.contexts, status, failure, answer=answer,
-                       turns=len(session.generations))
+                       turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:
-            reward = await grade_or_infra(env, seq)
+            reward = await grade_or_infra(env, seq, clock)
     finally:
         await env.cleanup()
     seq.reward = reward
@@ -122,6 +124,26 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
     if result is not None:
         session.metadata["harness_output_tail"] = result.output[-2000:]
     return seq
+
+
+def _outcome(env, session) -> tuple[Status, FailureCategory | None, str | None, str | None]:
+    """How the agent's run ended (status, failure, answer, cause): its answer file, and whether
+    the gateway gave up on a request."""
+    try:
+        answer = env.sandbox.get_file(ANSWER, max_bytes=1 << 16).decode(errors="replace").strip()
+    except (FileNotFoundError, hostfs.HostileFile):
+        answer = None
+    else:
+        hostfs.remove_tree(env.sandbox.workspace / ANSWER)
+    expired = next((e for e in session.events if e["kind"] == "model_timeout"), None)
+    if expired is not None:
+        return Status.INFRA, FailureCategory.MODEL_TIMEOUT, None, cause_of(
+            Expired(FailureCategory.MODEL_TIMEOUT, expired["seconds"]))
+    if answer is None:
+        if not session.generations:
+            return Status.INFRA, FailureCategory.HARNESS_ERROR, None, None
+        return Status.LIMITS, None, None, None
+    return Status.SUBMITTED, None, answer, None
 
 
 async def _run_in_sandbox(env, sid: str, key: str, model: str, base_url: str, command: str, timeout: float):

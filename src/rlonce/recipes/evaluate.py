@@ -55,7 +55,7 @@ async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, com
     async def one(task):
         async with sem:
             seq = await run_outside(task, domain.env_factory, gateway, srv.base_url, command, name=name,
-                                    timeout=timeout)
+                                    timeout=timeout, timeouts=spec.timeouts)
         bar.update(1)
         return seq
 

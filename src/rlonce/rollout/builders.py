@@ -8,7 +8,8 @@ from __future__ import annotations
 from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.penalties import PenaltySpec
 from rlonce.algo.signal import LengthShaping, SignalSettings
-from rlonce.config import AlgoConfig, RunConfig
+from rlonce.config import AlgoConfig, RunConfig, TimeoutsConfig
+from rlonce.core.timeouts import Timeouts
 from rlonce.engine.base import SamplingParams
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import get_format
@@ -42,6 +43,12 @@ def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:
                                   obj.neg_low, obj.neg_high)
 
 
+def timeouts(t: TimeoutsConfig) -> Timeouts:
+    """The config's wall-clock limits (0: unbounded, ``None``)."""
+    return Timeouts(trajectory=t.trajectory_s or None, setup=t.setup_s or None, reward=t.reward_s or None,
+                    model=t.model_request_s or None, agent_idle=t.agent_idle_s or None)
+
+
 def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
     """What every sequence of the run shares (also built inside each Ray harness pool)."""
     h = cfg.harness
@@ -52,7 +59,7 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
         HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
                       compact_at=h.compact_at),
         max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
-        arm_per_sequence=h.assign == "sequence",
+        arm_per_sequence=h.assign == "sequence", timeouts=timeouts(cfg.timeouts),
     )
 
 

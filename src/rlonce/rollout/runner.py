@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
+from rlonce.core.timeouts import Timeouts
 from rlonce.engine.base import Engine, EngineError, SamplingParams
 from rlonce.envs.base import grade_group_or_infra, grade_or_infra, infra_failure
 from rlonce.errors import is_internal, note_internal
@@ -47,6 +48,8 @@ class RolloutSpec:
     arm_seed: int = 0
     arm_per_sequence: bool = False
     """Hash each sequence (task id + sibling index) instead of each task: arms mix within a group."""
+    timeouts: Timeouts = Timeouts()
+    """Wall-clock limits of each sequence (trajectory, setup, reward, model request, agent idle)."""
 
     def arm_of(self, task_id: str, sibling: int, round_: int) -> str:
         """The step-hash arm of sibling ``sibling`` of task ``task_id`` dispatched in ``round_``."""
@@ -59,14 +62,16 @@ class RolloutSpec:
         return Gateway(GatewaySettings(
             engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
             budgets=Budgets(self.sampling.max_tokens, self.max_context),
-            render_tools=self.limits.render_tools if render_tools is None else render_tools, offload=offload))
+            render_tools=self.limits.render_tools if render_tools is None else render_tools, offload=offload,
+            model_timeout=self.timeouts.model))
 
 
 _CATEGORIES = ((EngineError, FailureCategory.ENGINE_ERROR), (SandboxError, FailureCategory.SANDBOX_ERROR),
                (ProtocolError, FailureCategory.HARNESS_ERROR))
 """Exceptions of an episode → failure category. ``ProtocolError``: the harness and the gateway
 disagree, ours and not the model's; anything else unexpected is a harness error too (or
-``internal_error`` when it is a bug of ours, see ``rlonce.errors.is_internal``)."""
+``internal_error`` when it is a bug of ours, see ``rlonce.errors.is_internal``). A wall-clock
+limit that ran out (``rlonce.core.timeouts.Expired``) keeps its own layer's category."""
 
 
 def _category(e: BaseException) -> FailureCategory:
@@ -76,8 +81,9 @@ def _category(e: BaseException) -> FailureCategory:
 async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, seed: int | None = None,
                        arm: str | None = None, gateway: Gateway | None = None) -> Sequence:
     """Run one sequence under harness ``arm`` (default: the spec's first). With ``seed``,
-    every turn's draw is seeded (reproducible evaluation)."""
-    t0 = time.perf_counter()
+    every turn's draw is seeded (reproducible evaluation). Setup, the episode and grading run
+    on the sequence's clock (``spec.timeouts``); clean-up runs whatever the clock says."""
+    t0, clock = time.perf_counter(), spec.timeouts.start()
     harness = get_arm(arm or spec.arms[0])
     env = env_factory(task)
     gateway = gateway or spec.gateway(engine)
@@ -85,7 +91,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
     status, failure, answer, reward, cause = Status.SUBMITTED, None, None, None, None
     try:
         try:
-            await env.setup()
+            await clock.setup(env.setup())
         except Exception as e:  # noqa: BLE001 - the retry boundary
             status, (failure, cause) = Status.INFRA, infra_failure(e, FailureCategory.SETUP_FAILED)
         else:
@@ -93,7 +99,8 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
                 client = CLIENTS[harness.protocol](lambda p, b: gateway.call(p, b, session.id),
                                                    harness.system_prompt(env), env.user_prompt(),
                                                    [t.schema for t in harness.toolset(env).values()])
-                await run_episode(harness, env, client, session, spec.limits, spec.max_context)
+                await clock.agent(run_episode(harness, env, client, session, spec.limits, spec.max_context),
+                                  session.last_request)
             except Submitted as end:
                 answer = end.answer
             except LimitsExceeded:
@@ -105,7 +112,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         seq = Sequence(task.task_id, harness.name, session.contexts, status, failure, answer=answer,
                        turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
-            reward = await grade_or_infra(env, seq)
+            reward = await grade_or_infra(env, seq, clock)
     finally:
         try:
             await env.cleanup()
@@ -164,7 +171,7 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
     finally:
         bar.close()
     for t, x in zip(tasks, samples):
-        await grade_group_or_infra(env_factory, t, x.sequences)
+        await grade_group_or_infra(env_factory, t, x.sequences, spec.timeouts.reward)
     return samples
 
 
@@ -192,5 +199,5 @@ class LocalExecutor:
         seqs = list(await asyncio.gather(*(
             run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
                          arm=spec.arm_of(task.task_id, k, group.dispatch_step)) for k in range(group_size))))
-        await grade_group_or_infra(self.env_factory, task, seqs)  # graders that compare siblings
+        await grade_group_or_infra(self.env_factory, task, seqs, spec.timeouts.reward)  # graders that compare siblings
         return seqs
