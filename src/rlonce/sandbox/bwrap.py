@@ -313,8 +313,12 @@ class BwrapSandbox:
                 await asyncio.wait_for(_drain(proc), 5)
             except asyncio.TimeoutError:
                 pass
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # e.g. a wall-clock limit of the sequence ran out
             _kill_tree(proc.pid)
+            try:  # reap it on this loop, or its transport is closed after the loop is
+                await asyncio.wait_for(_drain(proc), 5)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
             raise
         code = proc.returncode if proc.returncode is not None else -9
         if code == 1 and buf.startswith(b"bwrap: "):
