@@ -24,6 +24,12 @@ def test_k3_by_hand():
     # k3 is never negative, unlike k1 = -d
     d = torch.linspace(-3, 3, 13)[None]
     assert (kl_k3(torch.zeros_like(d), d, torch.ones_like(d)) >= 0).all()
+    # the ceiling: d = 3 → e^3 - 4 = 16.09 → 10, with no gradient; d = 2 → e^2 - 3 = 4.389 stays
+    lp = torch.zeros(1, 3, requires_grad=True)
+    k = kl_k3(lp, torch.tensor([[3.0, 2.0, 100.0]]), torch.ones(1, 3))
+    assert k.tolist()[0] == pytest.approx([10.0, math.exp(2) - 3, 10.0], abs=1e-5)
+    k.sum().backward()
+    assert lp.grad.tolist()[0] == pytest.approx([0.0, 1 - math.exp(2), 0.0], abs=1e-5)  # finite, even at d = 100
 
 
 def _rows(lm) -> list[TrainingRow]:

@@ -182,15 +182,21 @@ def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, 
     return loss_BT, {k: float(v) for k, v in metrics.items()}
 
 
+K3_MAX = 10.0
+"""Per-token ceiling of the k3 estimate, as verl's ``low_var_kl``: ``e^d`` is heavy-tailed, so a
+few tokens whose probability fell far below the reference's would otherwise outweigh the rest."""
+
+
 def kl_k3(logprobs_BT, ref_logprobs_BT, mask_BT):
     """Per-token k3 estimate of ``KL(π_θ ‖ π_ref)`` (the KL term of MiniMax-M1's Eq. 1, in the form
-    GRPO uses): ``e^d − d − 1`` with ``d = log π_ref − log π_θ``; non-negative, zero where the two
-    agree, unbiased on tokens drawn from π_θ (here they come from the rollout policy, as in GRPO),
-    with lower variance than k1's ``−d``. Its gradient in ``log π_θ`` is ``1 − e^d``: each token's
-    log-prob is pulled toward the reference's. Zero where masked."""
+    GRPO uses): ``e^d − d − 1`` with ``d = log π_ref − log π_θ``, at most ``K3_MAX``; non-negative,
+    zero where the two agree, unbiased on tokens drawn from π_θ (here they come from the rollout
+    policy, as in GRPO), with lower variance than k1's ``−d``. Its gradient in ``log π_θ`` is
+    ``1 − e^d`` (0 where the ceiling binds): each token's log-prob is pulled toward the
+    reference's. Zero where masked."""
     mask_BT = mask_BT.float()
-    d_BT = torch.where(mask_BT > 0, ref_logprobs_BT - logprobs_BT, torch.zeros_like(logprobs_BT))
-    return (d_BT.exp() - d_BT - 1) * mask_BT
+    d_BT = torch.where(mask_BT > 0, ref_logprobs_BT - logprobs_BT, torch.zeros_like(logprobs_BT)).clamp(max=20.0)
+    return (d_BT.exp() - d_BT - 1).clamp(max=K3_MAX) * mask_BT
 
 
 OBJECTIVES: dict[str, Callable] = {
