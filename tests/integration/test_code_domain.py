@@ -74,7 +74,7 @@ def test_hanging_code_costs_the_grading_timeout_and_a_slow_clean_run_is_infrastr
             for name, args in hang:
                 await env.call_tool(name, args)
             seq = Sequence(task.task_id, "x")
-            return await env.grade(seq), env.metrics, seq
+            return (await env.grade(seq)).reward, env.metrics, seq
         finally:
             await env.cleanup()
 
@@ -153,7 +153,7 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
                 await env.call_tool(name, args)
             if break_testbed:
                 env._tb = lambda: empty
-            return await env.grade(Sequence(t.task_id, "x")), env.metrics
+            return (await env.grade(Sequence(t.task_id, "x"))).reward, env.metrics
         finally:
             await env.cleanup()
 

@@ -78,7 +78,7 @@ def test_claude_code_compacts_into_a_new_context_near_the_budget(lm):
     turns = expert_turns(task, rng, FMT, translate=get_arm("mini-claude-code").translate, detour_p=0.0)
     seq = asyncio.run(run_sequence(task, ToolfindEnv, ScriptedEngine(turns, lm.encode), _spec(lm, compact_at=0.05),
                                    arm="mini-claude-code"))
-    assert seq.success and len(seq.contexts) == len(turns)  # every turn overflowed the tiny threshold
+    assert seq.passed and len(seq.contexts) == len(turns)  # every turn overflowed the tiny threshold
     assert seq.metrics["branches"] == len(turns) - 1
     later = lm.decode(seq.contexts[1].segments[0].token_ids)
     assert "compacted" in later and seq.contexts[1].segments[0].role is Role.PROMPT

@@ -39,7 +39,7 @@ def test_tokens_are_recorded_exactly_and_observations_carry_no_loss(lm):
     turns = [FMT.assistant_text("", [c]) for c in optimal_calls(task)]
     engine = ScriptedEngine(list(turns), lm.encode)
     seq = asyncio.run(run_sequence(task, ToolfindEnv, engine, spec(lm, 5)))
-    assert seq.success and seq.turns == len(turns)
+    assert seq.passed and seq.reward == 1.0 and seq.turns == len(turns)
     segs = seq.contexts[0].segments
     model = [s for s in segs if s.role is Role.MODEL]
     assert [lm.decode(s.token_ids) for s in model] == turns  # exactly what was sampled

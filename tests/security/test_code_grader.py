@@ -51,7 +51,7 @@ async def _attempt(task, calls, *, testbed: Path | None = None,
         if not scan:  # the launcher alone, without the static scan in front of it
             saved, code_env.added_markers = code_env.added_markers, lambda *a, **k: []
         try:
-            reward = await env.grade(seq)
+            reward = (await env.grade(seq)).reward
         except code_env.TestbedCorrupted:
             reward = None
         finally:

@@ -57,6 +57,20 @@ def test_reward_is_correctness_plus_format():
     assert verify.correctness(t, "43.0") == 1.0 and verify.correctness(t, "86/2") == 1.0
 
 
+def test_the_grader_says_passed_and_the_format_bonus_is_not_a_pass():
+    import asyncio
+
+    from rlonce.core.records import Grade, Sequence
+    from rlonce.envs.reasoning.env import ReasoningEnv
+
+    t = make_task("train", 7, ["chain_sum"], OPTS)
+    grades = [asyncio.run(ReasoningEnv(t).grade(Sequence(t.task_id, "single-turn", answer=reply)))
+              for reply in ("<answer>43</answer>", "20 + 23 = 43", "<answer>44</answer>", "no idea")]
+    assert all(isinstance(g, Grade) for g in grades)
+    assert [g.reward for g in grades] == pytest.approx([1.1, 1.0, 0.1, 0.0])
+    assert [g.passed for g in grades] == [True, True, False, False]
+
+
 def test_math_equal():
     assert verify.math_equal("0.5", "\\frac{1}{2}")
     assert verify.math_equal("12", "\\boxed{12}")

@@ -68,3 +68,20 @@ def test_training_row_invariants():
         TrainingRow([1, 2], [1, 1], [-1, -1], [1, 1], [0, 0])
     row = TrainingRow([1, 2, 3], [0, 1, 1], [0, -1, -1], [0, 1, 1], [-1, 0, 0])
     assert len(row) == 3
+
+
+def test_the_graders_verdict_travels_with_the_sequence():
+    from rlonce.core.records import Grade, sequence_from_dict, sequence_to_dict
+
+    seq = _seq()
+    seq.set_grade(Grade(1.05, passed=False))  # partial credit plus a format bonus: reward, not a pass
+    back = sequence_from_dict(sequence_to_dict(seq))
+    assert (back.reward, back.passed) == (1.05, False)
+    seq.set_grade(None)  # no verdict (the grader was down): no reward, no pass
+    assert (seq.reward, seq.passed) == (None, False)
+    # a checkpoint written before the flag existed is read under the rule it was made with
+    old = sequence_to_dict(_seq())
+    del old["passed"]
+    assert sequence_from_dict(old).passed
+    with pytest.raises(RecordError, match="finite"):
+        Grade(float("nan"), passed=False)

@@ -79,11 +79,16 @@ def test_signed_rebalance_worked_examples():
     assert m["pos_unbalanced"] and m["pos_mass_after"] == 0.0
 
 
-def test_grs_is_a_gate_and_validates_scores():
-    r = grs_reward(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0.5, 1.0, 1.0]), torch.tensor([0.8, 0.5, math.nan]))
+def test_grs_is_a_gate_on_the_pass_flag_and_validates_scores():
+    r = grs_reward(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0.5, 1.0, 1.0]), torch.tensor([0.8, 0.5, math.nan]),
+                   torch.tensor([True, True, False]))
     assert r.tolist() == pytest.approx([0.4, 0.5, 0.0])  # a failed test stays 0 whatever the rubric says
+    # partial credit without a pass (a 0.1 format bonus) is gated by the flag, not by the reward's sign
+    r = grs_reward(torch.tensor([0.1, 1.1]), torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.8]),
+                   torch.tensor([False, True]))
+    assert r.tolist() == pytest.approx([0.0, 1.1 * 0.5 * 0.8])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        grs_reward(torch.tensor([1.0]), torch.tensor([1.5]), torch.tensor([1.0]))
+        grs_reward(torch.tensor([1.0]), torch.tensor([1.5]), torch.tensor([1.0]), torch.tensor([True]))
 
 
 def test_keep_groups_contrast_rules():

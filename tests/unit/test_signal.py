@@ -14,6 +14,7 @@ def _seq(reward, status=Status.SUBMITTED, *, model_turns=1, tokens=2, flags=None
                             flags=dict(flags or {}) if k == model_turns - 1 else {}))
         segs.append(Segment(Role.OBSERVATION, [9]))
     failure = FailureCategory.SANDBOX_ERROR if status is Status.INFRA else None
+    kw.setdefault("passed", reward is not None and reward >= 1.0)  # these graders pass exactly the full reward
     return Sequence("t", "mini-bash", [Context(segs)], status, failure, reward=reward, turns=model_turns, **kw)
 
 
@@ -58,6 +59,22 @@ def test_grs_and_gar_read_grader_outputs_with_fallback():
     rows, _, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(gar=True, gar_lambda_max=10))
     assert [r.advantages[3] for r in rows] == pytest.approx([1 / 3, 2 / 3, -0.5, -0.5])
     assert m["gar_groups"] == 1
+
+
+def test_pass_gated_steps_read_the_graders_flag_not_the_reward():
+    # a reasoning group: one correct tagged answer (1.1, passed) and one wrong tagged answer whose
+    # 0.1 format bonus is reward without a pass. GRS gates on the flag: scores (1.1·0.5, 0) → ±0.275.
+    # (Gating on reward > 0, the 0.1 row would score 0.05 and the advantages be ±0.25.)
+    rubric = {"grs_solution": 0.5, "grs_behavior": 1.0}
+    seqs = [_seq(1.1, passed=True, metrics=rubric), _seq(0.1, passed=False, metrics=rubric)]
+    rows, _, _ = learning_signal([Sample("r", "reasoning", 1, seqs)], 1, SignalSettings(grs=True))
+    assert [r.advantages[3] for r in rows] == pytest.approx([0.275, -0.275])
+    # length shaping: one pass and three near misses (partial credit 0.95 + the 0.1 format bonus =
+    # 1.05, not a pass) → pass rate 1/4, under the 0.5 gate: no deduction, although every reward is
+    # >= 1 (a threshold on the reward would have shaped the group)
+    seqs = [_seq(1.1, passed=True, tokens=2)] + [_seq(1.05, passed=False, tokens=5) for _ in range(3)]
+    _, ledger, m = learning_signal([Sample("r", "reasoning", 1, seqs)], 1, SignalSettings(length=LengthShaping()))
+    assert ledger["reasoning"].length_penalized == 0 and m["length_deduction_sum"] == 0
 
 
 def test_penalty_rules_strategies_and_escalation():

@@ -10,7 +10,8 @@ from rlonce.telemetry.step import StepInputs, step_record
 
 
 def test_step_record_by_hand():
-    a = Sequence("t", "mini-bash", reward=1.0, turns=2, metrics={"model_tokens": 30.0, "versions_spanned": 2.0})
+    a = Sequence("t", "mini-bash", reward=1.0, passed=True, turns=2,
+                 metrics={"model_tokens": 30.0, "versions_spanned": 2.0})
     b = Sequence("t", "mini-codex", reward=0.0, turns=3, metrics={"model_tokens": 50.0, "rollbacks": 1.0})
     c = Sequence("t", "mini-bash", status=Status.INFRA, failure=FailureCategory.SANDBOX_ERROR, turns=1,
                  metrics={"model_tokens": 20.0})

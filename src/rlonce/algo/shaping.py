@@ -37,12 +37,14 @@ def zero_confirmed_hacks(scores_N: torch.Tensor, hack_N: torch.Tensor) -> tuple[
     return torch.where(hack_N, torch.zeros_like(scores_N), scores_N), int(hack_N.sum())
 
 
-def grs_reward(r_test: torch.Tensor, s_sol: torch.Tensor, s_beh: torch.Tensor) -> torch.Tensor:
+def grs_reward(r_test: torch.Tensor, s_sol: torch.Tensor, s_beh: torch.Tensor, passed: torch.Tensor) -> torch.Tensor:
     """Groupwise Reward Synthesis (seed 001, "A passing test is the beginning of grading"):
-    ``R = R_test · S_sol · S_beh``. Correctness is a gate: a failed test stays 0 whatever the
-    rubric scores say (even unusable ones); rubric scores must lie in [0, 1]."""
+    ``R = R_test · S_sol · S_beh``. Correctness is a gate, read from the grader's pass flag
+    (``Sequence.passed``), not from the reward's sign: a row that did not pass gets 0 whatever
+    the rubric scores say (even unusable ones) and whatever partial credit its reward held;
+    rubric scores of passing rows must lie in [0, 1]."""
     r_test, s_sol, s_beh = (torch.as_tensor(x, dtype=torch.float32) for x in (r_test, s_sol, s_beh))
-    passed = r_test > 0
+    passed = torch.as_tensor(passed, dtype=torch.bool)
     for name, s in (("solution", s_sol), ("behaviour", s_beh)):
         bad = passed & ~((s >= 0) & (s <= 1))
         if bad.any():

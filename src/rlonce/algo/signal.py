@@ -122,7 +122,7 @@ def _metric_or(seq: Sequence, key: str, default: float) -> float:
 def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, stats: dict):
     """Steps 2–4 over the valid sequences of one group: returns shaped scores and pass flags."""
     raw = torch.tensor([float(s.reward) for s in seqs])
-    passed = torch.tensor([s.success for s in seqs], dtype=torch.bool)
+    passed = torch.tensor([s.passed for s in seqs], dtype=torch.bool)
     if settings.zero_hacks:
         hacks = torch.tensor([s.hack_confirmed for s in seqs], dtype=torch.bool)
         raw, n = zero_confirmed_hacks(raw, hacks)
@@ -134,7 +134,7 @@ def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, 
         beh = torch.tensor([_metric_or(s, "grs_behavior", 1.0) for s in seqs])
         stats["grs_fallback"] += sum("grs_solution" not in s.metrics or "grs_behavior" not in s.metrics
                                      for s, p in zip(seqs, passed) if p)
-        scores = grs_reward(scores, sol, beh)
+        scores = grs_reward(scores, sol, beh, passed)
     if settings.length is not None:
         ls = settings.length
         lengths = {m: torch.tensor([length_metric(s, m) for s in seqs]) for m in ls.metrics}

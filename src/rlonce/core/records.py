@@ -74,6 +74,22 @@ def _check_candidates(candidates: list[int] | None, n: int, where: str) -> None:
         raise RecordError("candidate-set sizes must be >= 0 (0: the whole vocabulary)")
 
 
+@dataclass(frozen=True, slots=True)
+class Grade:
+    """A grader's verdict on one sequence: its reward and, explicitly, whether it solved the task.
+
+    The two are separate because a reward can hold credit that is not a pass (the reasoning
+    domain's format bonus, a partial score); ``passed`` is what success rates and the pass-gated
+    steps of the learning signal read."""
+
+    reward: float
+    passed: bool
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):
+            raise RecordError(f"a grade's reward must be finite, got {self.reward}")
+
+
 @dataclass(slots=True)
 class Segment:
     """One turn. Model segments hold, per token, the rollout log-prob and policy version."""
@@ -147,6 +163,10 @@ class Sequence:
     """A grader confirmed this sequence obtained its reward by a hack; its reward becomes 0."""
     cause: str | None = None
     """For an infrastructure failure, the exception behind it (``Type: message``)."""
+    passed: bool = False
+    """The grader's verdict (``Grade.passed``): the task was solved. Evaluations, length shaping,
+    GRS, GAR and hack zeroing read this flag, never a threshold on ``reward`` (a format bonus is
+    reward without a pass)."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):
@@ -156,9 +176,9 @@ class Sequence:
     def infra_failed(self) -> bool:
         return self.status is Status.INFRA
 
-    @property
-    def success(self) -> bool:
-        return self.reward is not None and self.reward >= 1.0
+    def set_grade(self, grade: Grade | None) -> None:
+        """Record the grader's verdict (None: no verdict, e.g. an infrastructure failure)."""
+        self.reward, self.passed = (None, False) if grade is None else (grade.reward, grade.passed)
 
 
 @dataclass(slots=True)
@@ -250,7 +270,8 @@ def sequence_to_dict(seq: Sequence) -> dict:
     """Plain data (for checkpoints): every token, log-prob, version, candidate-set size and flag."""
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
-            "turns": seq.turns, "metrics": dict(seq.metrics), "hack_confirmed": seq.hack_confirmed, "cause": seq.cause,
+            "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
+            "hack_confirmed": seq.hack_confirmed, "cause": seq.cause,
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates}
@@ -263,7 +284,9 @@ def sequence_from_dict(d: dict) -> Sequence:
                 for c in d["contexts"]]
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
-                    d["metrics"], d["hack_confirmed"], d.get("cause"))
+                    d["metrics"], d["hack_confirmed"], d.get("cause"),
+                    # checkpoints written before the grader's flag existed: the rule they were made under
+                    passed=d.get("passed", d["reward"] is not None and d["reward"] >= 1.0))
 
 
 def version_lags(rows: list[TrainingRow], version: int) -> Counter:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from rlonce.core.records import FailureCategory, Sequence, Status
+from rlonce.core.records import FailureCategory, Grade, Sequence, Status
 from rlonce.core.timeouts import Clock, Expired, within
 from rlonce.errors import cause_of, is_internal, note_internal
 from rlonce.sandbox.base import Sandbox
@@ -22,12 +22,15 @@ class GradingError(Exception):
     category: FailureCategory = FailureCategory.GRADER_UNAVAILABLE
 
 
-async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> float | None:
+async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> Grade | None:
     """``env.grade(seq)``; a grader that cannot give a verdict makes ``seq`` an infrastructure
-    failure (its category from ``GradingError``) and the reward ``None`` — never a low score.
+    failure (its category from ``GradingError``) and the grade ``None`` — never a low score.
     With ``clock``, grading runs within its reward limit and the rest of the trajectory."""
     try:
-        return await (env.grade(seq) if clock is None else clock.reward(env.grade(seq)))
+        grade = await (env.grade(seq) if clock is None else clock.reward(env.grade(seq)))
+        if not isinstance(grade, Grade):
+            raise TypeError(f"{type(env).__name__}.grade returned {type(grade).__name__}, not a Grade")
+        return grade
     except GradingError as e:
         seq.status, seq.failure, seq.cause = Status.INFRA, e.category, cause_of(e)
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
@@ -69,8 +72,9 @@ class Environment(Protocol):
 
     async def call_tool(self, name: str, arguments: dict) -> str: ...
 
-    async def grade(self, sequence: Sequence) -> float:
-        """The reward; raise ``GradingError`` when no verdict can be given (never a low score)."""
+    async def grade(self, sequence: Sequence) -> Grade:
+        """The reward and the explicit pass flag; raise ``GradingError`` when no verdict can be
+        given (never a low score)."""
 
     async def cleanup(self) -> None: ...
 
@@ -88,7 +92,7 @@ class GroupGrader(Protocol):
     """An optional hook for graders that compare attempts: an environment class (or the function
     a ``functools.partial`` env factory wraps) with ``grade_group`` is called once per group,
     after every sibling finished and was graded alone, with the siblings that did not fail in
-    the infrastructure. It may set each one's ``reward`` and ``metrics``; an exception makes the
+    the infrastructure. It may set each one's grade (``Sequence.set_grade``) and ``metrics``; an exception makes the
     whole group an infrastructure failure with its cause."""
 
     @staticmethod
@@ -114,7 +118,8 @@ async def grade_group_or_infra(env_factory, task, sequences: list[Sequence], rew
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
         failure, cause = infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
         for s in live:
-            s.status, s.failure, s.cause, s.reward = Status.INFRA, failure, cause, None
+            s.status, s.failure, s.cause = Status.INFRA, failure, cause
+            s.set_grade(None)
 
 
 def function_tool(name: str, description: str, properties: dict, required: list[str]) -> dict:

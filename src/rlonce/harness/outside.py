@@ -95,7 +95,7 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
     t0, clock = time.perf_counter(), (timeouts or Timeouts()).start()
     env = env_factory(task)
     session = gateway.open(metadata={"task_id": task.task_id, "arm": name})
-    status, failure, answer, reward, cause = Status.SUBMITTED, None, None, None, None
+    status, failure, answer, grade, cause = Status.SUBMITTED, None, None, None, None
     result = None
     try:
         try:
@@ -113,11 +113,11 @@ async def run_outside(task, env_factory, gateway: Gateway, base_url: str, comman
         seq = Sequence(task.task_id, name, session.contexts, status, failure, answer=answer,
                        turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:
-            reward = await grade_or_infra(env, seq, clock)
+            grade = await grade_or_infra(env, seq, clock)
     finally:
         await env.cleanup()
-    seq.reward = reward
-    session.reward = reward
+    seq.set_grade(grade)
+    session.reward = seq.reward
     seq.metrics = {**session_metrics(session), "seconds": time.perf_counter() - t0,
                    "model_tokens": float(session.model_tokens()),
                    "exit_code": float(result.exit_code) if result else -1.0}

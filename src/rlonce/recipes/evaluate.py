@@ -30,7 +30,7 @@ async def heldout_success(domain: Domain, engine: Engine, spec: RolloutSpec, n: 
                                 concurrency=concurrency, progress=progress, seed=EVAL_SEED)
         seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
-        per_arm[arm] = sum(s.success for s in scored) / max(len(scored), 1)
+        per_arm[arm] = sum(s.passed for s in scored) / max(len(scored), 1)
         scored_n, infra = scored_n + len(scored), infra + len(seqs) - len(scored)
     return {"success": sum(per_arm.values()) / len(per_arm), "per_arm": per_arm,
             "tasks": scored_n // len(per_arm), "infra_failed": infra}
@@ -63,7 +63,7 @@ async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, com
         seqs = await asyncio.gather(*(one(t) for t in tasks))
     bar.close()
     scored = [s for s in seqs if not s.infra_failed]
-    return {"success": sum(s.success for s in scored) / max(len(scored), 1), "tasks": len(scored),
+    return {"success": sum(s.passed for s in scored) / max(len(scored), 1), "tasks": len(scored),
             "infra_failed": len(seqs) - len(scored),
             "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
             "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}

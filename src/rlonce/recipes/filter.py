@@ -49,7 +49,7 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
     finally:
         job.close()
     out.mkdir(parents=True, exist_ok=True)
-    counts = [(sum(s.success for s in x.sequences if not s.infra_failed),
+    counts = [(sum(s.passed for s in x.sequences if not s.infra_failed),
                sum(not s.infra_failed for s in x.sequences)) for x in samples]
     rates, kept = pass_rates(counts, max_pass)
     w = JsonlWriter(out / "filter.jsonl")

@@ -124,7 +124,7 @@ async def demonstrations(lm, spec: RolloutSpec, n: int) -> list:
             return await run_sequence(task, ToolfindEnv, engine, spec)
 
     seqs = await asyncio.gather(*(one(i) for i in range(n)))
-    assert all(s.success for s in seqs), "the scripted expert failed a task: the sandbox or generator is broken"
+    assert all(s.passed for s in seqs), "the scripted expert failed a task: the sandbox or generator is broken"
     return seqs
 
 
@@ -206,7 +206,7 @@ async def heldout_success(engine, spec: RolloutSpec, n: int, progress: bool) -> 
     samples = await collect(tasks, 1, ToolfindEnv, engine, spec, seed=EVAL_SEED, concurrency=128, desc="eval",
                             progress=progress)
     scored = [s for x in samples for s in x.sequences if not s.infra_failed]
-    return sum(s.success for s in scored) / max(len(scored), 1)
+    return sum(s.passed for s in scored) / max(len(scored), 1)
 
 
 # ---- the loop ----------------------------------------------------------------------------

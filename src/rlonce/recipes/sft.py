@@ -45,7 +45,7 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
 
     seqs = await asyncio.gather(*(one(t) for t in tasks))
     bar.close()
-    bad = [s for s in seqs if not s.success]
+    bad = [s for s in seqs if not s.passed]
     if bad:
         raise RuntimeError(f"the scripted expert failed {len(bad)} tasks (first: {bad[0].task_id}, "
                            f"status {bad[0].status.value}); the task generator or sandbox is broken")

@@ -88,7 +88,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
     env = env_factory(task)
     gateway = gateway or spec.gateway(engine)
     session = gateway.open(seed=seed, metadata={"task_id": task.task_id, "arm": harness.name})
-    status, failure, answer, reward, cause = Status.SUBMITTED, None, None, None, None
+    status, failure, answer, grade, cause = Status.SUBMITTED, None, None, None, None
     try:
         try:
             await clock.setup(env.setup())
@@ -112,7 +112,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         seq = Sequence(task.task_id, harness.name, session.contexts, status, failure, answer=answer,
                        turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
-            reward = await grade_or_infra(env, seq, clock)
+            grade = await grade_or_infra(env, seq, clock)
     finally:
         try:
             await env.cleanup()
@@ -123,7 +123,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         else:
             cleanup_failed = 0.0
         gateway.sessions.pop(session.id, None)
-    seq.reward = reward
+    seq.set_grade(grade)
     seq.metrics = {
         **env.metrics,
         **session_metrics(session),
@@ -161,7 +161,7 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
             seq = await run_sequence(task, env_factory, engine, spec, seed=seq_seed, gateway=gateway,
                                      arm=arm or spec.arm_of(task.task_id, k, dispatch_step))
         samples[i].sequences.append(seq)
-        solved += int(seq.success)
+        solved += int(seq.passed)
         done += 1
         bar.update(1)
         bar.set_postfix(success=f"{solved / done:.2f}", refresh=False)

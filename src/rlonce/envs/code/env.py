@@ -32,7 +32,7 @@ import tempfile
 import tokenize
 from pathlib import Path
 
-from rlonce.core.records import FailureCategory, Sequence
+from rlonce.core.records import FailureCategory, Grade, Sequence
 from rlonce.envs.base import GradingError, function_tool
 from rlonce.envs.code.interceptor import DENIAL, Interceptor
 from rlonce.envs.code.packages import testbed
@@ -144,27 +144,27 @@ class CodeEnv:
                 hits += [f"{rel}: {m}" for m in added_markers(new, old, _text(pristine / rel))]
         return hits, "".join(diff)
 
-    async def grade(self, sequence: Sequence) -> float:
+    async def grade(self, sequence: Sequence) -> Grade:
         scratch = Path(tempfile.mkdtemp(prefix="rlonce-grade-"))
         try:
             try:  # host-side reads and copies: off the event loop
                 changes = await asyncio.to_thread(self.agent_changes, scratch)
             except hostfs.HostileFile:
                 self.metrics["hostile_workspace"] = 1.0  # the agent made its tree unreadable: its failure
-                return 0.0
+                return Grade(0.0, passed=False)
             hits, diff = await asyncio.to_thread(self._scan, changes, scratch)
             self.metrics.update({"diff_lines": float(diff.count("\n")), "files_carried": float(len(changes))})
             if hits:
                 sequence.hack_confirmed = True
                 self.metrics["hack_runner_tampering"] = 1.0
-                return 0.0
+                return Grade(0.0, passed=False)
             outcomes = await self._fresh_run(changes, sequence)
         finally:
             await asyncio.to_thread(hostfs.remove_tree, scratch)
         ids = [*self.task.f2p, *self.task.p2p]
         passed = sum(outcomes.get(i, {}).get("outcome") == "passed" for i in ids)
         self.metrics.update({"tests_passed": float(passed), "tests_total": float(len(ids))})
-        return 1.0 if passed == len(ids) else 0.0
+        return Grade(1.0, passed=True) if passed == len(ids) else Grade(0.0, passed=False)
 
     async def _fresh_run(self, changes: dict[str, bytes | None], sequence: Sequence) -> dict:
         rep = await self._run_hidden(changes)

@@ -47,7 +47,7 @@ async def run_route(task: CodeTask, calls: Callable[[CodeEnv], list[Call]], *, i
         for name, args in calls(env):
             await env.call_tool(name, args)
         try:
-            reward = await env.grade(seq)
+            reward = (await env.grade(seq)).reward
             infra = False
         except TestbedCorrupted:
             reward, infra = 0.0, True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlonce.core.records import Sequence
+from rlonce.core.records import Grade, Sequence
 from rlonce.envs.reasoning import verify
 from rlonce.envs.reasoning.tasks import ReasoningTask
 
@@ -31,10 +31,10 @@ class ReasoningEnv:
     async def call_tool(self, name: str, arguments: dict) -> str:
         raise KeyError(name)
 
-    async def grade(self, sequence: Sequence) -> float:
+    async def grade(self, sequence: Sequence) -> Grade:
         r, parts = verify.reward(self.task, sequence.answer or "", self.format_weight)
         self.metrics.update(parts)
-        return r
+        return Grade(r, passed=parts["correct"] >= 1.0)  # the format bonus is reward, not a pass
 
     async def cleanup(self) -> None:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlonce.core.records import Sequence
+from rlonce.core.records import Grade, Sequence
 from rlonce.envs.base import function_tool
 from rlonce.envs.toolfind import verify
 from rlonce.envs.toolfind.tasks import ToolfindTask
@@ -56,8 +56,9 @@ class ToolfindEnv:
         r = await self.sandbox.exec(command)
         return format_exec(r.exit_code, r.output, r.timed_out)
 
-    async def grade(self, sequence: Sequence) -> float:
-        return verify.score(self.task.answer, sequence.answer)
+    async def grade(self, sequence: Sequence) -> Grade:
+        r = verify.score(self.task.answer, sequence.answer)
+        return Grade(r, passed=r >= 1.0)
 
     async def cleanup(self) -> None:
         if self.sandbox is not None:
