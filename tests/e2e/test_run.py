@@ -45,10 +45,14 @@ def test_ledger_balances(tiny_run):
     out, cfg, _ = tiny_run
     ledger = read_jsonl(out / "ledger.jsonl")
     assert [e["step"] for e in ledger] == [1, 2]
+    g, want = cfg.rl.group_size, cfg.rl.tasks_per_step
     for e in ledger:
-        assert e["dispatched"] == cfg.rl.tasks_per_step * cfg.rl.group_size
+        # a sync step dispatches its groups, then refills the ones filtering dropped, within the cap
+        assert want * g <= e["dispatched"] <= cfg.rollout.sync_dispatch_cap * want * g and e["dispatched"] % g == 0
+        assert e["retained"] + e["groups_short"] * g == want * g  # the promised batch, or its shortfall counted
         assert e["dispatched"] == e["finished"] + e["infra_failed"]
-        assert e["finished"] == e["no_contrast_filtered"] + e["penalty_rejected"] + e["retained"]
+        assert (e["carried_in"] + e["finished"] == e["no_contrast_filtered"] + e["penalty_rejected"] + e["retained"]
+                + e["stale_dropped"] + e["carried_over"])
 
 
 def test_parameters_changed_and_checkpoint_is_a_hf_model(tiny_run):

@@ -59,19 +59,19 @@ class Faults:
         return seqs
 
 
-def _orch(plan, *, mode="sync", staleness=1, target=2, fixed=None, acceptance=0.5):
+def _orch(plan, *, mode="sync", staleness=1, target=2, fixed=None, acceptance=0.5, cap=None):
     mixer = SampleMixer({"s": SourceStats(target=target, acceptance=acceptance, duration=0.01, seen=1)},
                         MixerSettings(budget=1.0))
     return Orchestrator(Faults(plan), lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(),
                         OrchestratorSettings(mode=mode, group_size=4, staleness=staleness, fixed_quota=fixed,
-                                             max_sessions=64))
+                                             dispatch_cap=cap, max_sessions=64))
 
 
 def test_sync_ledger_balances_under_injected_faults():
     plan = ["ok", "sandbox_timeout", "engine_error", "grader_unavailable", "flat", "all-infra", "raise", "ok"]
 
     async def go():
-        o = _orch(plan, fixed={"s": 8})
+        o = _orch(plan, target=8, fixed={"s": 8}, cap=1.0)  # cap 1: no refills
         res = await o.collect(1)
         await o.close()
         return res
@@ -87,6 +87,40 @@ def test_sync_ledger_balances_under_injected_faults():
     assert e.retained == 17 and e.infra_failed + e.no_contrast_filtered + e.retained == e.dispatched
     e.check()
     assert len(res.samples) == 5 and len(res.rows) == 17  # infra sequences never reach a row
+    assert e.groups_short == 3  # 5 of the 8 promised groups had contrast; the cap forbade refills
+
+
+def test_a_sync_step_buys_the_batch_it_promised():
+    """Target 4 groups, half of all groups flat: the first round (4 groups) keeps 2; the refill
+    sends round(2 / 0.4672) = 4 more (acceptance 0.5 → 0.6 → 0.48 → 0.584 → 0.4672 after ok,
+    flat, ok, flat), which keep 2: the step trains on exactly 4 contrastful groups."""
+
+    async def go():
+        o = _orch(["ok", "flat"], target=4, fixed={"s": 4}, cap=3.0)
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    res = asyncio.run(go())
+    e = res.ledger["s"]
+    assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (32, 16, 16, 0)
+    assert len(res.samples) == 4
+
+
+def test_the_dispatch_cap_bounds_a_sync_step_and_the_shortfall_is_counted():
+    """Every group flat, target 2, cap 3: 2 groups, then min(round(2 / 0.32), 6 - 2) = 4 more,
+    then the cap is spent: 6 groups dispatched, none kept, 2 groups short."""
+
+    async def go():
+        o = _orch(["flat"], target=2, fixed={"s": 2}, cap=3.0)
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    res = asyncio.run(go())
+    e = res.ledger["s"]
+    assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (24, 24, 0, 2)
+    assert res.samples == []
 
 
 def test_ledger_check_refuses_an_imbalance():

@@ -112,7 +112,7 @@ def test_restarted_engine_serves_the_latest_published_version(job):
 
 
 def test_killed_harness_pool_is_infra_restarted_and_the_run_goes_on(job):
-    j = job("ray.max_restarts=2")
+    j = job("ray.max_restarts=2", "rollout.sync_dispatch_cap=1")  # one round per step: the lost groups are not refilled
     orch = j.orchestrator()
     executor = orch.executor
     victim = j.backend.pools[0]
@@ -151,7 +151,7 @@ def test_killed_harness_pool_is_infra_restarted_and_the_run_goes_on(job):
 
 
 def test_group_past_its_timeout_is_infra_and_the_step_ends(job):
-    j = job("ray.group_timeout_s=0.05")
+    j = job("ray.group_timeout_s=0.05", "rollout.sync_dispatch_cap=1")
     orch = j.orchestrator()
 
     async def go():

@@ -177,7 +177,8 @@ class RLConfig(Section):
     steps: int = Field(40, ge=0, le=MAX_STEPS)
     """GRPO steps (0: only the baseline and final evaluations)."""
     tasks_per_step: int = Field(8, ge=1, le=MAX_PARALLEL)
-    """sync: groups (tasks) dispatched per step."""
+    """sync: contrastful groups (tasks) a step trains on; it dispatches this many, then refills
+    the ones filtering dropped (``rollout.sync_dispatch_cap``)."""
     group_size: int = Field(8, ge=2, le=1024)
     """Sequences per task; group-relative advantages need at least 2."""
     lr: float = Field(2e-4, gt=0, le=1)
@@ -221,6 +222,11 @@ class RolloutConfig(Section):
     sync mode, 2 in async mode. Token version lag is then at most staleness - 1."""
     target_groups: int = Field(3, ge=1, le=MAX_PARALLEL)
     """async: accepted (contrastful) groups per trainer step (B for the single toolfind source)."""
+    sync_dispatch_cap: float = Field(3.0, ge=1, le=100)
+    """sync: a step refills groups dynamic filtering dropped (by the measured acceptance) until it
+    holds ``rl.tasks_per_step`` contrastful groups, dispatching at most this multiple of
+    ``rl.tasks_per_step`` groups in all (and at most 4 refill rounds); a batch still short is
+    counted (``groups_short`` in metrics.jsonl). 1: no refills."""
     oversampling: float = Field(1.25, ge=1, le=100)
     """The Sample Mixer's weighted-average oversampling budget p̄."""
     max_sessions: int = Field(64, ge=1, le=MAX_PARALLEL)

@@ -14,7 +14,9 @@ Counted per task source. Rewrites that keep a sequence are counted beside the pa
 deduction applied), ``zero_advantage`` (a retained sequence whose every context the penalty
 module dropped), ``contexts_dropped`` and ``unfinished_masked`` (a sequence cut by a budget
 without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``).
-A ledger that does not balance is a bug, raised at once.
+``groups_short`` counts groups, not sequences: how many
+the step's batch lacks of its target after a sync step spent its dispatch cap (seed 001: "The
+mixer has to buy the batch it promised"). A ledger that does not balance is a bug, raised at once.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class LedgerEntry:
     carried_in: int = 0
     stale_dropped: int = 0
     carried_over: int = 0
+    groups_short: int = 0
     infra_by_category: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> None:

@@ -66,18 +66,21 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
 def build_orchestrator(cfg: RunConfig, domain, executor, signal: SignalSettings, decode, *, state: dict | None = None,
                        position: int = 0, max_sessions: int | None = None) -> Orchestrator:
     """The rollout orchestrator of a run: ``domain``'s train stream through ``executor``, one
-    mixer source, sync (a fixed quota of ``rl.tasks_per_step`` groups) or async; ``state`` and
+    mixer source, sync (``rl.tasks_per_step`` groups, refilled up to ``rollout.sync_dispatch_cap``)
+    or async; ``state`` and
     ``position`` resume it; ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
     r = cfg.rollout
     staleness = r.staleness or (1 if r.mode == "sync" else 2)
     source = domain.name
-    mixer = SampleMixer({source: SourceStats(target=r.target_groups)}, MixerSettings(budget=r.oversampling))
+    target = cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups
+    mixer = SampleMixer({source: SourceStats(target=target)}, MixerSettings(budget=r.oversampling))
     sessions = r.max_sessions if r.mode == "async" else cfg.rl.concurrency
     if max_sessions is not None:
         sessions = min(sessions, max_sessions)
     orch = Orchestrator(
         executor, lambda _source, i: domain.task("train", i), mixer, signal,
-        OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness, refill=False,
+        OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness,
+                             refill=r.mode == "sync", dispatch_cap=r.sync_dispatch_cap,
                              max_sessions=max(sessions, cfg.rl.group_size),
                              fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
                              group_by_arm=cfg.harness.group_by_arm),

@@ -3,7 +3,8 @@
 One object serves both modes with the same records and functions:
 
 - ``sync`` — each step dispatches its groups, waits for all of them, and (with ``refill``)
-  dispatches more of any source still short of its target, until every target is met.
+  dispatches more of any source still short of its target, until every target is met or the
+  step has dispatched ``dispatch_cap`` × the target (then the shortfall is counted).
 - ``async`` — a dispatcher keeps the pipeline full while the trainer steps; ``collect`` only
   waits until the buffer holds each source's target of accepted groups. Weight updates pause
   the engine: in-flight turns stop at their next token and the gateway session continues them
@@ -107,11 +108,14 @@ class OrchestratorSettings:
     refill: bool = True
     """Sync mode: dispatch more of a source still short of its target after filtering."""
     max_refill_rounds: int = 4
+    dispatch_cap: float | None = None
+    """Sync: the most groups a step dispatches per source, as a multiple of its target (None: only
+    ``max_refill_rounds`` bounds the refills). A batch still short then is counted (``groups_short``)."""
     max_sessions: int = 64
     kv_budget: float = float("inf")
     """Predicted KV tokens in flight (mean context tokens of the source × group size)."""
     fixed_quota: dict[str, int] | None = None
-    """Sync without the mixer: dispatch exactly this many groups per source and step."""
+    """Sync without the mixer: the first round dispatches exactly this many groups per source."""
     group_by_arm: bool = False
     """Judge each group's siblings per harness arm (``split_by_arm``)."""
 
@@ -262,16 +266,23 @@ class Orchestrator:
         await self._drain()
 
     async def _sync_fill(self) -> None:
-        await self._dispatch_within(self.s.fixed_quota or self.mixer.quotas())
-        if self.s.fixed_quota is not None or not self.s.refill:
-            return
-        for _ in range(self.s.max_refill_rounds):
-            short = {n: s.target - len(self.accepted(n)) for n, s in self.mixer.sources.items()}
-            short = {n: k for n, k in short.items() if k > 0}
-            if not short:
-                return
+        """Seed 001: "The mixer has to buy the batch it promised": refill each source short of its
+        target (by its measured acceptance), within the rounds and the dispatch cap; count the rest."""
+        sent = dict(self.s.fixed_quota or self.mixer.quotas())
+        await self._dispatch_within(sent)
+        cap = {n: float("inf") if self.s.dispatch_cap is None else self.s.dispatch_cap * s.target
+               for n, s in self.mixer.sources.items()}
+        for _ in range(self.s.max_refill_rounds if self.s.refill else 0):
+            short = {n: int(s.target) - len(self.accepted(n)) for n, s in self.mixer.sources.items()}
             r = {n: max(self.mixer.sources[n].acceptance, self.mixer.settings.min_acceptance) for n in short}
-            await self._dispatch_within({n: max(1, round(k / r[n])) for n, k in short.items()})
+            todo = {n: int(min(max(1, round(k / r[n])), cap[n] - sent.get(n, 0))) for n, k in short.items() if k > 0}
+            if not any(k > 0 for k in todo.values()):
+                break
+            todo = {n: k for n, k in todo.items() if k > 0}
+            sent.update({n: sent.get(n, 0) + k for n, k in todo.items()})
+            await self._dispatch_within(todo)
+        for n, s in self.mixer.sources.items():
+            self._entry(n).groups_short += max(0, int(s.target) - len(self.accepted(n)))
 
     async def _drain(self) -> None:
         jobs = [g.job for g in self.in_flight() if g.job is not None]
@@ -304,8 +315,7 @@ class Orchestrator:
         taken: list[Group] = []
         for n, s in self.mixer.sources.items():
             pool = self.accepted(n)
-            take = pool if self.s.fixed_quota is not None else pool[: int(s.target)]
-            taken += take
+            taken += pool[: int(s.target)]
         taken.sort(key=lambda g: g.order)
         for g in taken:
             self._entry(g.source).retained += self._open_count(g)

@@ -52,7 +52,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
     return {
         "step": x.step,
         "reward_mean": _mean([s.reward for s in scored], len(scored)),
-        "success_rate": _mean([s.success for s in scored], len(scored)),
+        "success_rate": _mean([s.passed for s in scored], len(scored)),
         "response_tokens_mean": gen_tokens / max(len(seqs), 1),
         "turns_mean": _mean([s.turns for s in seqs], len(seqs)),
         "contexts_per_sequence": _mean([len(s.contexts) for s in seqs], len(seqs)),
@@ -72,6 +72,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
         "stale_dropped": float(sum(e.stale_dropped for e in x.ledger.values())),
         "carried_over": float(sum(e.carried_over for e in x.ledger.values())),
+        "groups_short": float(sum(e.groups_short for e in x.ledger.values())),
         "replayed_groups": float(x.replayed),
         "reissued_groups": float(x.reissued),
         **per_arm,
