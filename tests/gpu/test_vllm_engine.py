@@ -58,6 +58,19 @@ def test_the_module_imports_without_vllm_and_says_how_to_install_it():
     assert "\n" not in str(e.value)
 
 
+def test_the_engines_head_follows_the_trainers_precision():
+    from rlonce.engine.factory import EngineSpec
+    from rlonce.engine.vllm_engine import head_overrides
+
+    # bf16 weights with the fp32 head (the default, as the trainer loads them): vLLM's head_dtype knob
+    assert head_overrides("bfloat16", True) == {"head_dtype": "float32"}
+    assert head_overrides("bfloat16", True, {"max_position_embeddings": 4096}) == {
+        "max_position_embeddings": 4096, "head_dtype": "float32"}
+    # float32 weights, or the option off: nothing to override (the trainer's head is then in the weights' dtype)
+    assert head_overrides("float32", True) is None and head_overrides("bfloat16", False) is None
+    assert EngineSpec("vllm", "m", "bfloat16").lm_head_fp32  # the spec carries model.lm_head_fp32 to the engine
+
+
 def test_weights_travel_to_the_workers_as_exact_bytes():
     assert pack_tensors({"x": torch.tensor([1.0])}) == [[("x", "float32", [1], b"\x00\x00\x80?")]]  # IEEE 754 1.0
     emb = torch.randn(10, 4)

@@ -50,7 +50,8 @@ class EngineSpec:
             lm = lm or loader.load(self.model_dir, weights=False)
             return VLLMEngine(self.model_dir, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                               max_model_len=self.max_model_len, seed=seed, version=version,
-                              tensor_parallel_size=self.tensor_parallel_size, eos_token_ids=lm.eos_token_ids)
+                              tensor_parallel_size=self.tensor_parallel_size, eos_token_ids=lm.eos_token_ids,
+                              lm_head_fp32=self.lm_head_fp32)
         import torch
 
         from rlonce.engine.torch_engine import TorchEngine

@@ -29,6 +29,10 @@ Written against vLLM 0.33 (every call used is also in 0.32). It keeps the contra
   read it themselves, which is the cheaper path when a trainer in another process publishes
   checkpoints to a shared disk. The prefix cache is reset after every load: its KV entries were
   computed by the old weights.
+- **The LM head in float32** (MiniMax-M1 §3.2) when the weights are not: the engine passes
+  ``hf_overrides={"head_dtype": "float32"}`` (``head_overrides``), vLLM's own knob for it, which
+  vLLM honours for generation models since its PR #48390, so the engine's head matches the
+  trainer's (``rlonce.model.loader.fp32_lm_head``). Not measured here (no GPU on this machine).
 - **The confident-run stop rule** (``stop_confident_run``) is evaluated on the streamed tokens;
   when it fires the request is aborted in vLLM and the turn ends 'repetition' with exactly the
   tokens of the run — tokens vLLM produced beyond it are dropped.
@@ -67,6 +71,16 @@ CANDIDATE_LOGPROBS = 20
 """Under top-k/top-p a request asks for this many top processed log-probs (vLLM's default
 ``max_logprobs``) and counts the finite ones: its tokens' candidate-set sizes."""
 """Tensors are sent to the workers in collective_rpc calls of about this many bytes."""
+
+
+def head_overrides(dtype: str, lm_head_fp32: bool, overrides: dict | None = None) -> dict | None:
+    """vLLM's ``hf_overrides`` that compute the LM head in float32 when the weights are in a
+    lower precision and ``lm_head_fp32`` is on (``model.lm_head_fp32``, as the trainer does), merged
+    over the caller's own ``overrides``; None when there is nothing to override."""
+    out = dict(overrides or {})
+    if lm_head_fp32 and dtype not in ("float32", "fp32"):
+        out["head_dtype"] = "float32"
+    return out or None
 
 
 def require_vllm() -> None:
@@ -138,13 +152,15 @@ class VLLMEngine:
     def __init__(self, model: str | os.PathLike, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, seed: int = 0, version: int = 0, tensor_parallel_size: int = 1,
                  enforce_eager: bool = False, enable_prefix_caching: bool = True,
-                 eos_token_ids: list[int] | None = None, pause_timeout_s: float = 120.0, **engine_kwargs):
+                 eos_token_ids: list[int] | None = None, pause_timeout_s: float = 120.0, lm_head_fp32: bool = True,
+                 **engine_kwargs):
         """Start vLLM on ``model`` (a Hugging Face folder or hub name) and wait until it is ready.
 
         ``gpu_memory_utilization`` is the share of GPU memory vLLM takes (weights and KV cache);
         the rest stays free for a trainer on the same GPU. ``eos_token_ids`` end a turn in
         addition to the tokenizer's EOS (pass ``LoadedModel.eos_token_ids``, as for
-        ``TorchEngine``). Further keyword arguments go to ``AsyncEngineArgs`` unchanged.
+        ``TorchEngine``). ``lm_head_fp32`` computes the LM head in float32 when ``dtype`` is lower
+        (``head_overrides``). Further keyword arguments go to ``AsyncEngineArgs`` unchanged.
         """
         require_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -159,7 +175,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{WeightSync.__module__}.{WeightSync.__qualname__}",
-            disable_log_stats=True, **engine_kwargs)
+            disable_log_stats=True,
+            hf_overrides=head_overrides(dtype, lm_head_fp32, engine_kwargs.pop("hf_overrides", None)), **engine_kwargs)
         self._ids = itertools.count()
         self._inflight: dict[asyncio.Task, str] = {}  # admitted requests (task -> vLLM request id); engine loop only
         self._paused = False
