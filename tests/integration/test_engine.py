@@ -114,3 +114,24 @@ def test_confident_run_stop_rule(engine):
     assert free.finish_reason in {"stop", "length"}  # the other request of the wave is unaffected
     with pytest.raises(ValueError, match="confident_p"):
         SamplingParams(stop_confident_run=-1)
+
+
+def test_a_bug_of_ours_in_a_wave_is_not_disguised_as_an_engine_outage(engine):
+    """An AttributeError raised by rlonce's own engine code reaches the caller as itself (the
+    runner then counts it as internal_error); a failure of the model is an EngineError (an outage)."""
+    import types
+
+    from rlonce.engine.base import EngineError
+    from rlonce.errors import is_internal
+
+    with pytest.raises(AttributeError) as bug:  # sampling settings without the fields the wave reads
+        gen_many(engine, PROMPTS[:1], [types.SimpleNamespace(max_tokens=4)])
+    assert is_internal(bug.value)
+
+    class Broken(torch.nn.Module):
+        def forward(self, **kw):
+            raise RuntimeError("CUDA error: device lost")
+
+    engine.model = Broken()
+    with pytest.raises(EngineError, match="RuntimeError: CUDA error: device lost"):
+        gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=4)])

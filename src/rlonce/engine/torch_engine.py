@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from rlonce.engine.base import EngineError, Generation, SamplingParams, check_prompt
+from rlonce.errors import is_internal
 
 
 @dataclass
@@ -142,7 +143,8 @@ class TorchEngine:
                 with self._lock, torch.inference_mode():
                     results = self._run_wave(wave)
             except Exception as e:  # the retry boundary: the caller turns this into engine_error
-                err = EngineError(f"{type(e).__name__}: {e}")
+                # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
+                err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
                 for r in wave:
                     _deliver(r, _set_exception, err)
                 continue
