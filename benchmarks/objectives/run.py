@@ -1,6 +1,6 @@
 """GRPO vs DAPO vs CISPO on the embedded task: same SFT start, same steps, same seeds.
 
-    python benchmarks/objectives/run.py --out DIR [--steps 40] [--seeds 0,1]
+    python benchmarks/objectives/run.py --out DIR [--steps 40] [--seeds 0,1] [--arms dapo,cispo]
 
 One SFT run (the quickstart's SFT) produces the shared starting checkpoint. Then each arm
 trains from it with GRPO for ``--steps`` steps per seed, evaluating held-out success every
@@ -11,13 +11,16 @@ in the learning signal (``rlonce.algo``):
 * ``dapo``  — clip-higher [0.8, 1.28], dynamic filtering of no-contrast groups, token-mean;
 * ``cispo`` — clipped IS weight (upper 1.28, no lower bound), dynamic filtering, token-mean
   (MiniMax-M1 §3.1);
+* ``dapo-prompt-mean`` — ``dapo`` with seed 001's production reduction: tokens normalised within
+  each prompt group, then groups averaged (mini-batches hold whole groups);
 * ``dapo-top-p-0.9`` and ``dapo-top-p-0.9-full-vocab`` — ``dapo`` sampling at top_p 0.9, with the
   trainer renormalising over each token's candidate set (seed 000) and without it
   (``harness.candidate_sets=false``: a full-vocabulary log-softmax, whose π/μ < 1 the lower clip bites).
 
 All arms use std-normalised group advantages, as their papers do. Every update is split into
 ``--minibatches`` optimizer steps, so later minibatches are off-policy and the clipping rules
-actually bind. Writes ``results.json``, ``results.md`` (table) and ``objectives.png`` (held-out
+actually bind. A run already in ``DIR/runs.json`` (same arm and seed) is not run again, so an
+interrupted benchmark resumes. Writes ``results.json``, ``results.md`` (table) and ``objectives.png`` (held-out
 success and training reward per step, mean over seeds with each seed drawn thin).
 """
 
@@ -37,6 +40,7 @@ ARMS: dict[str, list[str]] = {
     "cispo": ["algo.objective=cispo", "algo.objective.eps_low=1.0", "algo.objective.eps_high=0.28",
               "algo.filter_no_contrast=true", "algo.aggregation=token-mean"],
 }
+ARMS["dapo-prompt-mean"] = ARMS["dapo"] + ["algo.aggregation=prompt-mean"]
 ARMS["dapo-top-p-0.9"] = ARMS["dapo"] + ["harness.top_p=0.9"]
 ARMS["dapo-top-p-0.9-full-vocab"] = ARMS["dapo"] + ["harness.top_p=0.9", "harness.candidate_sets=false"]
 
@@ -96,7 +100,7 @@ def steps_to_reach(curve: dict[str, float], target: float) -> int | None:
 
 def summarise(runs: list[dict], args) -> dict:
     arms: dict[str, dict] = {}
-    for arm in ARMS:
+    for arm in dict.fromkeys(r["arm"] for r in runs):
         rs = [r for r in runs if r["arm"] == arm]
         keys = rs[0]["heldout"].keys()
         heldout = {k: statistics.mean(r["heldout"][k] for r in rs) for k in keys}
@@ -106,14 +110,15 @@ def summarise(runs: list[dict], args) -> dict:
             "final_success": statistics.mean(r["final_success"] for r in rs),
             "final_success_per_seed": [r["final_success"] for r in rs],
             "reward_last10": statistics.mean(x for r in rs for x in r["reward"][-10:]),
+            "clipfrac_mean": statistics.mean(x for r in rs for x in r["clipfrac"]),
             "heldout_mean": heldout,
             "retained_fraction": statistics.mean(
                 sum(r["retained_rows"]) / (args.steps * ROWS_PER_STEP) for r in rs),
             "wall_seconds_mean": statistics.mean(r["wall_seconds"] for r in rs),
         }
-    target = arms["dapo"]["final_success"]
+    target = arms["dapo"]["final_success"] if "dapo" in arms else None
     for a in arms.values():
-        a["steps_to_dapo_final"] = steps_to_reach(a["heldout_mean"], target)
+        a["steps_to_dapo_final"] = None if target is None else steps_to_reach(a["heldout_mean"], target)
     return arms
 
 
@@ -122,11 +127,13 @@ def write_table(arms: dict, args, out: Path) -> str:
              f"{args.minibatches} minibatches per update; held-out success on {args.final_tasks} tasks "
              f"(intermediate evals: {args.eval_tasks} tasks).", "",
              "| arm | baseline | final held-out (mean) | per seed | train reward, last 10 steps | "
-             "steps to DAPO's final | rows retained | wall s / run |", "|---|---|---|---|---|---|---|---|"]
+             "clipped tokens (mean per step) | steps to DAPO's final | rows retained | wall s / run |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, a in arms.items():
         reach = a["steps_to_dapo_final"]
         lines.append(f"| {name} | {a['baseline_success']:.3f} | {a['final_success']:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in a['final_success_per_seed'])} | {a['reward_last10']:.3f} | "
+                     f"{a['clipfrac_mean']:.4f} | "
                      f"{reach if reach is not None else 'not reached'} | {a['retained_fraction']:.2f} | "
                      f"{a['wall_seconds_mean']:.0f} |")
     table = "\n".join(lines)
@@ -141,7 +148,7 @@ def plot(runs: list[dict], arms: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=100)
-    for i, arm in enumerate(ARMS):
+    for i, arm in enumerate(arms):
         c = f"C{i}"
         for r in (r for r in runs if r["arm"] == arm):
             xs = [int(k) for k in r["heldout"]]
@@ -172,6 +179,7 @@ def main() -> None:
     ap.add_argument("--final-tasks", type=int, default=200)
     ap.add_argument("--sft-demos", type=int, default=1000, help="the quickstart's SFT by default")
     ap.add_argument("--sft-epochs", type=int, default=5)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {', '.join(ARMS)})")
     ap.add_argument("--verbose", action="store_true", help="show each run's progress bars")
     args = ap.parse_args()
     out = Path(args.out)
@@ -182,13 +190,20 @@ def main() -> None:
     from tqdm.auto import tqdm
 
     seeds = [int(s) for s in args.seeds.split(",")]
+    chosen = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
     ckpt = sft_checkpoint(out, args)
-    runs = []
-    bar = tqdm([(a, s) for s in seeds for a in ARMS], desc="objectives", unit="run")
+    done = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else []
+    runs = [r for r in done if r["arm"] in chosen and r["seed"] in seeds]
+    todo = [(a, s) for s in seeds for a in chosen if not any(r["arm"] == a and r["seed"] == s for r in runs)]
+    bar = tqdm(todo, desc="objectives", unit="run")
     for arm, seed in bar:
         bar.set_postfix(arm=arm, seed=seed)
         runs.append(run_arm(out, ckpt, arm, seed, args))
-        (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
+        done.append(runs[-1])
+        (out / "runs.json").write_text(json.dumps(done, indent=1) + "\n")
     arms = summarise(runs, args)
     (out / "results.json").write_text(json.dumps({"settings": vars(args), "arms": arms, "runs": runs}, indent=1) + "\n")
     print(write_table(arms, args, out))
