@@ -17,8 +17,9 @@ in the learning signal (``rlonce.algo``):
   trainer renormalising over each token's candidate set (seed 000) and without it
   (``harness.candidate_sets=false``: a full-vocabulary log-softmax, whose π/μ < 1 the lower clip bites).
 
-All arms use std-normalised group advantages, as their papers do. Every update is split into
-``--minibatches`` optimizer steps, so later minibatches are off-policy and the clipping rules
+All arms use std-normalised group advantages, as their papers do, and dispatch exactly 8 groups a
+step (``rollout.sync_dispatch_cap=1``: no refills), so every arm gets the same rollout budget.
+Every update is split into ``--minibatches`` optimizer steps, so later minibatches are off-policy and the clipping rules
 actually bind. A run already in ``DIR/runs.json`` (same arm and seed) is not run again, so an
 interrupted benchmark resumes. Writes ``results.json``, ``results.md`` (table) and ``objectives.png`` (held-out
 success and training reward per step, mean over seeds with each seed drawn thin).
@@ -71,7 +72,7 @@ def run_arm(out: Path, ckpt: Path, arm: str, seed: int, args) -> dict:
     run_dir = out / f"{arm}-seed{seed}"
     cfg = load_config(None, [f"out={run_dir}", f"model.name={ckpt}", "sft.demos=0", f"runtime.seed={seed}",
                              f"rl.steps={args.steps}", f"rl.minibatches={args.minibatches}",
-                             "algo.norm_by_std=true", f"eval.every={args.eval_every}",
+                             "algo.norm_by_std=true", "rollout.sync_dispatch_cap=1", f"eval.every={args.eval_every}",
                              f"eval.during_tasks={args.eval_tasks}", f"eval.heldout_tasks={args.final_tasks}",
                              f"checkpoint.every={args.steps + 1}", "checkpoint.keep=1", *ARMS[arm]])
     t0 = time.perf_counter()
