@@ -90,18 +90,22 @@ def test_sync_ledger_balances_under_injected_faults():
     assert e.groups_short == 3  # 5 of the 8 promised groups had contrast; the cap forbade refills
 
 
+def _one_sync_step(plan, **kw):
+    async def go():
+        o = _orch(plan, **kw)
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    return asyncio.run(go())
+
+
 def test_a_sync_step_buys_the_batch_it_promised():
     """Target 4 groups, half of all groups flat: the first round (4 groups) keeps 2; the refill
     sends round(2 / 0.4672) = 4 more (acceptance 0.5 → 0.6 → 0.48 → 0.584 → 0.4672 after ok,
     flat, ok, flat), which keep 2: the step trains on exactly 4 contrastful groups."""
 
-    async def go():
-        o = _orch(["ok", "flat"], target=4, fixed={"s": 4}, cap=3.0)
-        res = await o.collect(1)
-        await o.close()
-        return res
-
-    res = asyncio.run(go())
+    res = _one_sync_step(["ok", "flat"], target=4, fixed={"s": 4}, cap=3.0)
     e = res.ledger["s"]
     assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (32, 16, 16, 0)
     assert len(res.samples) == 4
@@ -111,13 +115,7 @@ def test_the_dispatch_cap_bounds_a_sync_step_and_the_shortfall_is_counted():
     """Every group flat, target 2, cap 3: 2 groups, then min(round(2 / 0.32), 6 - 2) = 4 more,
     then the cap is spent: 6 groups dispatched, none kept, 2 groups short."""
 
-    async def go():
-        o = _orch(["flat"], target=2, fixed={"s": 2}, cap=3.0)
-        res = await o.collect(1)
-        await o.close()
-        return res
-
-    res = asyncio.run(go())
+    res = _one_sync_step(["flat"], target=2, fixed={"s": 2}, cap=3.0)
     e = res.ledger["s"]
     assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (24, 24, 0, 2)
     assert res.samples == []
