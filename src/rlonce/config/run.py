@@ -54,8 +54,10 @@ class RayConfig(Section):
     fractional requests above fit on two cores)."""
     call_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """Longest wait for one engine request or weight load."""
-    group_timeout_s: float = Field(1800.0, gt=0, le=86_400)
-    """Longest wait for a harness pool to finish one group; past it the group is infra (call_timeout)."""
+    group_timeout_s: float = Field(7200.0, gt=0, le=86_400)
+    """Longest wait for a harness pool to finish one group (or the trainers one step); past it the
+    group is infra (call_timeout). Above ``timeouts.trajectory_s`` + ``timeouts.reward_s`` (6300 s
+    by default), so a slow sequence's own layer names its failure first."""
     max_restarts: int = Field(3, ge=0, le=1000)
     """How often Ray restarts a dead actor; in-flight work of a dead actor is infra (worker_lost)."""
     dashboard: bool = False
