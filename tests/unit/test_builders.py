@@ -14,7 +14,7 @@ def test_optim_settings_follow_the_named_optimizer():
 def test_rl_step_kwargs_carry_the_objective_and_the_controller_bounds():
     cfg = load_config(None, ["rl.minibatches=4"])
     kw = rl_step_kwargs(cfg, 3, step=7, version=2)
-    assert kw == {"objective": "ppo", "agg": "token-mean", "minibatches": 3, "seed": 7, "correction": "none",
+    assert kw == {"objective": "ppo", "agg": "prompt-mean", "minibatches": 3, "seed": 7, "correction": "none",
                   "correction_cap": 2.0, "geometric_bounds": (0.999, 1.001), "kl_coef": 0.0, "version": 2,
                   "clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0}
     four = load_config(None, ["algo.objective=four_bound"])

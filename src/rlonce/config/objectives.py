@@ -157,8 +157,9 @@ class AlgoConfig(Section):
     """By name (``algo.objective=cispo``) or as a table with the variant's parameters (the rows
     ``algo.objective.*`` below, each marked with its variant)."""
     aggregation: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                         "seq-mean-token-sum-norm", "prompt-mean"] = "token-mean"
-    """How per-token losses become one number (docs/algorithms.md)."""
+                         "seq-mean-token-sum-norm", "prompt-mean"] = "prompt-mean"
+    """How per-token losses become one number (docs/algorithms.md). The default is the seeds'
+    production mode: tokens normalised within each prompt group, then groups averaged."""
     norm_by_std: bool = False
     """Divide group advantages by the group's std (the public Code recipe leaves it off)."""
     filter_no_contrast: bool = True

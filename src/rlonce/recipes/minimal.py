@@ -8,7 +8,7 @@ advantages and loss below equal ``learning_signal`` and ``policy_loss`` on the s
 
     python -m rlonce.recipes.minimal --out runs/minimal
 
-How this departs from textbook GRPO (each is also the main job's default):
+How this departs from textbook GRPO (each but the aggregation is also the main job's default):
 - No KL term and no reference model.
 - Advantages are ``r - mean(r)`` within the group, not divided by the group's std.
 - Dynamic filtering: a group whose rewards are all equal teaches nothing and is dropped.
@@ -16,7 +16,8 @@ How this departs from textbook GRPO (each is also the main job's default):
   negative-advantage token's loss is at most ``-3·A``).
 - The ratio's denominator is the log-prob the engine recorded when it sampled the token, not
   a recomputation by the trainer (the records carry it, per token, with its policy version).
-- Token-mean aggregation: every trained token of the mini-batch weighs the same.
+- Token-mean aggregation: every trained token of the mini-batch weighs the same (the main job
+  defaults to the seeds' prompt-mean, which normalises within each prompt group first).
 - A sequence that failed in the infrastructure (sandbox, engine, grader) is left out of its
   group's statistics; it is never scored as a reward of 0.
 - A warm start by SFT on a scripted expert's demonstrations, run through the same harness.
