@@ -1,5 +1,6 @@
-"""A short end-to-end run: real model, real sandboxes, real trainer; then resume it. Further whole
-jobs (other objectives, mixed arms, kill -9 mid-step) are marked slow: `make test-slow`."""
+"""A short end-to-end run of a mixed job (two task sources): real model, real sandboxes, real
+trainer; then resume it. Further whole jobs (other objectives, mixed arms, kill -9 mid-step) are
+marked slow: `make test-slow`."""
 
 import json
 import subprocess
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "tiny"
-    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={out}", "rl.steps=2", "checkpoint.keep=10"])
+    cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "rl.steps=2", "checkpoint.keep=10"])
     summary = run(cfg, progress=False)
     return out, cfg, summary
 
@@ -32,21 +33,26 @@ def test_run_directory_is_complete(tiny_run):
         assert (out / name).is_file(), name
     for key in ("baseline_success", "final_success", "heldout_tasks", "wall_seconds"):
         assert key in summary
-    assert summary["heldout_tasks"] == cfg.eval.heldout_tasks
+    assert summary["heldout_tasks"] == cfg.eval.heldout_tasks + 4  # toolfind's 8 and arith's own 4
+    assert {k: v["heldout_tasks"] for k, v in summary["sources"].items()} == {"toolfind": 8, "arith": 4}
+    assert set(summary["final_success_per_arm"]) == {"toolfind/mini-bash", "arith/single-turn"}
     assert json.loads((out / "summary.json").read_text()) == summary
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 8
+    assert html.count("data:image/png;base64,") == 10  # 8 curves + retained share and success per source
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)
+    assert [(r["src/toolfind/target_share"], r["src/arith/target_share"]) for r in steps] == [(0.75, 0.25)] * 2
 
 
 def test_ledger_balances(tiny_run):
     out, cfg, _ = tiny_run
     ledger = read_jsonl(out / "ledger.jsonl")
-    assert [e["step"] for e in ledger] == [1, 2]
-    g, want = cfg.rl.group_size, cfg.rl.tasks_per_step
-    for e in ledger:
+    assert [(e["step"], e["source"]) for e in ledger] == [(1, "toolfind"), (1, "arith"), (2, "toolfind"), (2, "arith")]
+    g = cfg.rl.group_size
+    # each step's targets: 2 groups split 3 : 1 in whole groups (wants 1.5 / 0.5: the tie goes to
+    # 'arith' by name, then the carried 0.5 / -0.5 make 2 / 0)
+    for e, want in zip(ledger, (1, 1, 2, 0)):
         # a sync step dispatches its groups, then refills the ones filtering dropped, within the cap
         assert want * g <= e["dispatched"] <= cfg.rollout.sync_dispatch_cap * want * g and e["dispatched"] % g == 0
         assert e["retained"] + e["groups_short"] * g == want * g  # the promised batch, or its shortfall counted
@@ -138,9 +144,9 @@ def test_a_run_can_mix_harness_arms(tmp_path):
 
 @pytest.mark.slow  # another whole job: the default suite keeps one smoke run (tiny_run) and its resume
 def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(tiny_run, tmp_path):
-    """Continue the tiny run in async mode, kill -9 the process mid-run, resume it: every step's
-    ledger appears once, balances, and carries into the next exactly what the step before
-    carried over; the retained total is the sum of the steps'; trained tokens span versions
+    """Continue the tiny mixed run in async mode, kill -9 the process mid-run, resume it: every
+    step's ledger appears once per source, balances, and carries into the source's next step
+    exactly what its step before carried over; the retained total is the sum of the steps'; trained tokens span versions
     only within the staleness bound."""
     import shutil
     import time
@@ -155,7 +161,7 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
-            if len(read_jsonl(run_dir / "ledger.jsonl")) >= 4:
+            if len(read_jsonl(run_dir / "ledger.jsonl")) >= 8:  # 4 steps × 2 sources
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read()[-2000:]
@@ -165,13 +171,15 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert len(read_jsonl(run_dir / "ledger.jsonl")) < 7  # the kill interrupted the run
+    assert len(read_jsonl(run_dir / "ledger.jsonl")) < 14  # the kill interrupted the run
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     ledger = read_jsonl(run_dir / "ledger.jsonl")
-    assert [e["step"] for e in ledger] == list(range(1, 8))
-    for prev, e in zip(ledger, ledger[1:]):
-        assert e["carried_in"] == prev["carried_over"], (prev, e)
+    assert [(e["step"], e["source"]) for e in ledger] == [(s, n) for s in range(1, 8) for n in ("toolfind", "arith")]
+    for n in ("toolfind", "arith"):
+        mine = [e for e in ledger if e["source"] == n]
+        for prev, e in zip(mine, mine[1:]):
+            assert e["carried_in"] == prev["carried_over"], (prev, e)
     for e in ledger:
         assert e["carried_in"] + e["dispatched"] == (e["infra_failed"] + e["no_contrast_filtered"]
                                                      + e["penalty_rejected"] + e["stale_dropped"] + e["retained"]

@@ -64,7 +64,17 @@ def test_other_literals_equal_their_registries():
 
     assert set(get_args(C.ArmName)) == set(ARMS)
     assert _literal(C.RLConfig, "optimizer") == set(C.OPTIMIZERS)
+    from rlonce.errors import PackError
+
     for name in _literal(C.TaskConfig, "name"):  # domains are built by name, not kept in a table
+        if name == "code":  # needs a validated pack (built from one in tests/integration/test_code_training.py)
+            try:
+                domain_for(C.TaskConfig(name=name))
+            except PackError as e:
+                assert "rlonce tasks build code --out DIR" in str(e) and "\n" not in str(e)
+            else:
+                raise AssertionError("task 'code' without task.pack should say how to make a pack")
+            continue
         assert domain_for(C.TaskConfig(name=name)).name == name
 
 

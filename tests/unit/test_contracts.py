@@ -9,10 +9,11 @@ import pytest
 from rlonce.config import load_config
 from rlonce.envs.base import Environment, HasWorkspace, group_grader
 from rlonce.envs.code.env import CodeEnv
-from rlonce.envs.domains import DOMAINS, check_domain_settings, domain_for
+from rlonce.envs.domains import DOMAINS, domain_for
 from rlonce.envs.reasoning.env import ReasoningEnv
 from rlonce.envs.toolfind.env import ToolfindEnv
 from rlonce.envs.toolfind.tasks import make_task
+from rlonce.rollout.sources import check_sources
 
 MEMBERS = [n for n in dir(Environment) if not n.startswith("_")]
 
@@ -48,9 +49,9 @@ def test_group_grader_is_found_through_a_partial():
 
 def test_the_registry_owns_the_per_domain_rules():
     assert {n: (e.has_expert, e.single_turn) for n, e in DOMAINS.items()} == {
-        "toolfind": (True, False), "reasoning": (False, True)}
+        "toolfind": (True, False), "reasoning": (True, True), "code": (True, False)}
     # the rules these flags drive are checked in tests/unit/test_config.py (one-line ConfigErrors)
-    check_domain_settings(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"]))
+    check_sources(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"]))
 
 
 def test_every_wire_protocol_client_meets_the_client_contract():

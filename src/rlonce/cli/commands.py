@@ -67,29 +67,29 @@ def _run(cfg, resume: bool, args) -> int:
 
 def _quickstart(args) -> int:
     from rlonce.config import load_config
-    from rlonce.envs.domains import check_domain_settings
+    from rlonce.rollout.sources import check_sources
 
     cfg = load_config(None, [*args.overrides, f"out={args.out}"])
-    check_domain_settings(cfg)
+    check_sources(cfg)
     _writable_dir(cfg.out)
     return _run(cfg, False, args)
 
 
 def _train(args) -> int:
-    from rlonce.envs.domains import check_domain_settings
+    from rlonce.rollout.sources import check_sources
 
     cfg, resume = train_config(args)
-    check_domain_settings(cfg)
+    check_sources(cfg)
     _writable_dir(cfg.out)
     return _run(cfg, resume, args)
 
 
 def _eval(args) -> int:
     from rlonce.config import load_config
-    from rlonce.envs.domains import check_domain_settings
+    from rlonce.rollout.sources import check_sources
 
     cfg = load_config(None, [*args.overrides, f"out={args.out}"])
-    check_domain_settings(cfg)
+    check_sources(cfg)
     _writable_dir(cfg.out)
     from rlonce.recipes.grpo import evaluate_model
 

@@ -56,13 +56,14 @@ from rlonce.config.sections import (
     TaskConfig,
     _numeric,
 )
+from rlonce.config.sources import SourceConfig
 
 __all__ = [
     "MAX_PARALLEL", "MAX_STEPS", "MAX_TOKENS", "OPTIMIZERS", "PENALTY_PARAMS", "_VARIANTS", "AlgoConfig", "ArmName",
     "CISPOObjective", "CheckpointConfig", "ConfigError", "EngineConfig", "EvalConfig", "FourBoundObjective",
     "HarnessConfig", "LengthConfig", "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
-    "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "TaskConfig",
-    "TimeoutsConfig", "UnifiedObjective", "_explain", "_field_at", "_numeric", "_parse_value", "_plain", "_read_text",
-    "_section_type", "_toml", "apply_overrides", "bounds", "load_config", "objective_params", "read_saved_config",
-    "reference", "save_config", "settings", "validate",
+    "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "SourceConfig",
+    "TaskConfig", "TimeoutsConfig", "UnifiedObjective", "_explain", "_field_at", "_numeric", "_parse_value", "_plain",
+    "_read_text", "_section_type", "_toml", "apply_overrides", "bounds", "load_config", "objective_params",
+    "read_saved_config", "reference", "save_config", "settings", "validate",
 ]

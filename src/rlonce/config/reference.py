@@ -5,7 +5,7 @@ docstring) and ``settings()`` for ``rlonce config show`` (a resolved config, key
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import NamedTuple, get_origin
 
 from pydantic import BaseModel
 
@@ -45,7 +45,8 @@ def reference() -> str:
                 for variant in _VARIANTS.values():
                     walk(variant, f"{key}.")  # one row per variant's parameter, variant named in the text
                 continue
-            if sub is not None and sub is not PenaltyConfig:
+            listed = sub is not None and get_origin(info.annotation) is list
+            if sub is not None and not listed:
                 walk(sub, f"{key}.")
                 continue
             if info.is_required():
@@ -57,8 +58,8 @@ def reference() -> str:
             owner = f"{section.model_fields['name'].default}: " if section in _VARIANTS.values() else ""
             desc = owner + " ".join((info.description or "").split())
             rows.append(f"| `{key}` | `{default}` | {bounds(info) or '—'} | {desc.replace('|', '/')} |")
-            if sub is PenaltyConfig:
-                walk(PenaltyConfig, f"{key}[].")
+            if listed:
+                walk(sub, f"{key}[].")
 
     walk(RunConfig, "")
     return "\n".join(rows) + "\n"

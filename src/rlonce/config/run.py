@@ -22,6 +22,7 @@ from rlonce.config.sections import (
     SFTConfig,
     TaskConfig,
 )
+from rlonce.config.sources import SourceConfig
 
 
 class RayConfig(Section):
@@ -112,7 +113,14 @@ class CheckpointConfig(Section):
 class RunConfig(Section):
     @model_validator(mode="after")
     def _fits(self):
-        # per-domain rules (arms, SFT) live with the domains: rlonce.envs.domains.check_domain_settings
+        # per-source rules (arms, SFT) need the domain registry: rlonce.rollout.sources.check_sources
+        if self.sources and self.task != TaskConfig():  # a saved config holds the default [task]: fine
+            raise ValueError("give either [task] (a one-source run) or [[sources]], not both: move the [task] "
+                             "keys into a [[sources]] table")
+        labels = [s.label or s.name for s in self.sources]
+        if len(set(labels)) < len(labels):
+            dup = next(x for x in labels if labels.count(x) > 1)
+            raise ValueError(f"two sources are labelled {dup!r}: give each [[sources]] table its own label")
         if (self.engine.backend == "vllm" and self.executor == "ray"
                 and self.ray.engine_gpus < self.engine.tensor_parallel_size):
             raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
@@ -133,7 +141,10 @@ class RunConfig(Section):
     engine: EngineConfig = EngineConfig()
     """The inference engine that generates rollouts (torch on CPU or vLLM on GPU)."""
     task: TaskConfig = TaskConfig()
-    """The domain trained on and its task generator."""
+    """The domain trained on and its task generator (a one-source run; see ``sources``)."""
+    sources: list[SourceConfig] = []
+    """Task sources of a mixed run (``[[sources]]`` tables, docs/sources.md): each a domain with its
+    options, share of the batch, arms, staleness, held-out size. Empty: the one source ``task``."""
     harness: HarnessConfig = HarnessConfig()
     """Harness arms, turn and token budgets, sampling."""
     sft: SFTConfig = SFTConfig()

@@ -87,9 +87,10 @@ class EngineConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["toolfind", "reasoning"] = "toolfind"
-    """'toolfind' (the embedded agentic domain) or 'reasoning' (rule-verified reasoning-gym tasks,
-    single turn: use ``harness.arms = ["single-turn"]`` and ``sft.demos = 0``)."""
+    name: Literal["toolfind", "reasoning", "code"] = "toolfind"
+    """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
+    single turn: use ``harness.arms = ["single-turn"]`` and ``sft.demos = 0``) or 'code' (code
+    repair on the validated tasks of the code pack ``task.pack``)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
     """toolfind: share of questions that need two look-ups."""
     datasets: list[str] = Field(["chain_sum"], min_length=1)
@@ -101,7 +102,10 @@ class TaskConfig(Section):
     system_prompt: str | None = None
     """reasoning: the system prompt (default: ``rlonce.envs.reasoning.env.SYSTEM_PROMPT``)."""
     pack: str | None = None
-    """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept."""
+    """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept.
+    code (required): a pack from ``rlonce tasks build code`` checked by ``rlonce tasks validate``."""
+    heldout_fraction: float = Field(0.2, gt=0, lt=1)
+    """code: share of a validated pack's tasks held out for evaluation (split by task id)."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

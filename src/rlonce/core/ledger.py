@@ -16,7 +16,10 @@ module dropped), ``contexts_dropped`` and ``unfinished_masked`` (a sequence cut 
 without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``).
 ``groups_short`` counts groups, not sequences: how many
 the step's batch lacks of its target after a sync step spent its dispatch cap (seed 001: "The
-mixer has to buy the batch it promised"). A ledger that does not balance is a bug, raised at once.
+mixer has to buy the batch it promised"). Also in groups, beside the partition: ``stale_reissued``
+(stale groups whose task was queued to run again, their sequences counted in ``stale_dropped``)
+and ``difficulty_skipped`` (tasks the difficulty filter passed over before dispatch). A ledger
+that does not balance is a bug, raised at once.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class LedgerEntry:
     stale_dropped: int = 0
     carried_over: int = 0
     groups_short: int = 0
+    stale_reissued: int = 0
+    difficulty_skipped: int = 0
     infra_by_category: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> None:

@@ -27,21 +27,22 @@ class HarnessPool:
         import torch
 
         from rlonce.config import validate
-        from rlonce.envs.domains import domain_for
         from rlonce.model import loader
         from rlonce.rollout.builders import rollout_spec
         from rlonce.rollout.runner import LocalExecutor
+        from rlonce.rollout.sources import build_sources, plan_sources
 
         torch.set_num_threads(1)
         run = validate(cfg)
         lm = loader.load(model_dir, chat_format=run.model.chat_format, weights=False)
         self.decode = lm.decode
-        self.domain = domain_for(run.task)
         self.engine = RemoteEngine([ray_module().get_actor(name) for name in engines], call_timeout)
         # one background thread renders and tokenizes for every session of this pool: off the event
         # loop, and never two threads in one tokenizer at once
-        self.executor = LocalExecutor(self.domain.env_factory, self.engine, rollout_spec(run, lm),
-                                      offload=ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize"))
+        offload = ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize")
+        self.executors = {label: LocalExecutor(src.domain.env_factory, self.engine, src.spec, offload=offload)
+                          for label, src in build_sources(plan_sources(run), rollout_spec(run, lm)).items()}
+        """One executor per task source of the run, by label."""
         self.judge = judge
         self.groups = 0
 
@@ -49,7 +50,8 @@ class HarnessPool:
         return {"pid": os.getpid(), "groups": self.groups}
 
     async def run_group(self, task, source: str, dispatch_step: int, group_size: int):
-        seqs = await self.executor.run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step), group_size)
+        seqs = await self.executors[source].run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step),
+                                                      group_size)
         judged = await asyncio.to_thread(self.judge, task.task_id, source, dispatch_step, seqs, self.decode)
         self.groups += 1
         light = [replace(s, contexts=[]) for s in seqs]

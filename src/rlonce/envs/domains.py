@@ -29,8 +29,16 @@ class Domain:
     """(split, index) → task."""
     kept: list[int] | None = None
     """Train indices a difficulty filter kept; the train stream then cycles through them."""
-    has_expert: bool = False
     single_turn: bool = False
+    heldout_size: int | None = None
+    """Distinct held-out tasks when the held-out stream repeats (a pack); None: endless."""
+    expert: Callable | None = None
+    """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours)`` → its
+    assistant turns as text (SFT demonstrations); None when the domain has none."""
+
+    @property
+    def has_expert(self) -> bool:
+        return self.expert is not None
 
     def task(self, split: str, index: int):
         if split == "train" and self.kept is not None:
@@ -61,12 +69,14 @@ def _toolfind_task(two_hop: float, split: str, index: int):
 
 def _toolfind(task_cfg) -> Domain:
     from rlonce.envs.toolfind.env import ToolfindEnv
+    from rlonce.envs.toolfind.expert import expert_turns
 
-    return Domain("toolfind", ToolfindEnv, partial(_toolfind_task, task_cfg.two_hop_fraction), has_expert=True)
+    return Domain("toolfind", ToolfindEnv, partial(_toolfind_task, task_cfg.two_hop_fraction), expert=expert_turns)
 
 
 def _reasoning(task_cfg) -> Domain:
     from rlonce.envs.reasoning.env import SYSTEM_PROMPT, ReasoningEnv
+    from rlonce.envs.reasoning.expert import expert_turns
     from rlonce.envs.reasoning.tasks import make_task
 
     datasets, options = list(task_cfg.datasets), dict(task_cfg.options)
@@ -80,7 +90,43 @@ def _reasoning(task_cfg) -> Domain:
     env = partial(ReasoningEnv, format_weight=task_cfg.format_weight,
                   system_prompt=task_cfg.system_prompt or SYSTEM_PROMPT)
     return Domain("reasoning", env, lambda split, i: make_task(split, i, datasets, options), kept=kept,
-                  single_turn=True)
+                  single_turn=True, expert=expert_turns)
+
+
+def _code_task(train: list, heldout: list, split: str, index: int):
+    tasks = heldout if split == "heldout" else train
+    if not tasks:
+        raise PackError(f"the code pack holds no {'held-out' if split == 'heldout' else 'train'} task; "
+                        "validate more tasks or change task.heldout_fraction")
+    return tasks[index % len(tasks)]
+
+
+def _code(task_cfg) -> Domain:
+    """Validated tasks of a code pack, split by task id (``validate.split_tasks``; the split is
+    written to the pack's validation.json). ``sft`` draws from the train tasks too."""
+    import dataclasses
+
+    from rlonce.envs.code.env import CodeEnv
+    from rlonce.envs.code.expert import expert_turns
+    from rlonce.envs.code.validate import HELDOUT_FRACTION, record_split, split_tasks, validated_tasks
+
+    pack = task_cfg.pack
+    if not pack or not (Path(pack) / "pack.json").is_file():
+        raise PackError(f"task 'code' needs task.pack, a built and validated code pack ({pack or 'unset'} is not one): "
+                        "run `rlonce tasks build code --out DIR` and `rlonce tasks validate DIR`")
+    if not (Path(pack) / "validation.json").is_file():
+        raise PackError(f"the code pack {pack} was never validated: run `rlonce tasks validate {pack}`")
+    tasks = validated_tasks(Path(pack))
+    if not tasks:
+        raise PackError(f"no task of the code pack {pack} passed validation; build a larger pack "
+                        "with `rlonce tasks build code --out DIR` and validate it")
+    split = split_tasks([t.task_id for t in tasks], getattr(task_cfg, "heldout_fraction", HELDOUT_FRACTION))
+    record_split(Path(pack), split)
+    held = set(split["heldout_ids"])
+    train = [t for t in tasks if t.task_id not in held]
+    heldout = [dataclasses.replace(t, split="heldout") for t in tasks if t.task_id in held]
+    return Domain("code", CodeEnv, partial(_code_task, train, heldout), heldout_size=len(heldout),
+                  expert=expert_turns)
 
 
 @dataclass(frozen=True)
@@ -97,7 +143,8 @@ class DomainEntry:
 
 DOMAINS: dict[str, DomainEntry] = {
     "toolfind": DomainEntry(_toolfind, has_expert=True, single_turn=False),
-    "reasoning": DomainEntry(_reasoning, has_expert=False, single_turn=True),
+    "reasoning": DomainEntry(_reasoning, has_expert=True, single_turn=True),
+    "code": DomainEntry(_code, has_expert=True, single_turn=False),
 }
 """Every domain a job can train on, by the name ``task.name`` gives."""
 
@@ -110,15 +157,3 @@ def domain_for(task_cfg) -> Domain:
         raise ConfigError(f"unknown task {task_cfg.name!r}; known: {', '.join(DOMAINS)}") from None
     return entry.build(task_cfg)
 
-
-def check_domain_settings(cfg) -> None:
-    """The settings a run's domain needs, from the registry: a single-turn domain takes only the
-    ``single-turn`` arm, a tool domain never takes it, and SFT needs a scripted expert."""
-    name, entry = cfg.task.name, DOMAINS[cfg.task.name]
-    if entry.single_turn and cfg.harness.arms != ["single-turn"]:
-        raise ConfigError(f"task {name!r} is single-turn: set harness.arms = [\"single-turn\"]")
-    if not entry.single_turn and "single-turn" in cfg.harness.arms:
-        raise ConfigError(f"task {name!r} needs tools: harness arm 'single-turn' is for single-turn tasks "
-                          f"({', '.join(n for n, e in DOMAINS.items() if e.single_turn)})")
-    if not entry.has_expert and cfg.sft.demos > 0:
-        raise ConfigError(f"task {name!r} has no scripted expert for SFT: set sft.demos = 0")

@@ -10,8 +10,9 @@
 
 Every tool arm adds ``submit``. A tool the environment itself offers under the same name (e.g. the
 toolfind ``bash``, the code domain's ``str_replace_editor``) is used as the environment defines
-it. ``translate`` maps the scripted expert's bash calls into the arm's tools, so one expert
-writes demonstrations for every arm.
+it. ``translate`` maps the scripted experts' bash calls into the arm's tools, and an editor
+``str_replace`` of whole lines into an arm that has no editor (``Edit``, ``apply_patch``), so
+one expert writes demonstrations for every arm.
 
 Arm assignment is a step hash: ``sha256(seed NUL round NUL task_id) mod n_arms`` — the same
 arm for every sibling of a group, different arms across tasks and rounds.
@@ -54,7 +55,15 @@ def _same(call: ToolCall) -> ToolCall:
     return call
 
 
+def _str_replace(call: ToolCall) -> dict | None:
+    """The arguments of an editor ``str_replace`` call, or None for any other call."""
+    ok = call.name == "str_replace_editor" and call.arguments.get("command") == "str_replace"
+    return call.arguments if ok else None
+
+
 def _claude(call: ToolCall) -> ToolCall:
+    if (a := _str_replace(call)) is not None:
+        return ToolCall("Edit", {"file_path": a["path"], "old_string": a["old_str"], "new_string": a["new_str"]})
     cmd = call.arguments.get("command", "") if call.name == "bash" else None
     if cmd is None:
         return call
@@ -67,6 +76,11 @@ def _claude(call: ToolCall) -> ToolCall:
 
 
 def _codex(call: ToolCall) -> ToolCall:
+    if (a := _str_replace(call)) is not None:  # whole lines (the experts' fixes are): a one-hunk patch
+        body = [f"-{x}" for x in a["old_str"].removesuffix("\n").split("\n")]
+        body += [f"+{x}" for x in a["new_str"].removesuffix("\n").split("\n")]
+        patch = "\n".join(["*** Begin Patch", f"*** Update File: {a['path']}", "@@", *body, "*** End Patch"])
+        return ToolCall("apply_patch", {"input": patch + "\n"})
     return ToolCall("exec_command", {"cmd": call.arguments["command"]}) if call.name == "bash" else call
 
 

@@ -29,7 +29,6 @@ from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
 from rlonce.dist.backends import build_backend, check_backend
-from rlonce.envs.domains import check_domain_settings, domain_for
 from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.recipes.evaluate import heldout_success, outside_success
@@ -37,6 +36,7 @@ from rlonce.recipes.rl import rl_phase
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
 from rlonce.rollout.orchestrator import Judge, Orchestrator
+from rlonce.rollout.sources import SourceExecutor, build_sources, check_sources
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
@@ -50,9 +50,11 @@ class RunState:
     phase: str = "sft"  # sft -> rl -> done
     rl_step: int = 0
     data_position: int = 0
+    """Tasks drawn from the sources' train streams so far (all sources)."""
     version: int = 0
     baseline_success: float | None = None
     baseline_per_arm: dict | None = None
+    baseline_per_source: dict | None = None
     wall_seconds_before: float = 0.0
     bounds: dict | None = None
     """State of the entropy-driven four-bound controller, when one is configured."""
@@ -62,7 +64,7 @@ class RunState:
 
 class Job:
     def __init__(self, cfg: RunConfig, *, progress: bool = True):
-        check_domain_settings(cfg)
+        self.plans = check_sources(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.progress = progress
@@ -78,13 +80,17 @@ class Job:
         """Load the model from ``model_dir`` and build the run's parts around it; the trainer
         backend and its engine start later, from the weights SFT leaves (``ensure_engine``)."""
         cfg = self.cfg
-        self.domain = domain_for(cfg.task)
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
                               lm_head_fp32=cfg.model.lm_head_fp32)
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         check_backend(cfg, model_dir)
         self.spec = rollout_spec(cfg, self.lm)
+        self.sources = build_sources(self.plans, self.spec)
+        first = next(iter(self.sources.values()))
+        self.domain = first.domain
+        """The first source's domain: what one-domain tools (``rlonce tasks filter``, an outside
+        harness's evaluation) work on."""
         self.signal = signal_settings(cfg.algo)
         self.controller = bound_controller(cfg.algo)
         if self.controller is not None and self.state.bounds:
@@ -169,8 +175,11 @@ class Job:
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
         self.threads("rollout")
-        demos = asyncio.run(demonstrations(self.domain, self.spec, self.fmt, self.lm.encode, self.cfg,
-                                           progress=self.progress))
+        demos = []
+        for src in self.sources.values():
+            if src.plan.sft_demos:
+                demos += asyncio.run(demonstrations(src.domain, src.spec, self.fmt, self.lm.encode, self.cfg,
+                                                    n=src.plan.sft_demos, progress=self.progress))
         self.threads("train")
         train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress)
         if self.backend is not None:  # started before SFT: it takes the SFT weights
@@ -179,15 +188,29 @@ class Job:
         self.state.phase = "rl"
         self.save_checkpoint()
 
-    def evaluate(self, n: int, desc: str) -> dict:
-        return asyncio.run(self.evaluate_async(n, desc))
+    def evaluate(self, desc: str, *, n: int | None = None, during: bool = False) -> dict:
+        return asyncio.run(self.evaluate_async(desc, n=n, during=during))
 
-    async def evaluate_async(self, n: int, desc: str) -> dict:
-        """Held-out success: every task under every configured arm; ``success`` is their mean."""
+    async def evaluate_async(self, desc: str, *, n: int | None = None, during: bool = False) -> dict:
+        """Held-out success of every source: its first ``n`` held-out tasks (default: the source's
+        ``heldout_tasks``, or ``during_tasks`` with ``during``) under each of its arms. A source's
+        ``success`` is the mean over its arms; the run's is the share-weighted mean over sources
+        (``per_source`` has each; ``per_arm`` is keyed ``label/arm`` when there are several)."""
         self.ensure_engine()
         self.threads("rollout")
-        return await heldout_success(self.domain, self.engine, self.spec, n, desc,
-                                     concurrency=self.cfg.eval.concurrency, progress=self.progress)
+        per_source = {}
+        for label, src in self.sources.items():
+            count = n or (src.plan.during_tasks if during else src.plan.heldout_tasks)
+            count = min(count, src.domain.heldout_size or count)  # a pack's held-out tasks, each once
+            per_source[label] = await heldout_success(
+                src.domain, self.engine, src.spec, count, desc if len(self.sources) == 1 else f"{desc} {label}",
+                concurrency=self.cfg.eval.concurrency, progress=self.progress)
+        if len(per_source) == 1:
+            return {**next(iter(per_source.values())), "per_source": per_source}
+        return {"success": sum(self.sources[k].plan.share * v["success"] for k, v in per_source.items()),
+                "per_arm": {f"{k}/{a}": x for k, v in per_source.items() for a, x in v["per_arm"].items()},
+                "tasks": sum(v["tasks"] for v in per_source.values()),
+                "infra_failed": sum(v["infra_failed"] for v in per_source.values()), "per_source": per_source}
 
     async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
@@ -199,10 +222,11 @@ class Job:
     def orchestrator(self) -> Orchestrator:
         """The rollout orchestrator over this job's executor, restored to the run's position."""
         self.ensure_engine()
-        executor, pool_cap = self.backend.executor(self.domain, self.spec)
-        return build_orchestrator(self.cfg, self.domain, executor, self.signal, self.lm.decode,
-                                  state=self.state.orchestrator, position=self.state.data_position,
-                                  max_sessions=pool_cap)
+        executors, pool_cap = {}, None
+        for label, src in self.sources.items():
+            executors[label], pool_cap = self.backend.executor(src.domain, src.spec)
+        return build_orchestrator(self.cfg, self.sources, SourceExecutor(executors), self.signal, self.lm.decode,
+                                  state=self.state.orchestrator, max_sessions=pool_cap)
 
     def _elapsed(self) -> float:
         return self.state.wall_seconds_before + (time.perf_counter() - self.t0)
@@ -221,8 +245,9 @@ class Job:
     def run(self) -> dict:
         cfg, st = self.cfg, self.state
         if st.phase == "sft":
-            if cfg.sft.demos > 0 and cfg.sft.epochs > 0:
-                self._say(f"SFT on {cfg.sft.demos} expert demonstrations")
+            demos = sum(p.sft_demos for p in self.plans)
+            if demos > 0 and cfg.sft.epochs > 0:
+                self._say(f"SFT on {demos} expert demonstrations")
                 self.sft()
             else:
                 st.phase = "rl"
@@ -235,13 +260,14 @@ class Job:
         cfg, st = self.cfg, self.state
         self.ensure_engine()
         if st.baseline_success is None:
-            ev = self.evaluate(cfg.eval.heldout_tasks, "baseline eval")
+            ev = self.evaluate("baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
+            st.baseline_per_source = {k: v["success"] for k, v in ev["per_source"].items()}
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
             self.save_checkpoint()
         asyncio.run(rl_phase(self))
-        final = self.evaluate(cfg.eval.heldout_tasks, "final eval")
+        final = self.evaluate("final eval")
         self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
                             "final": True})
         st.phase = "done"
@@ -257,9 +283,13 @@ class Job:
             "policy_version": st.version,
             "wall_seconds": wall,
             "model": cfg.model.name,
-            "task": cfg.task.name,
+            "task": "+".join(self.sources),
+            "sources": {k: {"domain": v.plan.options.name, "share": v.plan.share, "arms": list(v.plan.arms),
+                            "baseline_success": (st.baseline_per_source or {}).get(k),
+                            "final_success": final["per_source"][k]["success"],
+                            "heldout_tasks": final["per_source"][k]["tasks"]} for k, v in self.sources.items()},
             "executor": cfg.executor,
-            "harness_arms": list(cfg.harness.arms),
+            "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
             "final_success_per_arm": final["per_arm"],
             "baseline_success_per_arm": st.baseline_per_arm,
         }
@@ -277,7 +307,7 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
     find_bwrap()
     job = Job.for_model(cfg, model, progress=progress)
     try:
-        res = job.evaluate(tasks, "eval")
+        res = job.evaluate("eval", n=tasks)
         if harness_cmd:
             res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
                                                               harness_timeout))

@@ -57,13 +57,16 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
     t_train = time.perf_counter() - t1
     st.orchestrator = orch.snapshot
-    st.rl_step, st.data_position = step, orch.snapshot["next_index"][job.domain.name]
+    st.rl_step, st.data_position = step, sum(orch.snapshot["next_index"].values())
     samples, seqs = res.samples, res.finished
     for category, (n, cause) in infra_causes(seqs).items():
         log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
+    arms = sorted({a for x in job.sources.values() for a in x.plan.arms})
+    shares = {n: x.plan.share for n, x in job.sources.items()}
     rec = step_record(StepInputs(
         step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
-        orch.s.staleness, orch.replayed, orch.reissued, list(cfg.harness.arms), lag_counts), res.metrics, train_m)
+        orch.s.staleness, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
+        Counter(x.source for x in samples)), res.metrics, train_m)
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())
     shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
@@ -84,8 +87,10 @@ async def rl_phase(job) -> None:
         while st.rl_step < cfg.rl.steps:
             rec = await rl_step(job, orch)
             if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
-                ev = await job.evaluate_async(cfg.eval.during_tasks, f"eval {rec['step']}")
+                ev = await job.evaluate_async(f"eval {rec['step']}", during=True)
                 rec["heldout_success"] = ev["success"]
+                if len(ev["per_source"]) > 1:
+                    rec.update({f"src/{k}/heldout_success": v["success"] for k, v in ev["per_source"].items()})
             job.metrics.write(rec)
             bar.update(1)
             bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",

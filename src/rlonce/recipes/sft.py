@@ -5,46 +5,62 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import logging
 import random
 
 from tqdm.auto import tqdm
 
-from rlonce.config import RunConfig, SFTConfig
-from rlonce.core.records import Sequence, TrainingRow, sequence_to_rows
+from rlonce.config import ConfigError, RunConfig, SFTConfig
+from rlonce.core.records import Sequence, Status, TrainingRow, sequence_to_rows
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.domains import Domain
-from rlonce.envs.toolfind.expert import expert_turns
 from rlonce.harness.arms import arm_for, get_arm
-from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import ChatFormat
 from rlonce.rollout.runner import RolloutSpec, run_sequence
 from rlonce.train.trainer import OptimSettings, Trainer
 
+log = logging.getLogger(__name__)
 
 async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, encode, cfg: RunConfig, *,
-                         progress: bool = True) -> list[Sequence]:
-    """``cfg.sft.demos`` sequences of the scripted expert (each under its task's step-0 arm),
-    with room for its detours (64 turns). All must succeed: the expert is exact, so a failure
-    means the task generator or the sandbox is broken."""
+                         n: int | None = None, progress: bool = True) -> list[Sequence]:
+    """``n`` (default ``cfg.sft.demos``) sequences of the scripted expert (each under its task's
+    step-0 arm), with room for its detours (64 turns) within the source's token budgets. A
+    demonstration whose detours overrun a budget is played again without detours, one that failed
+    in the infrastructure is played again; one that still overruns or fails so is left out,
+    counted in a warning (the task does not fit the model's budgets; an outage is not the
+    expert's). Every other must succeed: the expert is exact, so a failure means the task generator or the
+    sandbox is broken."""
+    if domain.expert is None:
+        raise ConfigError(f"task {domain.name!r} has no scripted expert for SFT: set sft.demos = 0")
     rng = random.Random(cfg.runtime.seed)
     spec = copy.copy(spec)
-    spec.limits = HarnessLimits(max_turns=64, max_obs_chars=cfg.harness.max_obs_chars,
-                                render_tools=cfg.harness.render_tools, compact_at=cfg.harness.compact_at)
+    spec.limits = dataclasses.replace(spec.limits, max_turns=64)  # the source's budgets, room for detours
     sem = asyncio.Semaphore(32)
-    tasks = [domain.task("sft", i) for i in range(cfg.sft.demos)]
+    tasks = [domain.task("sft", i) for i in range(cfg.sft.demos if n is None else n)]
     bar = tqdm(total=len(tasks), desc="expert demos", unit="demo", disable=not progress, leave=False)
 
     async def one(task):
         arm = arm_for(spec.arm_seed, 0, task.task_id, list(spec.arms))
-        turns = expert_turns(task, rng, fmt, translate=get_arm(arm).translate, detour_p=cfg.sft.detour_p,
-                             max_detours=cfg.sft.max_detours)
-        async with sem:
-            seq = await run_sequence(task, domain.env_factory, ScriptedEngine(turns, encode), spec, arm=arm)
+        for detour_p in (cfg.sft.detour_p, 0.0):  # the second try: no detours, or again after an outage
+            turns = domain.expert(task, rng, fmt, translate=get_arm(arm).translate, detour_p=detour_p,
+                                  max_detours=cfg.sft.max_detours)
+            async with sem:
+                seq = await run_sequence(task, domain.env_factory, ScriptedEngine(turns, encode), spec, arm=arm)
+            if seq.status not in (Status.LIMITS, Status.INFRA):
+                break
         bar.update(1)
         return seq
 
     seqs = await asyncio.gather(*(one(t) for t in tasks))
     bar.close()
+    for status, why in ((Status.LIMITS, "overran the source's turn or token budgets even without detours"),
+                        (Status.INFRA, "failed twice in the infrastructure")):
+        out = [s for s in seqs if s.status is status]
+        if out:
+            log.warning("%d of %d %s demonstrations %s (first: %s, %s) and are left out", len(out), len(seqs),
+                        domain.name, why, out[0].task_id, out[0].cause)
+    seqs = [s for s in seqs if s.status not in (Status.LIMITS, Status.INFRA)]
     bad = [s for s in seqs if not s.passed]
     if bad:
         raise RuntimeError(f"the scripted expert failed {len(bad)} tasks (first: {bad[0].task_id}, "

@@ -14,8 +14,9 @@ from rlonce.engine.base import SamplingParams
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import get_format
 from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
-from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings, SourceRules
 from rlonce.rollout.runner import RolloutSpec
+from rlonce.rollout.sources import Source
 
 
 def signal_settings(algo: AlgoConfig) -> SignalSettings:
@@ -63,29 +64,30 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
     )
 
 
-def build_orchestrator(cfg: RunConfig, domain, executor, signal: SignalSettings, decode, *, state: dict | None = None,
-                       position: int = 0, max_sessions: int | None = None) -> Orchestrator:
-    """The rollout orchestrator of a run: ``domain``'s train stream through ``executor``, one
-    mixer source, sync (``rl.tasks_per_step`` groups, refilled up to ``rollout.sync_dispatch_cap``)
-    or async; ``state`` and
-    ``position`` resume it; ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
+def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, signal: SignalSettings, decode, *,
+                       state: dict | None = None, max_sessions: int | None = None) -> Orchestrator:
+    """The rollout orchestrator of a run: the train streams of ``sources`` through ``executor``,
+    each step's batch (``rl.tasks_per_step`` groups in sync mode, refilled up to
+    ``rollout.sync_dispatch_cap``; ``rollout.target_groups`` in async mode) split by the sources'
+    shares, each source with its own staleness, stale policy and difficulty filter; ``state``
+    resumes it; ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
     r = cfg.rollout
-    staleness = r.staleness or (1 if r.mode == "sync" else 2)
-    source = domain.name
-    target = cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups
-    mixer = SampleMixer({source: SourceStats(target=target)}, MixerSettings(budget=r.oversampling))
+    plans = [s.plan for s in sources.values()]
+    mixer = SampleMixer({p.label: SourceStats(target=0, share=p.share) for p in plans},
+                        MixerSettings(budget=r.oversampling))
     sessions = r.max_sessions if r.mode == "async" else cfg.rl.concurrency
     if max_sessions is not None:
         sessions = min(sessions, max_sessions)
     orch = Orchestrator(
-        executor, lambda _source, i: domain.task("train", i), mixer, signal,
-        OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=staleness,
+        executor, lambda label, i: sources[label].domain.task("train", i), mixer, signal,
+        OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=max(p.staleness for p in plans),
                              refill=r.mode == "sync", dispatch_cap=r.sync_dispatch_cap,
                              max_sessions=max(sessions, cfg.rl.group_size),
-                             fixed_quota={source: cfg.rl.tasks_per_step} if r.mode == "sync" else None,
+                             batch=cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups,
+                             rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window)
+                                    for p in plans},
                              group_by_arm=cfg.harness.group_by_arm),
         decode=decode)
     if state:
         orch.load_state_dict(state)
-    orch.next_index[source] = position
     return orch

@@ -34,6 +34,10 @@ class SourceStats:
     tokens: float = 512.0
     """Mean context tokens of a sequence: the KV cost a dispatch is predicted to hold."""
     seen: int = 0
+    share: float = 0.0
+    """The source's share of each step's batch (``SampleMixer.plan_step``; 0: ``target`` is fixed)."""
+    carry: float = 0.0
+    """Rounding error of the whole-group targets so far, carried to the next step."""
 
 
 @dataclass
@@ -115,10 +119,23 @@ class SampleMixer:
         total = sum(load.values()) or 1.0
         return {n: max(1, round(slots * v / total)) for n, v in load.items()}
 
+    def plan_step(self, total: int) -> dict[str, int]:
+        """This step's targets ``B_i``: ``total`` groups split by the sources' shares in whole
+        groups, the rounding error carried to the next step — each step's targets sum to
+        ``total`` and, over steps, every source gets its share to within one group."""
+        src = self.sources
+        want = {n: total * s.share + s.carry for n, s in src.items()}
+        out = {n: int(max(0.0, w)) for n, w in want.items()}
+        for n in sorted(want, key=lambda n: (out[n] - want[n], n))[:max(0, total - sum(out.values()))]:
+            out[n] += 1
+        for n, s in src.items():
+            s.target, s.carry = out[n], want[n] - out[n]
+        return out
+
     # ---- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {n: {"acceptance": s.acceptance, "duration": s.duration, "tokens": s.tokens, "seen": s.seen}
-                for n, s in self.sources.items()}
+        return {n: {"acceptance": s.acceptance, "duration": s.duration, "tokens": s.tokens, "seen": s.seen,
+                    "carry": s.carry} for n, s in self.sources.items()}
 
     def load_state_dict(self, state: dict) -> None:
         """Warm-start from persisted estimates (sources not in ``state`` keep their priors)."""
@@ -126,3 +143,4 @@ class SampleMixer:
             if n in self.sources:
                 s = self.sources[n]
                 s.acceptance, s.duration, s.tokens, s.seen = v["acceptance"], v["duration"], v["tokens"], v["seen"]
+                s.carry = v.get("carry", 0.0)

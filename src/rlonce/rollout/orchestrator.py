@@ -17,8 +17,13 @@ no-contrast-filtered or penalty-rejected; infrastructure failures excluded from 
 or failed (every sequence an infrastructure failure). ``collect`` takes accepted groups
 oldest-first.
 
+**Sources.** Each source has its own staleness limit, stale policy and difficulty filter
+(``SourceRules``); with ``batch`` set, each step's per-source targets are ``batch`` groups split
+by the mixer's shares (``SampleMixer.plan_step``).
+
 **Staleness.** A group dispatched at step d is dropped at step s when ``s - d + 1 > staleness``
-(whether still running or waiting), and refilled. Since weights advance once per step, every
+(its source's; whether still running or waiting), and refilled; under the ``reissue`` policy its
+task is dispatched again. Since weights advance once per step, every
 trained token then lags the trainer by at most ``staleness - 1`` versions; the lag of every
 trained token is measured and reported per step, and a violation is counted.
 
@@ -26,10 +31,6 @@ trained token is measured and reported per step, and a violation is counted.
 
     carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
                               + stale_dropped + retained + carried_over
-
-**Admission.** New groups start greedily by mixer weight under per-source concurrency budgets
-(Little's law, ``SampleMixer.concurrency``), a cap on concurrent sessions and a budget of
-predicted KV tokens (the source's mean context length × group size).
 
 The executor runs one group. ``LocalExecutor`` runs its sequences on this event loop and hands
 them back; the orchestrator judges them here (``judge``). ``RayExecutor``
@@ -40,7 +41,8 @@ An executor failure becomes an infrastructure failure of every sequence of the g
 exception's ``category`` when it has one (a lost actor, a timed-out call).
 
 The group record, ``Judge`` and a group's plain-data form live in ``rlonce.rollout.groups``,
-admission in ``rlonce.rollout.admission``; both are used from here.
+admission in ``rlonce.rollout.admission``, the settings and step record in
+``rlonce.rollout.settings``, the difficulty filter in ``rlonce.rollout.difficulty``.
 """
 
 from __future__ import annotations
@@ -50,13 +52,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from rlonce.algo.signal import SignalSettings
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import FailureCategory, Sample, Sequence, Status, TrainingRow
+from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.rollout.admission import dispatch_round
+from rlonce.rollout.difficulty import DifficultyFilter
 from rlonce.rollout.groups import (
     FAILED,
     FINISHED,
@@ -70,54 +71,12 @@ from rlonce.rollout.groups import (
     waiting_state,
 )
 from rlonce.rollout.mixer import SampleMixer
+from rlonce.rollout.settings import MAX_SKIPS, Executor, OrchestratorSettings, SourceRules, StepResult
 
 __all__ = ["FAILED", "FINISHED", "PENDING", "RUNNING", "Executor", "Group", "Judge", "Judged", "Orchestrator",
-           "OrchestratorSettings", "StepResult"]
+           "OrchestratorSettings", "SourceRules", "StepResult"]
 
 log = logging.getLogger("rlonce.orchestrator")
-
-
-class Executor(Protocol):
-    async def run_group(self, group: Group, group_size: int) -> list[Sequence] | Judged: ...
-
-
-@dataclass
-class StepResult:
-    rows: list[TrainingRow]
-    ledger: dict[str, LedgerEntry]
-    samples: list[Sample]
-    """The groups trained on."""
-    finished: list[Sequence]
-    """Every sequence that ended during the step (kept, filtered, rejected or failed)."""
-    metrics: dict[str, float]
-    payloads: list = field(default_factory=list)
-    """Remote payloads of the groups trained on (``Group.payload``), in the order of ``samples``;
-    their rows are not in ``rows``: the trainer fetches them."""
-
-    @property
-    def row_count(self) -> int:
-        return len(self.rows) + sum(p.rows for p in self.payloads)
-
-
-@dataclass
-class OrchestratorSettings:
-    mode: str = "sync"
-    group_size: int = 8
-    staleness: int = 1
-    """Largest dispatch age (in steps, counting the current one) a trained group may have."""
-    refill: bool = True
-    """Sync mode: dispatch more of a source still short of its target after filtering."""
-    max_refill_rounds: int = 4
-    dispatch_cap: float | None = None
-    """Sync: the most groups a step dispatches per source, as a multiple of its target (None: only
-    ``max_refill_rounds`` bounds the refills). A batch still short then is counted (``groups_short``)."""
-    max_sessions: int = 64
-    kv_budget: float = float("inf")
-    """Predicted KV tokens in flight (mean context tokens of the source × group size)."""
-    fixed_quota: dict[str, int] | None = None
-    """Sync without the mixer: the first round dispatches exactly this many groups per source."""
-    group_by_arm: bool = False
-    """Judge each group's siblings per harness arm (``split_by_arm``)."""
 
 
 class Orchestrator:
@@ -136,6 +95,8 @@ class Orchestrator:
         self.window: dict[str, LedgerEntry] = {}
         self.signal_stats: Counter = Counter()
         self.finished: list[Sequence] = []
+        self.finished_sources: list[str] = []
+        """The source of each of ``finished``."""
         self.changed = asyncio.Event()
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
@@ -148,6 +109,9 @@ class Orchestrator:
         self._last_collect: float | None = None
         self.snapshot: dict = {}
         """``state_dict()`` taken when the last step closed — what a checkpoint should hold."""
+        self.difficulty = {n: DifficultyFilter(settings.rule(n).difficulty_window) for n in mixer.sources}
+        self.requeue: dict[str, list[int]] = {n: [] for n in mixer.sources}
+        """Task indices of stale groups under the ``reissue`` policy, dispatched before new ones."""
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _entry(self, source: str) -> LedgerEntry:
@@ -179,10 +143,7 @@ class Orchestrator:
     def dispatch(self, source: str, *, index: int | None = None, counted: bool = True) -> Group:
         """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart:
         its age restamped, its sequences already counted as carried in, not dispatched)."""
-        i = index if index is not None else self.next_index[source]
-        if index is None:
-            self.next_index[source] = i + 1
-        task = self.tasks(source, i)
+        i, task = (index, self.tasks(source, index)) if index is not None else self._next_task(source)
         g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i)
         self.order += 1
         self.groups[g.gid] = g
@@ -191,6 +152,22 @@ class Orchestrator:
         g.state = RUNNING
         g.job = asyncio.create_task(self._run(g))
         return g
+
+    def _next_task(self, source: str) -> tuple[int, object]:
+        """The source's next task: a reissued one first, then the stream, past tasks the
+        difficulty filter skips (each counted; at most ``MAX_SKIPS`` in a row)."""
+        if self.requeue[source]:
+            i = self.requeue[source].pop(0)
+            return i, self.tasks(source, i)
+        f = self.difficulty[source]
+        for _ in range(MAX_SKIPS):
+            i = self.next_index[source]
+            self.next_index[source] = i + 1
+            task = self.tasks(source, i)
+            if not f.skip(getattr(task, "task_id", f"{source}:{i}")):
+                return i, task
+            self._entry(source).difficulty_skipped += 1
+        return i, task
 
     async def _run(self, g: Group) -> None:
         t0 = time.perf_counter()
@@ -217,6 +194,7 @@ class Orchestrator:
         g.sequences = seqs
         g.payload = judged.payload
         self.finished += seqs
+        self.finished_sources += [g.source] * len(seqs)
         w = self._entry(g.source)
         w.finished += ev.finished
         w.infra_failed += ev.infra_failed
@@ -229,9 +207,11 @@ class Orchestrator:
         self.signal_stats.update(stats)
         g.rows, g.accepted = rows, ev.retained > 0
         g.state = FINISHED if ev.finished else FAILED
-        if ev.finished:  # infrastructure failures say nothing about the source's acceptance
+        if ev.finished:  # infrastructure failures say nothing about the source's acceptance or difficulty
             tokens = sum(s.metrics.get("context_tokens", 0.0) for s in seqs) / max(len(seqs), 1)
             self.mixer.observe(g.source, accepted=g.accepted, duration=g.seconds, tokens=tokens)
+            valid = [s.passed for s in seqs if not s.infra_failed]
+            self.difficulty[g.source].observe(getattr(g.task, "task_id", g.gid), sum(valid) / len(valid))
         if not g.accepted:
             del self.groups[g.gid]
 
@@ -248,11 +228,15 @@ class Orchestrator:
     # ---- one step ------------------------------------------------------------------------
     def _evict_stale(self) -> None:
         for g in list(self.groups.values()):
-            if self.step - g.dispatch_step + 1 > self.s.staleness:
+            rule = self.s.rule(g.source)
+            if self.step - g.dispatch_step + 1 > rule.staleness:
                 self._entry(g.source).stale_dropped += self._open_count(g)
                 if g.job is not None and not g.job.done():
                     g.job.cancel()
                 del self.groups[g.gid]
+                if rule.stale_policy == "reissue":
+                    self.requeue[g.source].append(g.index)
+                    self._entry(g.source).stale_reissued += 1
 
     async def _dispatch_within(self, todo: dict[str, int]) -> None:
         """Dispatch ``todo[source]`` groups per source as the session cap allows, then drain."""
@@ -268,7 +252,9 @@ class Orchestrator:
     async def _sync_fill(self) -> None:
         """Seed 001: "The mixer has to buy the batch it promised": refill each source short of its
         target (by its measured acceptance), within the rounds and the dispatch cap; count the rest."""
-        sent = dict(self.s.fixed_quota or self.mixer.quotas())
+        first = self.s.fixed_quota or ({n: int(s.target) for n, s in self.mixer.sources.items()} if self.s.batch
+                                       else self.mixer.quotas())
+        sent = dict(first)
         await self._dispatch_within(sent)
         cap = {n: float("inf") if self.s.dispatch_cap is None else self.s.dispatch_cap * s.target
                for n, s in self.mixer.sources.items()}
@@ -294,6 +280,8 @@ class Orchestrator:
         self.step = step
         for e in self.window.values():
             e.step = step
+        if self.s.batch:
+            self.mixer.plan_step(self.s.batch)
         self._restore_open_work()
         self._evict_stale()
         if self.s.mode == "sync":
@@ -347,7 +335,9 @@ class Orchestrator:
         stats["groups_in_flight"] = float(len(self.in_flight()))
         samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences) for g in taken]
         finished, self.finished = self.finished, []
-        return StepResult(rows, ledger, samples, finished, stats, [g.payload for g in taken if g.payload is not None])
+        labels, self.finished_sources = self.finished_sources, []
+        return StepResult(rows, ledger, samples, finished, stats, [g.payload for g in taken if g.payload is not None],
+                          labels)
 
     async def close(self) -> None:
         self._stopping = True
@@ -373,7 +363,8 @@ class Orchestrator:
             elif g.state in (PENDING, RUNNING):
                 flight.append({"source": g.source, "index": g.index})
         return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index), "order": self.order,
-                "waiting": waiting, "in_flight": flight}
+                "waiting": waiting, "in_flight": flight, "requeue": {n: list(q) for n, q in self.requeue.items()},
+                "difficulty": {n: f.state_dict() for n, f in self.difficulty.items()}}
 
     materialize = staticmethod(materialize)
 
@@ -384,6 +375,12 @@ class Orchestrator:
         self.order = state.get("order", self.order)
         self._replay = list(state.get("waiting", []))
         self._reissue = list(state.get("in_flight", []))
+        for n, q in state.get("requeue", {}).items():
+            if n in self.requeue:
+                self.requeue[n] = list(q)
+        for n, f in state.get("difficulty", {}).items():
+            if n in self.difficulty:
+                self.difficulty[n].load_state_dict(f)
 
     def _restore_open_work(self) -> None:
         """At the first collect after a restart: replay accepted groups, reissue in-flight prompts."""

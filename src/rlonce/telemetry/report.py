@@ -24,6 +24,17 @@ PLOTS = [
 ]
 
 
+def source_plots(rows: list[dict]) -> list[tuple]:
+    """A mixed run's per-source plots: retained share of the trained groups against the target
+    share, and training success, one line per source."""
+    labels = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("src/") and k.endswith("/target_share")})
+    if not labels:
+        return []
+    shares = tuple(f"src/{n}/{k}" for n in labels for k in ("retained_share", "target_share"))
+    return [("source_share", "Retained share of the batch per source vs its target", shares),
+            ("source_success", "Training success per source", tuple(f"src/{n}/success_rate" for n in labels))]
+
+
 def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
     import matplotlib
 
@@ -36,7 +47,9 @@ def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
         pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=k)
+            target = k.endswith("/target_share")  # a source's target: dashed, beside its retained share
+            ax.plot(xs, ys, marker=None if target or len(pts) >= 30 else "o", ms=3, ls="--" if target else "-",
+                    label=k)
     if baseline is not None and key == "heldout_success":
         ax.axhline(baseline, color="gray", ls="--", lw=1, label="baseline (step 0)")
     ax.set_title(title, fontsize=10)
@@ -59,7 +72,7 @@ def write_report(run_dir: Path) -> Path:
     figs = "".join(
         f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline)}" alt="{html.escape(title)}">'
         f"<figcaption>{html.escape(title)}</figcaption></figure>"
-        for _, title, key in PLOTS
+        for _, title, key in PLOTS + source_plots(rows)
     )
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
                     for k, v in summary.items())
@@ -88,8 +101,8 @@ def write_report(run_dir: Path) -> Path:
 
 
 LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered",
-                  "penalty_rejected", "retained", "hack_zeroed", "length_penalized", "zero_advantage",
-                  "contexts_dropped", "unfinished_masked"]
+                  "penalty_rejected", "stale_dropped", "retained", "hack_zeroed", "length_penalized", "zero_advantage",
+                  "contexts_dropped", "unfinished_masked", "groups_short", "difficulty_skipped"]
 
 
 def _fmt(v) -> str:

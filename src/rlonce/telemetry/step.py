@@ -34,6 +34,46 @@ class StepInputs:
     arms: list[str] = field(default_factory=list)
     lag_counts: Counter = field(default_factory=Counter)
     """Trained tokens by how many versions they lag the trainer."""
+    finished_sources: list[str] = field(default_factory=list)
+    """The source of each of ``finished`` (per-source metrics when the run has several)."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Source → target share of the batch."""
+    taken_groups: dict[str, int] = field(default_factory=dict)
+    """Source → groups trained on this step."""
+
+
+def source_metrics(x: StepInputs) -> dict:
+    """``src/<label>/…`` per source of a mixed run: target and retained share of the step's
+    trained groups, the ledger's counts, reward, success, the interceptor's denials, mean sequence
+    duration and context tokens of the sequences that finished."""
+    if len(x.ledger) < 2:
+        return {}
+    taken = {n: x.taken_groups.get(n, 0) for n in x.ledger}
+    total = sum(taken.values())
+    out = {}
+    for n, e in x.ledger.items():
+        seqs = [s for s, src in zip(x.finished, x.finished_sources) if src == n]
+        scored = [s for s in seqs if not s.infra_failed]
+        k = f"src/{n}/"
+        out.update({
+            k + "target_share": x.shares.get(n, 0.0),
+            k + "retained_share": taken[n] / total if total else 0.0,
+            k + "retained_groups": float(taken[n]),
+            k + "dispatched": float(e.dispatched),
+            k + "filtered": float(e.no_contrast_filtered + e.penalty_rejected),
+            k + "stale_dropped": float(e.stale_dropped),
+            k + "infra_failed": float(e.infra_failed),
+            **{k + f"infra/{c}": float(v) for c, v in sorted(e.infra_by_category.items())},
+            k + "hack_zeroed": float(e.hack_zeroed),
+            k + "groups_short": float(e.groups_short),
+            k + "difficulty_skipped": float(e.difficulty_skipped),
+            k + "intercepted": float(sum(v for s in seqs for m, v in s.metrics.items() if m.startswith("intercepted"))),
+            k + "reward_mean": _mean([s.reward for s in scored], len(scored)),
+            k + "success_rate": _mean([s.passed for s in scored], len(scored)),
+            k + "seconds_mean": _mean([s.metrics.get("seconds", 0.0) for s in seqs], len(seqs)),
+            k + "context_tokens_mean": _mean([s.metrics.get("context_tokens", 0.0) for s in seqs], len(seqs)),
+        })
+    return out
 
 
 def _mean(values, n: int) -> float:
@@ -76,6 +116,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "replayed_groups": float(x.replayed),
         "reissued_groups": float(x.reissued),
         **per_arm,
+        **source_metrics(x),
         **signal_metrics,
         **train_metrics,
     }

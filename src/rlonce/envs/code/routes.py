@@ -304,13 +304,21 @@ ROUTES: dict[str, Callable[[CodeTask], list[Call]]] = {
 
 
 def reference_fix_calls(task: CodeTask, text: str) -> list[Call]:
-    """The reference fix as one editor ``str_replace`` with enough context to be unique."""
+    """The reference fix as one editor ``str_replace`` of whole lines of the buggy ``text``, with
+    as many lines around the mutation as make the old text occur once (whole lines keep every
+    character whole and let a line-based patch tool carry the same edit)."""
     m = task.mut
     data = text.encode()
-    lo, hi = m.start, m.start + len(m.replacement.encode())
-    while data.count(data[lo:hi]) > 1 and (lo > 0 or hi < len(data)):
-        lo, hi = max(0, lo - 8), min(len(data), hi + 8)
     end = m.start + len(m.replacement.encode())
+    lo, hi = data.rfind(b"\n", 0, m.start) + 1, _line_end(data, end)
+    while data.count(data[lo:hi]) > 1 and (lo > 0 or hi < len(data)):
+        lo, hi = (data.rfind(b"\n", 0, lo - 1) + 1 if lo > 0 else 0), _line_end(data, hi)
     old = data[lo:hi].decode()
     new = data[lo:m.start].decode() + m.original + data[end:hi].decode()
     return [("str_replace_editor", {"command": "str_replace", "path": m.path, "old_str": old, "new_str": new})]
+
+
+def _line_end(data: bytes, at: int) -> int:
+    """The offset just past the line that holds ``data[at]`` (its newline included)."""
+    nl = data.find(b"\n", at)
+    return len(data) if nl < 0 else nl + 1

@@ -4,14 +4,17 @@ Seed 001 ("The environment can accidentally hand out the answer"): F2P tests fai
 reference fix and pass after it; P2P tests pass in both states; every outcome is the same in
 each of ``reruns`` (8) runs, which screens out flaky tests and environment noise. A task that
 fails a gate is dropped with its reason; the report is written to ``validation.json`` in the
-pack and lists the validated task ids and each one's grading timeout (``grade_timeout``).
+pack and lists the validated task ids, each one's grading timeout (``grade_timeout``) and the
+train / held-out split (``split_tasks``) that training on the pack uses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -77,7 +80,44 @@ def grade_timeout(task: CodeTask, seconds: float) -> float:
     return round(min(task.spec.test_timeout, max(GRADE_TIMEOUT_FLOOR, GRADE_TIMEOUT_FACTOR * seconds)), 1)
 
 
-def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress: bool = True) -> dict:
+HELDOUT_FRACTION = 0.2
+SPLIT_RULE = ("a task is held out when the first 8 bytes of sha256(task id), read as a big-endian integer "
+              "over 2**64, are below heldout_fraction; when that leaves the held-out or the train side empty "
+              "(and there are two tasks or more), the lowest such number is held out and the highest trained on")
+
+
+def _unit(task_id: str) -> float:
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big") / 2**64
+
+
+def split_tasks(ids: list[str], heldout_fraction: float = HELDOUT_FRACTION) -> dict:
+    """The train / held-out split of validated task ``ids`` by ``SPLIT_RULE``: each task's side
+    depends on its own id only, so rebuilding or revalidating a pack never moves a task that
+    stays in it (outside the small-pack fallback). Ids keep the order given."""
+    held = {i for i in ids if _unit(i) < heldout_fraction}
+    if len(set(ids)) >= 2 and heldout_fraction > 0:
+        ranked = sorted(set(ids), key=_unit)
+        if not held:
+            held = {ranked[0]}
+        elif held == set(ids):
+            held.discard(ranked[-1])
+    return {"rule": SPLIT_RULE, "heldout_fraction": heldout_fraction,
+            "heldout_ids": [i for i in ids if i in held], "train_ids": [i for i in ids if i not in held]}
+
+
+def record_split(pack: Path, split: dict) -> None:
+    """Write ``split`` into ``pack``'s validation.json (atomically) unless it is already there."""
+    path = Path(pack) / "validation.json"
+    report = json.loads(path.read_text())
+    if report.get("split") == split:
+        return
+    tmp = path.with_name(f".validation.json.{os.getpid()}")
+    tmp.write_text(json.dumps({**report, "split": split}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress: bool = True,
+                  heldout_fraction: float = HELDOUT_FRACTION) -> dict:
     pack = Path(pack)
     tasks = load_pack(pack)
     tb = testbed(pack / "cache")
@@ -108,6 +148,7 @@ def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress
         "validated_ids": [t.task_id for t in ok],
         "dropped_ids": {k: v for k, v in sorted(verdicts.items()) if v is not None},
         "timeouts": {t.task_id: grade_timeout(t, seconds[t.task_id]) for t in ok},
+        "split": split_tasks([t.task_id for t in ok], heldout_fraction),
     }
     (pack / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

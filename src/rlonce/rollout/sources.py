@@ -1,0 +1,125 @@
+"""A run's task sources, resolved and built: each a domain, its harness arms and the limits the
+runtime keeps for it (``[[sources]]`` in the config, ``rlonce.config.sources``).
+
+``plan_sources`` fills every default from the run's other tables (a run without ``[[sources]]``
+is one source, ``[task]``); ``check_sources`` refuses a plan a domain cannot run (arms, SFT);
+``build_sources`` builds each domain and its rollout spec; ``SourceExecutor`` runs a group on
+its own source's executor. The orchestrator sees sources only by label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rlonce.config import ConfigError, RunConfig, TaskConfig
+from rlonce.config.sections import MAX_STEPS
+from rlonce.config.sources import SourceConfig
+from rlonce.envs.domains import DOMAINS, Domain, domain_for
+from rlonce.rollout.runner import RolloutSpec
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """A source with every default resolved from the run's config."""
+
+    label: str
+    options: TaskConfig
+    """The domain (``options.name``) and its options: what ``rlonce.envs.domains`` builds from."""
+    share: float
+    """Normalised: the shares of a run sum to 1."""
+    arms: tuple[str, ...]
+    max_turns: int
+    max_tokens_per_turn: int
+    max_context: int
+    max_obs_chars: int
+    staleness: int
+    stale_policy: str
+    heldout_tasks: int
+    during_tasks: int
+    sft_demos: int
+    difficulty_window: int
+
+
+def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
+    """The run's sources, resolved (a run without ``[[sources]]``: one source from ``[task]``,
+    labelled with its domain's name, with all of ``sft.demos``). A mixed run splits ``sft.demos``
+    by share over the sources with a scripted expert that set no ``sft_demos`` of their own."""
+    r, h = cfg.rollout, cfg.harness
+    staleness = r.staleness or (1 if r.mode == "sync" else 2)
+    given = cfg.sources or [SourceConfig(**cfg.task.model_dump())]
+    total = sum(s.share for s in given)
+    experts = [i for i, s in enumerate(given) if s.sft_demos is None and DOMAINS[s.name].has_expert]
+    expert_share = sum(given[i].share for i in experts) or 1.0
+    plans = []
+    for i, s in enumerate(given):
+        demos = s.sft_demos
+        if not cfg.sources:  # the one-source run: ``sft.demos`` is its own
+            demos = cfg.sft.demos
+        elif demos is None:
+            demos = round(cfg.sft.demos * s.share / expert_share) if i in experts else 0
+        plans.append(SourcePlan(
+            s.label or s.name, TaskConfig(**s.model_dump(include=set(TaskConfig.model_fields))), s.share / total,
+            tuple(s.arms or cfg.harness.arms), s.max_turns or h.max_turns,
+            s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
+            s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
+            s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
+            demos, s.difficulty_window))
+    return plans
+
+
+def check_sources(cfg: RunConfig) -> list[SourcePlan]:
+    """The run's plan, refused with a one-line fix when a domain cannot run it: a single-turn
+    domain takes only the ``single-turn`` arm, a tool domain never takes it, SFT needs a scripted
+    expert."""
+    plans = plan_sources(cfg)
+    where = (lambda p: f"[[sources]] {p.label!r}") if cfg.sources else (lambda p: f"task {p.label!r}")
+    arms_key = "arms" if cfg.sources else "harness.arms"
+    for p in plans:
+        entry = DOMAINS[p.options.name]
+        if entry.single_turn and p.arms != ("single-turn",):
+            raise ConfigError(f"{where(p)} is single-turn: set {arms_key} = [\"single-turn\"]")
+        if not entry.single_turn and "single-turn" in p.arms:
+            raise ConfigError(f"{where(p)} needs tools: harness arm 'single-turn' is for single-turn tasks "
+                              f"({', '.join(n for n, e in DOMAINS.items() if e.single_turn)})")
+        if not entry.has_expert and p.sft_demos > 0 and cfg.sft.epochs > 0:
+            fix = "sft_demos = 0 in its table" if cfg.sources else "sft.demos = 0"
+            raise ConfigError(f"{where(p)} has no scripted expert for SFT: set {fix}")
+    return plans
+
+
+@dataclass
+class Source:
+    """A built source: its plan, its domain (named by the source's label) and its rollout spec."""
+
+    plan: SourcePlan
+    domain: Domain
+    spec: RolloutSpec
+
+    @property
+    def label(self) -> str:
+        return self.plan.label
+
+
+def build_sources(plans: list[SourcePlan], spec: RolloutSpec) -> dict[str, Source]:
+    """Each plan's domain and rollout spec (``spec`` with the source's arms and its turn, token,
+    context and observation budgets), by label."""
+    out = {}
+    for p in plans:
+        domain = dataclasses.replace(domain_for(p.options), name=p.label)
+        limits = dataclasses.replace(spec.limits, max_turns=p.max_turns, max_obs_chars=p.max_obs_chars)
+        sampling = dataclasses.replace(spec.sampling, max_tokens=p.max_tokens_per_turn)
+        out[p.label] = Source(p, domain, dataclasses.replace(spec, arms=p.arms, limits=limits, sampling=sampling,
+                                                             max_context=p.max_context))
+    return out
+
+
+class SourceExecutor:
+    """The orchestrator's executor over several sources: a group runs on its source's executor."""
+
+    def __init__(self, executors: dict):
+        self.executors = executors
+
+    async def run_group(self, group, group_size: int):
+        return await self.executors[group.source].run_group(group, group_size)
+

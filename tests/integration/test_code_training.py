@@ -1,0 +1,169 @@
+"""The code-repair pack as a training domain: the train / held-out split by task id, the scripted
+expert through the real harness, sandbox and grader under every tool arm, and SFT demonstrations."""
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlonce.envs.code.build import build_pack
+from rlonce.envs.code.packages import PackageSpec
+from rlonce.envs.code.validate import SPLIT_RULE, split_tasks, validate_pack, validated_tasks
+from rlonce.envs.domains import domain_for
+from rlonce.errors import PackError
+
+pytestmark = pytest.mark.sandbox
+MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
+SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
+                   test_timeout=30.0)
+TOOL_ARMS = ("mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode")
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pack")
+    build_pack(out, [SPEC], 6, seed=3, progress=False)
+    validate_pack(out, reruns=2, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from rlonce.model.loader import EMBEDDED_DIR
+
+    return AutoTokenizer.from_pretrained(EMBEDDED_DIR)
+
+
+def _unit(task_id: str) -> float:
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big") / 2**64
+
+
+def test_split_rule_by_hand():
+    ids = [f"pkg-{i:04d}" for i in range(1000)]
+    s = split_tasks(ids, 0.25)
+    assert s["heldout_ids"] == [i for i in ids if _unit(i) < 0.25]
+    assert s["train_ids"] == [i for i in ids if _unit(i) >= 0.25]
+    assert 200 < len(s["heldout_ids"]) < 300
+    # a task's side depends on its own id: dropping or reordering other tasks moves nothing
+    sub = split_tasks(list(reversed(ids[::3])), 0.25)
+    assert set(sub["heldout_ids"]) == set(s["heldout_ids"]) & set(ids[::3])
+    # small packs keep both sides non-empty: the lowest hash is held out, the highest trained on
+    lo, hi = sorted(ids[:2], key=_unit)
+    assert split_tasks(ids[:2], 1e-9)["heldout_ids"] == [lo]
+    assert split_tasks(ids[:2], 1.0)["train_ids"] == [hi]
+    assert split_tasks(ids[:1], 1e-9) == {"rule": SPLIT_RULE, "heldout_fraction": 1e-9, "heldout_ids": [],
+                                          "train_ids": ids[:1]}
+
+
+def test_split_is_deterministic_disjoint_complete_and_written_to_validation_json(pack):
+    report = json.loads((pack / "validation.json").read_text())
+    ids = report["validated_ids"]
+    split = report["split"]
+    assert split == split_tasks(ids, 0.2) and split["rule"] == SPLIT_RULE
+    assert set(split["heldout_ids"]).isdisjoint(split["train_ids"])
+    assert sorted(split["heldout_ids"] + split["train_ids"]) == sorted(ids)
+    assert split["heldout_ids"] and split["train_ids"]
+
+    dom = domain_for(SimpleNamespace(name="code", pack=str(pack)))  # a config without heldout_fraction: 0.2
+    assert dom.name == "code" and dom.has_expert and not dom.single_turn
+    n = len(ids)
+    held = split["heldout_ids"]
+    assert [dom.task("heldout", i).task_id for i in range(2 * n)] == [held[i % len(held)] for i in range(2 * n)]
+    assert {dom.task(s, i).task_id for s in ("train", "sft") for i in range(2 * n)} == set(split["train_ids"])
+    assert all(dom.task("heldout", i).split == "heldout" for i in range(n))
+    assert {t.task_id: t.timeout for t in validated_tasks(pack)}[dom.task("train", 0).task_id] == \
+        dom.task("train", 0).timeout  # the validated grading timeout travels with the task
+
+    # another fraction: the same rule, and validation.json says which tasks are held out now
+    dom = domain_for(SimpleNamespace(name="code", pack=str(pack), heldout_fraction=0.5))
+    written = json.loads((pack / "validation.json").read_text())["split"]
+    assert written == split_tasks(ids, 0.5)
+    assert {dom.task("heldout", i).task_id for i in range(2 * n)} == set(written["heldout_ids"])
+    domain_for(SimpleNamespace(name="code", pack=str(pack)))
+    assert json.loads((pack / "validation.json").read_text())["split"] == split
+
+
+def test_a_missing_or_unvalidated_pack_is_one_line_that_says_what_to_run(pack, tmp_path):
+    for where in (None, str(tmp_path / "nowhere")):
+        with pytest.raises(PackError, match=r"run `rlonce tasks build code --out DIR` and `rlonce tasks validate DIR`"):
+            domain_for(SimpleNamespace(name="code", pack=where))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for f in ("pack.json", "tasks.jsonl"):
+        shutil.copy(pack / f, raw / f)
+    with pytest.raises(PackError, match=f"never validated: run `rlonce tasks validate {raw}`") as e:
+        domain_for(SimpleNamespace(name="code", pack=str(raw)))
+    assert "\n" not in str(e.value)
+
+
+def _spec(tok, arms=("mini-bash",)):
+    from rlonce.engine.base import SamplingParams
+    from rlonce.harness.loop import HarnessLimits
+    from rlonce.model.chat import get_format
+    from rlonce.rollout.runner import RolloutSpec
+
+    return RolloutSpec(lambda s: tok.encode(s, add_special_tokens=False), tok.decode, get_format("hermes"),
+                       SamplingParams(max_tokens=4096), HarnessLimits(max_turns=64, max_obs_chars=2000),
+                       max_context=65536, arms=arms)
+
+
+def test_the_scripted_expert_passes_every_validated_task_under_every_tool_arm(pack, tok):
+    from rlonce.engine.scripted import ScriptedEngine
+    from rlonce.envs.code.env import CodeEnv
+    from rlonce.envs.code.expert import expert_calls, expert_turns
+    from rlonce.harness.arms import get_arm
+    from rlonce.rollout.runner import run_sequence
+
+    spec = _spec(tok)
+    tasks = validated_tasks(pack)
+    runs = [(t, "mini-bash") for t in tasks] + [(tasks[0], a) for a in TOOL_ARMS[1:]]
+    rng = random.Random(0)
+
+    async def one(task, arm):
+        turns = expert_turns(task, rng, spec.chat_format, translate=get_arm(arm).translate, detour_p=0.6,
+                             max_detours=2)
+        return await run_sequence(task, CodeEnv, ScriptedEngine(turns, spec.encode), spec, arm=arm), len(turns)
+
+    async def main():
+        sem = asyncio.Semaphore(2)
+
+        async def bounded(t, a):
+            async with sem:
+                return await one(t, a)
+
+        return await asyncio.gather(*(bounded(t, a) for t, a in runs))
+
+    results = asyncio.run(main())
+    for (task, arm), (seq, _) in zip(runs, results):
+        assert (seq.passed, seq.reward, seq.failure) == (True, 1.0, None), (task.task_id, arm, seq.status, seq.metrics)
+        assert seq.metrics["tests_passed"] == seq.metrics["tests_total"] > 0
+        assert not any(v for k, v in seq.metrics.items() if k.startswith("intercepted_")), (arm, seq.metrics)
+    assert max(n for _, n in results) > 3, "detours on: some demonstration should take more than 3 turns"
+    # detours only add calls: without them the expert looks, fixes and submits
+    calls = expert_calls(tasks[0], random.Random(1), detour_p=0.0)
+    assert [c.name for c in calls] == ["bash", "str_replace_editor", "submit"]
+    # with them, it never reads a hidden test file nor runs a denied command
+    many = [c for t in tasks for s in range(20) for c in expert_calls(t, random.Random(s), detour_p=0.9, max_detours=3)]
+    assert not any(h in json.dumps(c.arguments) for t in tasks for h in t.hidden_files for c in many)
+
+
+def test_sft_demonstrations_for_the_code_domain(pack, tok):
+    from rlonce.config import load_config
+    from rlonce.recipes.sft import demonstrations
+
+    cfg = load_config(None, ["task.name=code", f"task.pack={pack}", "sft.demos=3", "sft.detour_p=0.5",
+                             "harness.max_obs_chars=2000"])
+    domain = domain_for(cfg.task)
+    held = set(json.loads((pack / "validation.json").read_text())["split"]["heldout_ids"])
+    spec = dataclasses.replace(_spec(tok, arms=("mini-bash", "mini-codex")), arm_seed=cfg.runtime.seed)
+    seqs = asyncio.run(demonstrations(domain, spec, spec.chat_format, spec.encode, cfg, progress=False))
+    assert len(seqs) == 3 and all(s.passed and s.reward == 1.0 for s in seqs)
+    assert not {s.task_id for s in seqs} & held  # demonstrations never touch a held-out task

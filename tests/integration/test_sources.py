@@ -1,0 +1,229 @@
+"""Task sources: the config, whole-group targets by share, a mixed batch with a ledger per source,
+per-source staleness and stale policy, the online difficulty filter, and the per-source metrics."""
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from rlonce.algo.signal import SignalSettings
+from rlonce.config import ConfigError, load_config
+from rlonce.core.ledger import LedgerEntry
+from rlonce.core.records import Context, Grade, Role, Segment, Sequence
+from rlonce.rollout.difficulty import DifficultyFilter
+from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings, SourceRules
+from rlonce.rollout.sources import plan_sources
+from rlonce.telemetry.step import StepInputs, source_metrics
+
+MIXED = """
+out = "runs/x"
+[rl]
+tasks_per_step = 8
+[sft]
+demos = 300
+[[sources]]
+name = "toolfind"
+share = 2
+[[sources]]
+name = "reasoning"
+label = "arith"
+arms = ["single-turn"]
+share = 1
+staleness = 3
+stale_policy = "reissue"
+heldout_tasks = 100
+[[sources]]
+name = "reasoning"
+label = "arith-fixed"
+arms = ["single-turn"]
+share = 1
+sft_demos = 7
+difficulty_window = 2
+"""
+
+
+def test_sources_resolve_with_every_default_from_the_run(tmp_path):
+    f = tmp_path / "mixed.toml"
+    f.write_text(MIXED)
+    cfg = load_config(f, ["rollout.mode=async"])
+    plans = {p.label: p for p in plan_sources(cfg)}
+    assert list(plans) == ["toolfind", "arith", "arith-fixed"]
+    assert [p.share for p in plans.values()] == [0.5, 0.25, 0.25]
+    tf, ar, fx = plans.values()
+    assert (tf.arms, tf.staleness, tf.stale_policy, tf.heldout_tasks) == (("mini-bash",), 2, "drop", 200)
+    assert (ar.arms, ar.staleness, ar.stale_policy, ar.heldout_tasks, ar.during_tasks) == (
+        ("single-turn",), 3, "reissue", 100, 64)
+    # 300 demos split by share (2 : 1) over the sources that set none of their own
+    assert (tf.sft_demos, ar.sft_demos, fx.sft_demos, fx.difficulty_window) == (200, 100, 7, 2)
+    assert ar.options.name == "reasoning" and not hasattr(ar.options, "share")
+    one = plan_sources(load_config(None, []))
+    assert [(p.label, p.share, p.sft_demos, p.staleness) for p in one] == [("toolfind", 1.0, 1000, 1)]
+
+
+def test_sources_config_refuses_ambiguity_with_one_line_fixes(tmp_path):
+    f = tmp_path / "both.toml"
+    f.write_text('[task]\nname = "reasoning"\n[[sources]]\nname = "toolfind"\n')
+    with pytest.raises(ConfigError, match="either \\[task\\] .* or \\[\\[sources\\]\\]"):
+        load_config(f, [])
+    f.write_text('[[sources]]\nname = "toolfind"\n[[sources]]\nname = "toolfind"\n')
+    with pytest.raises(ConfigError, match="two sources are labelled 'toolfind'"):
+        load_config(f, [])
+    for bad in ("share = 0", "staleness = 0", 'label = "a b"', 'stale_policy = "keep"', "share = nan"):
+        f.write_text(f'[[sources]]\nname = "toolfind"\n{bad}\n')
+        with pytest.raises(ConfigError, match="sources"):
+            load_config(f, [])
+
+
+def test_whole_group_targets_follow_the_shares_exactly_over_steps():
+    """Shares 0.4 / 0.3 / 0.3 of 8 groups: wants 3.2 / 2.4 / 2.4; floors 3 / 2 / 2, the eighth to
+    the largest remainder (b, by name on a tie) → 3 / 3 / 2, carry 0.2 / -0.6 / 0.4; then
+    3.4 / 1.8 / 2.8 → 3 / 2 / 3. Over 10 steps exactly 32 / 24 / 24."""
+    m = SampleMixer({n: SourceStats(0, share=s) for n, s in (("a", 0.4), ("b", 0.3), ("c", 0.3))})
+    steps = [m.plan_step(8) for _ in range(10)]
+    assert steps[0] == {"a": 3, "b": 3, "c": 2} and steps[1] == {"a": 3, "b": 2, "c": 3}
+    assert all(sum(t.values()) == 8 for t in steps)
+    assert sum((Counter(t) for t in steps), Counter()) == Counter({"a": 32, "b": 24, "c": 24})
+    assert [m.sources[n].target for n in "abc"] == list(steps[-1].values())
+    restored = SampleMixer({n: SourceStats(0, share=s) for n, s in (("a", 0.4), ("b", 0.3), ("c", 0.3))})
+    restored.load_state_dict(m.state_dict())
+    assert restored.plan_step(8) == m.plan_step(8)  # the carry is checkpointed
+
+
+@dataclass(frozen=True)
+class T:
+    task_id: str
+
+
+def _seq(tid, reward):
+    ctx = Context([Segment(Role.PROMPT, [1, 2]), Segment(Role.MODEL, [3, 4], [-0.5, -0.5], [0, 0], "stop")])
+    seq = Sequence(tid, "x", [ctx])
+    seq.set_grade(Grade(reward, passed=reward >= 1))
+    return seq
+
+
+class BySource:
+    """Per source: 'ok' (contrast), 'fail' (all 0) or 'pass' (all 1); 'slow' sources sleep."""
+
+    def __init__(self, kinds, slow=()):
+        self.kinds, self.slow = kinds, set(slow)
+
+    async def run_group(self, group, n):
+        await asyncio.sleep(0.3 if group.source in self.slow else 0.005)
+        kind, tid = self.kinds[group.source], group.task.task_id
+        if callable(kind):
+            kind = kind(tid)
+        return [_seq(tid, float(k % 2) if kind == "ok" else float(kind == "pass")) for k in range(n)]
+
+
+def _orch(kinds, shares, *, batch, mode="sync", rules=None, tasks=None, slow=()):
+    mixer = SampleMixer({n: SourceStats(0, share=s, duration=0.01, seen=1) for n, s in shares.items()},
+                        MixerSettings(budget=1.0))
+    return Orchestrator(BySource(kinds, slow), tasks or (lambda src, i: T(f"{src}/{i}")), mixer, SignalSettings(),
+                        OrchestratorSettings(mode=mode, group_size=4, staleness=1, batch=batch, dispatch_cap=3.0,
+                                             max_sessions=64, rules=rules or {}))
+
+
+def test_a_sync_step_mixes_sources_by_share_and_keeps_a_ledger_for_each():
+    """Batch 4, shares 3 : 1: every step trains 3 groups of a and 1 of b. Source c (share 1 of
+    5 → 0.8 group a step) always fails: dynamic filtering drops its groups, the step refills it up
+    to 3× its target, and its shortfall is counted for c alone."""
+
+    async def go():
+        o = _orch({"a": "ok", "b": "ok", "c": "fail"}, {"a": 0.6, "b": 0.2, "c": 0.2}, batch=5)
+        out = [await o.collect(s) for s in (1, 2, 3, 4, 5)]
+        await o.close()
+        return out
+
+    steps = asyncio.run(go())
+    taken = [Counter(x.source for x in r.samples) for r in steps]
+    assert taken == [Counter({"a": 3, "b": 1})] * 5
+    for r in steps:
+        for e in r.ledger.values():
+            e.check()
+    c = [r.ledger["c"] for r in steps]
+    # targets of c by step: 1, 1, 1, 1, 1 (0.2 × 5); each step dispatches 1, then refills up to 3
+    assert [(e.dispatched, e.no_contrast_filtered, e.groups_short) for e in c] == [(12, 12, 1)] * 5
+    assert all(r.ledger["a"].groups_short == 0 and r.ledger["a"].retained == 12 for r in steps)
+    assert sorted(steps[0].finished_sources) == sorted(["a"] * 12 + ["b"] * 4 + ["c"] * 12)
+
+
+def test_each_source_keeps_its_own_staleness_and_stale_policy():
+    """Async, batch 2 split 1 : 1, group s slow. Source 'drop' (staleness 1) loses its spare
+    groups for good; source 'again' (staleness 1, reissue) gets its stale tasks dispatched again."""
+
+    async def go():
+        rules = {"drop": SourceRules(1, "drop"), "again": SourceRules(1, "reissue")}
+        o = _orch({"drop": "ok", "again": "ok"}, {"drop": 0.5, "again": 0.5}, batch=2, mode="async", rules=rules)
+        res = [await o.collect(s) for s in (1, 2, 3)]
+        await o.close()
+        return o, res
+
+    o, res = asyncio.run(go())
+    for r in res:
+        for e in r.ledger.values():
+            e.check()
+    stale = {n: sum(r.ledger[n].stale_dropped for r in res) for n in ("drop", "again")}
+    reissued = sum(r.ledger["again"].stale_reissued for r in res)
+    assert stale["drop"] > 0 and stale["again"] > 0
+    assert reissued * 4 == stale["again"] and sum(r.ledger["drop"].stale_reissued for r in res) == 0
+    ran = [x.task_id for r in res for x in r.samples if x.source == "again"]
+    dropped_ids = {f"again/{i}" for i in range(o.next_index["again"])} - set(ran)
+    # every stale task of 'again' is queued or ran again: none is lost
+    assert dropped_ids <= {f"again/{i}" for i in o.requeue["again"]} | {g.task.task_id for g in o.groups.values()}
+
+
+def test_the_difficulty_filter_skips_saturated_tasks_and_retests_them():
+    f = DifficultyFilter(2)
+    f.observe("t", 0.0)
+    assert not f.skip("t")  # one group is not a history
+    f.observe("t", 0.0)
+    assert [f.skip("t") for _ in range(3)] == [True, True, False]  # skipped twice, then retested
+    f.observe("t", 0.5)
+    assert not f.skip("t")
+    f.observe("u", 1.0)
+    f.observe("u", 1.0)
+    assert f.skip("u")
+    g = DifficultyFilter(2)
+    g.load_state_dict(f.state_dict())
+    assert g.history == f.history and g.skips == f.skips
+    assert not DifficultyFilter(0).skip("u")
+
+
+def test_a_source_with_a_difficulty_window_stops_paying_for_a_task_it_always_fails():
+    """A pack of two tasks cycled: 'hard' always fails, 'mid' has contrast. With a window of 2,
+    after 'hard' failed twice the stream skips it (counted) and dispatches 'mid' instead."""
+
+    def tasks(src, i):
+        return T(("mid", "hard")[i % 2])
+
+    async def go(window):
+        rules = {"p": SourceRules(1, "drop", window)}
+        o = _orch({"p": lambda tid: "ok" if tid == "mid" else "fail"}, {"p": 1.0}, batch=1, rules=rules, tasks=tasks)
+        res = [await o.collect(s) for s in range(1, 7)]
+        await o.close()
+        return res
+
+    on, off = asyncio.run(go(2)), asyncio.run(go(0))
+    skipped = sum(r.ledger["p"].difficulty_skipped for r in on)
+    filtered = [sum(r.ledger["p"].no_contrast_filtered for r in res) for res in (on, off)]
+    assert skipped >= 2 and sum(r.ledger["p"].difficulty_skipped for r in off) == 0
+    assert filtered[0] < filtered[1]  # fewer rollouts paid for on a task that teaches nothing
+    assert all(len(r.samples) == 1 for r in on)
+
+
+def test_per_source_metrics_are_hand_countable():
+    a = LedgerEntry(1, "a", dispatched=12, retained=8, no_contrast_filtered=4, finished=12)
+    b = LedgerEntry(1, "b", dispatched=8, retained=3, infra_failed=1, finished=7, hack_zeroed=1,
+                    infra_by_category={"sandbox_timeout": 1})
+    seqs = [_seq("x", 1.0), _seq("x", 0.0), _seq("y", 1.0)]
+    seqs[2].metrics = {"intercepted_git_history": 2.0, "intercepted_fetch_upstream": 1.0, "seconds": 3.0}
+    x = StepInputs(1, seqs, [], {"a": a, "b": b}, 1.0, 1.0, 0, 1, 1, finished_sources=["a", "a", "b"],
+                   shares={"a": 0.75, "b": 0.25}, taken_groups={"a": 2, "b": 1})
+    m = source_metrics(x)
+    assert (m["src/a/target_share"], m["src/a/retained_share"], m["src/b/retained_share"]) == (0.75, 2 / 3, 1 / 3)
+    assert (m["src/a/reward_mean"], m["src/a/success_rate"], m["src/b/success_rate"]) == (0.5, 0.5, 1.0)
+    assert (m["src/b/intercepted"], m["src/b/hack_zeroed"], m["src/b/infra/sandbox_timeout"]) == (3.0, 1.0, 1.0)
+    assert (m["src/a/filtered"], m["src/b/seconds_mean"], m["src/a/retained_groups"]) == (4.0, 3.0, 2.0)
+    assert source_metrics(StepInputs(1, seqs, [], {"a": a}, 1.0, 1.0, 0, 1, 1)) == {}
