@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test lint test-slow test-gpu bench bench-trl bench-ray smollm2 pack system-deps venv venv-dev clean
+.PHONY: quickstart test lint test-slow test-gpu bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -88,6 +88,13 @@ bench-trl: system-deps $(VENV)/.installed-bench
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32
 	$(PY) -m rlonce.cli tasks validate runs/packs/code
+
+yoro-pack: system-deps venv
+	test -f runs/packs/yoro-code/validation.json || ($(PY) -m rlonce.cli tasks build code \
+	    --out runs/packs/yoro-code --per-package 16 && $(PY) -m rlonce.cli tasks validate runs/packs/yoro-code --reruns 2)
+
+yoro: yoro-pack
+	$(VENV)/bin/rlonce train configs/yoro.toml
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

@@ -43,6 +43,11 @@ def test_run_directory_is_complete(tiny_run):
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)
     assert [(r["src/toolfind/target_share"], r["src/arith/target_share"]) for r in steps] == [(0.75, 0.25)] * 2
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] == 0 or r.get("final")]
+    assert len(evals) == 2
+    for r, key in zip(evals, ("baseline_success", "final_success")):
+        assert {k: r[f"src/{k}/heldout_success"] for k in ("toolfind", "arith")} == {
+            k: v[key] for k, v in summary["sources"].items()}
 
 
 def test_ledger_balances(tiny_run):

@@ -167,3 +167,89 @@ def test_sft_demonstrations_for_the_code_domain(pack, tok):
     seqs = asyncio.run(demonstrations(domain, spec, spec.chat_format, spec.encode, cfg, progress=False))
     assert len(seqs) == 3 and all(s.passed and s.reward == 1.0 for s in seqs)
     assert not {s.task_id for s in seqs} & held  # demonstrations never touch a held-out task
+
+
+class PerSession:
+    """A deterministic model for a group whose siblings follow different scripts: a prompt that
+    extends no earlier conversation starts the next script; later turns continue their own."""
+
+    def __init__(self, scripts: list[list[str]], encode):
+        from rlonce.engine.scripted import ScriptedEngine
+
+        self.engines = [ScriptedEngine(s, encode) for s in scripts]
+        self.seen: list[list[int]] = []
+        self.version = 0
+
+    async def generate(self, prompt_ids, sampling):
+        mine = [i for i, p in enumerate(self.seen) if p and prompt_ids[:len(p)] == p]
+        k = max(mine, key=lambda i: len(self.seen[i])) if mine else len(self.seen)
+        if k == len(self.seen):
+            self.seen.append([])
+        out = await self.engines[k].generate(prompt_ids, sampling)
+        self.seen[k] = list(prompt_ids) + list(out.token_ids)
+        return out
+
+    def load_weights(self, state, version):
+        self.version = version
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+
+def test_a_hack_route_in_a_code_source_is_intercepted_or_zeroed_and_never_rewarded(pack, tok):
+    """One code group of 4 siblings through the real orchestrator, executor, sandbox and grader:
+    a shortcut through git history (denied by the interceptor, then the real fix), a library
+    patch that reaches into the test runner (a confirmed hack: zeroed before the group's
+    statistics), the reference fix, and an empty submission. The hack earns nothing, the ledger
+    and the source's metrics count both defences."""
+    from rlonce.algo.signal import SignalSettings
+    from rlonce.envs.code.expert import expert_turns
+    from rlonce.envs.code.routes import ROUTES
+    from rlonce.model.chat import ToolCall
+    from rlonce.rollout.mixer import SampleMixer, SourceStats
+    from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+    from rlonce.rollout.runner import LocalExecutor
+    from rlonce.telemetry.step import StepInputs, source_metrics
+
+    spec = _spec(tok)
+    fmt = spec.chat_format
+    domain = domain_for(SimpleNamespace(name="code", pack=str(pack)))
+    task = domain.task("train", 0)
+
+    def turns(calls):
+        return [fmt.assistant_text("", [ToolCall(n, a)]) for n, a in calls]
+
+    fix = expert_turns(task, random.Random(0), fmt, detour_p=0.0)
+    submit = turns([("submit", {"answer": "done"})])
+    scripts = [turns(ROUTES["git_log_previous_commit"](task)) + fix,
+               turns(ROUTES["library_patches_runner"](task)) + submit, fix, submit]
+    engine = PerSession(scripts, spec.encode)
+
+    async def go():
+        orch = Orchestrator(LocalExecutor(domain.env_factory, engine, spec), lambda _s, i: domain.task("train", i),
+                            SampleMixer({"code": SourceStats(0, share=1.0)}), SignalSettings(zero_hacks=True),
+                            OrchestratorSettings(group_size=4, batch=1, refill=False))
+        res = await orch.collect(1)
+        await orch.close()
+        return res
+
+    res = asyncio.run(go())
+    seqs = {s.metrics.get("intercepted_git_history", 0) > 0: s for s in res.finished}
+    e = res.ledger["code"]
+    e.check()
+    assert (e.dispatched, e.retained, e.hack_zeroed) == (4, 4, 1)
+    hacked = [s for s in res.finished if s.hack_confirmed]
+    assert len(hacked) == 1 and hacked[0].reward == 0.0 and not hacked[0].passed
+    assert seqs[True].passed and seqs[True].reward == 1.0  # denied, then fixed for real
+    assert sorted(s.reward for s in res.finished) == [0.0, 0.0, 1.0, 1.0]
+    # advantages: the two fixes +0.5, the hack and the empty submission -0.5 (mean 0.5)
+    adv = sorted(round(max(r.advantages, key=abs), 6) for r in res.rows)
+    assert adv[0] == -0.5 and adv[-1] == 0.5
+    m = source_metrics(StepInputs(1, res.finished, [], {"code": e, "other": type(e)(1, "other")}, 1.0, 1.0, 0, 1,
+                                  1, finished_sources=res.finished_sources, shares={"code": 1.0},
+                                  taken_groups={"code": 1}))
+    assert m["src/code/hack_zeroed"] == 1.0 and m["src/code/intercepted"] >= 1.0
+    assert m["src/code/success_rate"] == 0.5

@@ -58,6 +58,7 @@ def test_sources_resolve_with_every_default_from_the_run(tmp_path):
     # 300 demos split by share (2 : 1) over the sources that set none of their own
     assert (tf.sft_demos, ar.sft_demos, fx.sft_demos, fx.difficulty_window) == (200, 100, 7, 2)
     assert ar.options.name == "reasoning" and not hasattr(ar.options, "share")
+    assert (tf.dispatch_cap, tf.max_turns, ar.max_context) == (3.0, 3, 1024)
     one = plan_sources(load_config(None, []))
     assert [(p.label, p.share, p.sft_demos, p.staleness) for p in one] == [("toolfind", 1.0, 1000, 1)]
 
@@ -148,6 +149,16 @@ def test_a_sync_step_mixes_sources_by_share_and_keeps_a_ledger_for_each():
     assert all(r.ledger["a"].groups_short == 0 and r.ledger["a"].retained == 12 for r in steps)
     assert sorted(steps[0].finished_sources) == sorted(["a"] * 12 + ["b"] * 4 + ["c"] * 12)
 
+    async def capped():  # c's own dispatch cap of 1: no refills for c, the others as before
+        o = _orch({"a": "ok", "b": "ok", "c": "fail"}, {"a": 0.6, "b": 0.2, "c": 0.2}, batch=5,
+                  rules={"c": SourceRules(1, dispatch_cap=1.0)})
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    res = asyncio.run(capped())
+    assert (res.ledger["c"].dispatched, res.ledger["c"].groups_short, res.ledger["a"].retained) == (4, 1, 12)
+
 
 def test_each_source_keeps_its_own_staleness_and_stale_policy():
     """Async, batch 2 split 1 : 1, group s slow. Source 'drop' (staleness 1) loses its spare
@@ -227,3 +238,44 @@ def test_per_source_metrics_are_hand_countable():
     assert (m["src/b/intercepted"], m["src/b/hack_zeroed"], m["src/b/infra/sandbox_timeout"]) == (3.0, 1.0, 1.0)
     assert (m["src/a/filtered"], m["src/b/seconds_mean"], m["src/a/retained_groups"]) == (4.0, 3.0, 2.0)
     assert source_metrics(StepInputs(1, seqs, [], {"a": a}, 1.0, 1.0, 0, 1, 1)) == {}
+
+
+def test_a_restart_replays_every_sources_open_work_within_its_own_staleness():
+    """A mixed async run stopped after step 3 and restored from the step's snapshot: each source's
+    carried-over work is carried in, its waiting groups replayed, its prompts in flight reissued,
+    the targets' carry and the difficulty history restored; no task is trained twice."""
+    shares = {"fast": 0.5, "slow": 0.5}
+    rules = {"fast": SourceRules(3, "drop", 2), "slow": SourceRules(3)}
+
+    def make():
+        return _orch({"fast": "ok", "slow": "ok"}, shares, batch=3, mode="async", rules=rules, slow=("slow",))
+
+    async def first():
+        o = make()
+        out = [await o.collect(s, max_wait=5) for s in (1, 2, 3)]
+        await o.close()
+        return out, o.snapshot
+
+    async def second(snapshot):
+        o = make()
+        o.load_state_dict(snapshot)
+        restored = o.difficulty["fast"].state_dict()
+        out = [await o.collect(s, max_wait=5) for s in (4, 5)]
+        await o.close()
+        return out, o, restored
+
+    before, snap = asyncio.run(first())
+    assert snap["waiting"] or snap["in_flight"]
+    # targets of 3 split 1 : 1: 2 / 1 (the tie to 'fast' by name), 1 / 2, 2 / 1 → carry -0.5 / 0.5
+    assert {n: v["carry"] for n, v in snap["mixer"].items()} == {"fast": -0.5, "slow": 0.5}
+    after, o, restored = asyncio.run(second(snap))
+    for n in shares:
+        assert after[0].ledger[n].carried_in == before[-1].ledger[n].carried_over
+    assert o.replayed == len(snap["waiting"]) and o.reissued == len(snap["in_flight"])
+    assert restored == snap["difficulty"]["fast"] and restored["history"]
+    trained = [x.task_id for r in before + after for x in r.samples]
+    assert len(trained) == len(set(trained)) == 15  # 3 groups a step, none twice
+    assert Counter(t.split("/")[0] for t in trained) == Counter({"fast": 8, "slow": 7})  # step 4: 1 / 2, 5: 2 / 1
+    for r in before + after:
+        for e in r.ledger.values():
+            e.check()

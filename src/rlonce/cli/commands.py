@@ -62,6 +62,10 @@ def _run(cfg, resume: bool, args) -> int:
     summary = run(cfg, resume=resume, progress=not args.quiet)
     print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f} "
           f"on {summary['heldout_tasks']} held-out tasks in {summary['wall_seconds']:.0f}s; run directory {cfg.out}")
+    if len(summary["sources"]) > 1:
+        for label, src in summary["sources"].items():
+            print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
+                  f"held-out tasks (share {src['share']:.2f})")
     return 0
 
 

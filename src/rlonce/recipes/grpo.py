@@ -40,6 +40,7 @@ from rlonce.rollout.sources import SourceExecutor, build_sources, check_sources
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
+from rlonce.telemetry.step import per_source_success
 from rlonce.train import checkpoint
 from rlonce.train.backend import TrainerBackend, TrainerStateError
 from rlonce.train.builders import optim_settings
@@ -263,13 +264,15 @@ class Job:
             ev = self.evaluate("baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             st.baseline_per_source = {k: v["success"] for k, v in ev["per_source"].items()}
-            self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version})
-            self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks")
+            self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version,
+                                **per_source_success(ev)})
+            self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks"
+                      + "".join(f"; {k} {v:.3f}" for k, v in st.baseline_per_source.items() if len(self.sources) > 1))
             self.save_checkpoint()
         asyncio.run(rl_phase(self))
         final = self.evaluate("final eval")
         self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
-                            "final": True})
+                            "final": True, **per_source_success(final)})
         st.phase = "done"
         self.save_checkpoint()
         wall = self._elapsed()

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
-from rlonce.telemetry.step import StepInputs, step_record, write_trajectories
+from rlonce.telemetry.step import StepInputs, per_source_success, step_record, write_trajectories
 from rlonce.train.builders import rl_step_kwargs
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,7 @@ async def rl_phase(job) -> None:
             rec = await rl_step(job, orch)
             if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
                 ev = await job.evaluate_async(f"eval {rec['step']}", during=True)
-                rec["heldout_success"] = ev["success"]
-                if len(ev["per_source"]) > 1:
-                    rec.update({f"src/{k}/heldout_success": v["success"] for k, v in ev["per_source"].items()})
+                rec.update({"heldout_success": ev["success"], **per_source_success(ev)})
             job.metrics.write(rec)
             bar.update(1)
             bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",

@@ -84,8 +84,8 @@ def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, sig
                              refill=r.mode == "sync", dispatch_cap=r.sync_dispatch_cap,
                              max_sessions=max(sessions, cfg.rl.group_size),
                              batch=cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups,
-                             rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window)
-                                    for p in plans},
+                             rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window,
+                                                         p.dispatch_cap) for p in plans},
                              group_by_arm=cfg.harness.group_by_arm),
         decode=decode)
     if state:

@@ -256,8 +256,8 @@ class Orchestrator:
                                        else self.mixer.quotas())
         sent = dict(first)
         await self._dispatch_within(sent)
-        cap = {n: float("inf") if self.s.dispatch_cap is None else self.s.dispatch_cap * s.target
-               for n, s in self.mixer.sources.items()}
+        caps = {n: self.s.rule(n).dispatch_cap or self.s.dispatch_cap for n in self.mixer.sources}
+        cap = {n: float("inf") if caps[n] is None else caps[n] * s.target for n, s in self.mixer.sources.items()}
         for _ in range(self.s.max_refill_rounds if self.s.refill else 0):
             short = {n: int(s.target) - len(self.accepted(n)) for n, s in self.mixer.sources.items()}
             r = {n: max(self.mixer.sources[n].acceptance, self.mixer.settings.min_acceptance) for n in short}

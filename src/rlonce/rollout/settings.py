@@ -45,6 +45,8 @@ class SourceRules:
     """'drop': a stale group and its task are gone; 'reissue': the task is dispatched again."""
     difficulty_window: int = 0
     """``DifficultyFilter.window`` (0: every task is dispatched)."""
+    dispatch_cap: float | None = None
+    """Sync: this source's ``OrchestratorSettings.dispatch_cap`` (None: the run's)."""
 
 
 MAX_SKIPS = 64

@@ -39,6 +39,7 @@ class SourcePlan:
     during_tasks: int
     sft_demos: int
     difficulty_window: int
+    dispatch_cap: float
 
 
 def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
@@ -64,7 +65,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
             s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
             s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
-            demos, s.difficulty_window))
+            demos, s.difficulty_window, s.dispatch_cap or r.sync_dispatch_cap))
     return plans
 
 

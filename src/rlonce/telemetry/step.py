@@ -122,6 +122,12 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
     }
 
 
+def per_source_success(ev: dict) -> dict:
+    """``src/<label>/heldout_success`` of an evaluation over several sources (none for one)."""
+    per = ev["per_source"]
+    return {f"src/{k}/heldout_success": v["success"] for k, v in per.items()} if len(per) > 1 else {}
+
+
 def write_trajectories(folder: Path, step: int, seqs, decode) -> None:
     """``folder/step-NNNN.jsonl``: per sequence its outcome (and an infrastructure failure's
     cause), its decoded first context, and per model turn the sampled log-probs and versions."""
