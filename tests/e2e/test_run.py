@@ -151,8 +151,8 @@ def test_a_run_can_mix_harness_arms(tmp_path):
 def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(tiny_run, tmp_path):
     """Continue the tiny mixed run in async mode, kill -9 the process mid-run, resume it: every
     step's ledger appears once per source, balances, and carries into the source's next step
-    exactly what its step before carried over; the retained total is the sum of the steps'; trained tokens span versions
-    only within the staleness bound."""
+    exactly what its step before carried over; trained tokens span versions only within the
+    staleness bound."""
     import shutil
     import time
 
@@ -160,7 +160,8 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
     run_dir = tmp_path / "killed"
     shutil.copytree(out, run_dir)
     cmd = [sys.executable, "-m", "rlonce.cli", "train", "--resume", str(run_dir), "--quiet"]
-    proc = subprocess.Popen([*cmd, "rl.steps=7", "rollout.mode=async", "rollout.target_groups=1",
+    steps = 16
+    proc = subprocess.Popen([*cmd, f"rl.steps={steps}", "rollout.mode=async", "rollout.target_groups=1",
                              "rollout.max_sessions=16", "checkpoint.every=1", "eval.every=0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -170,17 +171,18 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read()[-2000:]
-        time.sleep(1.0)  # into the next step
+        time.sleep(0.3)  # into the next step
         proc.kill()  # SIGKILL: no clean-up, no final checkpoint
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert len(read_jsonl(run_dir / "ledger.jsonl")) < 14  # the kill interrupted the run
+    assert len(read_jsonl(run_dir / "ledger.jsonl")) < 2 * steps  # the kill interrupted the run
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     ledger = read_jsonl(run_dir / "ledger.jsonl")
-    assert [(e["step"], e["source"]) for e in ledger] == [(s, n) for s in range(1, 8) for n in ("toolfind", "arith")]
+    assert [(e["step"], e["source"]) for e in ledger] == [(s, n) for s in range(1, steps + 1)
+                                                          for n in ("toolfind", "arith")]
     for n in ("toolfind", "arith"):
         mine = [e for e in ledger if e["source"] == n]
         for prev, e in zip(mine, mine[1:]):
@@ -190,6 +192,6 @@ def test_async_run_survives_kill_9_mid_step_without_losing_or_double_counting(ti
                                                      + e["penalty_rejected"] + e["stale_dropped"] + e["retained"]
                                                      + e["carried_over"])
     metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "reward_mean" in m]
-    assert [m["step"] for m in metrics] == list(range(1, 8))
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     assert all(m["staleness_violations"] == 0 for m in metrics[2:])
-    assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == 7
+    assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == steps
