@@ -46,7 +46,8 @@ def base_overrides(a, model: str, out: Path) -> list[str]:
         "harness.arms=[single-turn]", "sft.demos=0", f"rl.steps={a.steps}", f"rl.tasks_per_step={a.prompts}",
         f"rl.group_size={a.group_size}", f"rl.lr={a.lr}", "rl.minibatches=1", "rl.optimizer=adamw-gpt3",
         "algo.filter_no_contrast=false", "algo.aggregation=token-mean",
-        f"harness.max_tokens_per_turn={a.max_new_tokens}", f"harness.temperature={a.temperature}", "harness.max_context=512", f"runtime.seed={a.seed}",
+        f"harness.max_tokens_per_turn={a.max_new_tokens}", f"harness.temperature={a.temperature}",
+        "harness.max_context=512", f"runtime.seed={a.seed}",
         f"runtime.rollout_threads={a.threads}", f"runtime.train_threads={a.threads}", "eval.every=0",
         "checkpoint.every=1000000",
     ]
