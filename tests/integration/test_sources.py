@@ -279,3 +279,55 @@ def test_a_restart_replays_every_sources_open_work_within_its_own_staleness():
     for r in before + after:
         for e in r.ledger.values():
             e.check()
+
+
+def test_an_async_step_does_not_wait_forever_for_a_source_that_accepts_nothing():
+    """Async, batch 4 split 1 : 1, source 'never' always fails: a step stops waiting for it once
+    it has finished its cap's worth of groups (3 × its target of 2) and counts the 2 missing
+    groups; 'ok' trains its 2."""
+
+    async def go():
+        o = _orch({"ok": "ok", "never": "fail"}, {"ok": 0.5, "never": 0.5}, batch=4, mode="async")
+        res = [await asyncio.wait_for(o.collect(s), 30) for s in (1, 2)]
+        await o.close()
+        return res
+
+    for r in asyncio.run(go()):
+        assert Counter(x.source for x in r.samples) == Counter({"ok": 2})
+        assert (r.ledger["never"].groups_short, r.ledger["ok"].groups_short) == (2, 0)
+        assert r.ledger["never"].no_contrast_filtered >= 6 * 4
+        for e in r.ledger.values():
+            e.check()
+
+
+def test_a_bug_in_judging_is_an_internal_error_of_the_group_never_a_group_left_running():
+    from rlonce.core.records import FailureCategory
+    from rlonce.errors import INTERNAL_ERRORS
+
+    async def go():
+        o = _orch({"s": "ok"}, {"s": 1.0}, batch=2)
+
+        class Flaky:  # the real Judge, except that judging the first group raises
+            def __init__(self, judge):
+                self.judge, self.calls = judge, 0
+
+            def __call__(self, *a):
+                self.calls += 1
+                if self.calls == 1:
+                    raise KeyError("a bug of ours")
+                return self.judge(*a)
+
+            def __getattr__(self, name):
+                return getattr(self.judge, name)
+
+        o.judge = Flaky(o.judge)
+        res = await asyncio.wait_for(o.collect(1), 30)
+        await o.close()
+        return res
+
+    res = asyncio.run(go())
+    e = res.ledger["s"]
+    e.check()
+    assert e.infra_by_category == {FailureCategory.INTERNAL_ERROR.value: 4} and len(res.samples) == 2
+    assert len(INTERNAL_ERRORS) == 1 and "KeyError" in INTERNAL_ERRORS[0]
+    INTERNAL_ERRORS.clear()  # provoked on purpose

@@ -230,7 +230,9 @@ class RolloutConfig(Section):
     """sync: a step refills groups dynamic filtering dropped (by the measured acceptance) until it
     holds ``rl.tasks_per_step`` contrastful groups, dispatching at most this multiple of
     ``rl.tasks_per_step`` groups in all (and at most 4 refill rounds); a batch still short is
-    counted (``groups_short`` in metrics.jsonl). 1: no refills."""
+    counted (``groups_short`` in metrics.jsonl). 1: no refills. async: a step stops waiting for a
+    source once it has finished this multiple of its target this step without reaching it (the
+    rest counted the same way), so a source that accepts nothing does not stall the run."""
     oversampling: float = Field(1.25, ge=1, le=100)
     """The Sample Mixer's weighted-average oversampling budget p̄."""
     max_sessions: int = Field(64, ge=1, le=MAX_PARALLEL)

@@ -67,6 +67,13 @@ def split_payloads(payloads: list, world: int) -> list[list]:
     return shares
 
 
+def absolute_packs(cfg):
+    """``cfg`` with every task pack path absolute: actors do not share the driver's directory."""
+    def fix(t):
+        return t.model_copy(update={"pack": str(Path(t.pack).absolute())}) if t.pack else t
+    return cfg.model_copy(update={"task": fix(cfg.task), "sources": [fix(x) for x in cfg.sources]})
+
+
 class RayCluster:
     """The driver's handle on the actors of one run: the ``TrainerBackend`` of ``executor = "ray"``
     (``rlonce.train.backend``)."""
@@ -76,10 +83,10 @@ class RayCluster:
         ray = ray_module()
         self.started = start_ray(cfg.ray, run_dir)
         model_dir = Path(model_dir).absolute()  # actors do not share the driver's working directory
-        if cfg.task.pack:
-            cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": str(Path(cfg.task.pack).absolute())})})
+        cfg = absolute_packs(cfg)
         rc, m = cfg.ray, cfg.model
         self.rc = rc
+        self._executor: RayExecutor | None = None
         t0 = time.perf_counter()
         run_id = f"rlonce-{os.getpid()}-{time.time_ns() % 10**9}"
         trainer_name = f"{run_id}-trainer"
@@ -128,9 +135,11 @@ class RayCluster:
             raise BackendError(f"{what} failed: {first_line(e)}") from None
 
     def executor(self, domain=None, spec=None) -> tuple[RayExecutor, int]:
-        """The pools' executor (each pool builds the run's domain and rollout spec from the config)
-        and the sessions they hold at once."""
-        return RayExecutor(self.pools, self.rc.group_timeout_s), self.rc.harness_pools * self.rc.pool_sessions
+        """The pools' executor, one for every source (each pool builds the run's sources from the
+        config and runs a group on its own source's), and the sessions they hold at once."""
+        if self._executor is None:
+            self._executor = RayExecutor(self.pools, self.rc.group_timeout_s)
+        return self._executor, self.rc.harness_pools * self.rc.pool_sessions
 
     async def train(self, batch: StepResult, kwargs: dict) -> dict:
         """One step on every trainer rank, each given its share of the groups (local rows, replayed

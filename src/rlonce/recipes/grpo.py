@@ -226,7 +226,9 @@ class Job:
         executors, pool_cap = {}, None
         for label, src in self.sources.items():
             executors[label], pool_cap = self.backend.executor(src.domain, src.spec)
-        return build_orchestrator(self.cfg, self.sources, SourceExecutor(executors), self.signal, self.lm.decode,
+        one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
+        executor = next(iter(executors.values())) if one else SourceExecutor(executors)
+        return build_orchestrator(self.cfg, self.sources, executor, self.signal, self.lm.decode,
                                   state=self.state.orchestrator, max_sessions=pool_cap)
 
     def _elapsed(self) -> float:

@@ -1,48 +1,30 @@
-"""The rollout orchestrator: replay buffer, Sample Mixer, staleness, partial rollout, the step ledger.
+"""The rollout orchestrator: replay buffer, Sample Mixer, staleness, partial rollout, the step
+ledger — one object for both modes (docs/orchestrator.md has the whole account).
 
-One object serves both modes with the same records and functions:
+- ``sync`` — each step dispatches its groups, waits for them, and (with ``refill``) dispatches
+  more of any source still short of its target, until every target is met or the source has
+  had its ``dispatch_cap`` × target (then the shortfall is counted).
+- ``async`` — a dispatcher keeps the pipeline full while the trainer steps; ``collect`` waits
+  until each source has its target of accepted groups, or has finished its cap's worth this
+  step without it (counted). Weight updates pause the engine; the gateway continues in-flight
+  turns under the new weights (partial rollout); every token keeps its log-prob and version.
 
-- ``sync`` — each step dispatches its groups, waits for all of them, and (with ``refill``)
-  dispatches more of any source still short of its target, until every target is met or the
-  step has dispatched ``dispatch_cap`` × the target (then the shortfall is counted).
-- ``async`` — a dispatcher keeps the pipeline full while the trainer steps; ``collect`` only
-  waits until the buffer holds each source's target of accepted groups. Weight updates pause
-  the engine: in-flight turns stop at their next token and the gateway session continues them
-  under the new weights by re-prefilling (``partial rollout``); every token keeps the log-prob
-  and policy version it was sampled with.
-
-**Replay buffer.** Every dispatched group (one task × ``group_size`` sequences) is a ``Group``
-in state pending → running → finished (evaluated by ``rlonce.algo.learning_signal``: accepted,
-no-contrast-filtered or penalty-rejected; infrastructure failures excluded from its statistics)
-or failed (every sequence an infrastructure failure). ``collect`` takes accepted groups
-oldest-first.
-
-**Sources.** Each source has its own staleness limit, stale policy and difficulty filter
-(``SourceRules``); with ``batch`` set, each step's per-source targets are ``batch`` groups split
-by the mixer's shares (``SampleMixer.plan_step``).
-
-**Staleness.** A group dispatched at step d is dropped at step s when ``s - d + 1 > staleness``
-(its source's; whether still running or waiting), and refilled; under the ``reissue`` policy its
-task is dispatched again. Since weights advance once per step, every
-trained token then lags the trainer by at most ``staleness - 1`` versions; the lag of every
-trained token is measured and reported per step, and a violation is counted.
-
-**Ledger** (per step and source, in sequences) — checked every step:
+**Replay buffer.** A dispatched group (a task × ``group_size`` sequences) goes pending → running
+→ finished (judged by ``rlonce.algo.learning_signal``) or failed (all infra); ``collect`` takes
+accepted groups oldest-first. **Sources**: per-source targets are ``batch`` split by share
+(``SampleMixer.plan_step``); each source has its own ``SourceRules`` (staleness, stale policy,
+difficulty filter, dispatch cap). **Staleness**: a group dispatched at step d is dropped at step
+s when ``s - d + 1 > staleness`` (running or waiting; under ``reissue`` its task runs again).
+**Ledger** (per step and source, in sequences), checked every step::
 
     carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
                               + stale_dropped + retained + carried_over
 
-The executor runs one group. ``LocalExecutor`` runs its sequences on this event loop and hands
-them back; the orchestrator judges them here (``judge``). ``RayExecutor``
-(``rlonce.dist.pools.RayExecutor``) runs the group in a harness-pool actor, which calls the same
-``judge`` where the tokens are and returns a ``Judged`` whose sequences are metadata only (no
-contexts) and whose rows stay in Ray's object store until the trainer fetches them (``payload``).
-An executor failure becomes an infrastructure failure of every sequence of the group, with the
-exception's ``category`` when it has one (a lost actor, a timed-out call).
-
-The group record, ``Judge`` and a group's plain-data form live in ``rlonce.rollout.groups``,
-admission in ``rlonce.rollout.admission``, the settings and step record in
-``rlonce.rollout.settings``, the difficulty filter in ``rlonce.rollout.difficulty``.
+The executor runs one group (``LocalExecutor`` here; ``RayExecutor`` in a harness-pool actor,
+which judges where the tokens are and leaves the rows in the object store). An executor failure
+is an infrastructure failure of every sequence of the group; a failure of judging is ours
+(``internal_error``), never a group left running. Groups and ``Judge``: ``rollout.groups``;
+admission: ``rollout.admission``; settings: ``rollout.settings``; ``rollout.difficulty``.
 """
 
 from __future__ import annotations
@@ -56,6 +38,7 @@ from collections.abc import Callable
 from rlonce.algo.signal import SignalSettings
 from rlonce.core.ledger import LedgerEntry
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
+from rlonce.errors import note_internal
 from rlonce.rollout.admission import dispatch_round
 from rlonce.rollout.difficulty import DifficultyFilter
 from rlonce.rollout.groups import (
@@ -94,6 +77,8 @@ class Orchestrator:
         self.step = 1
         self.window: dict[str, LedgerEntry] = {}
         self.signal_stats: Counter = Counter()
+        self.step_finished: Counter = Counter()
+        """Groups of each source that finished (not all-infra) since the current collect began."""
         self.finished: list[Sequence] = []
         self.finished_sources: list[str] = []
         """The source of each of ``finished``."""
@@ -130,10 +115,16 @@ class Orchestrator:
         return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
                 and (source is None or g.source == source)]
 
+    def _cap(self, source: str) -> float:
+        """The most groups of ``source`` a step pays for, as a multiple of its target."""
+        return self.s.rule(source).dispatch_cap or self.s.dispatch_cap or float("inf")
+
     def _short(self) -> bool:
-        """Some source has fewer accepted groups waiting than its target."""
+        """Some source has fewer accepted groups waiting than its target and has not yet finished
+        its cap's worth of groups this step (a source that accepts nothing does not stall a step)."""
         acc = Counter(g.source for g in self.groups.values() if g.state == FINISHED and g.accepted)
-        return any(acc[n] < s.target for n, s in self.mixer.sources.items())
+        return any(acc[n] < s.target and self.step_finished[n] < self._cap(n) * max(s.target, 1)
+                   for n, s in self.mixer.sources.items())
 
     def accepted(self, source: str) -> list[Group]:
         return sorted((g for g in self.groups.values() if g.source == source and g.state == FINISHED and g.accepted),
@@ -180,14 +171,22 @@ class Orchestrator:
             category = getattr(exc, "category", FailureCategory.HARNESS_ERROR)
             log.warning("executor failed on group %s; its sequences are infra (%s): %s", g.gid, category.value, exc,
                         exc_info=category is FailureCategory.HARNESS_ERROR)
-            out = [Sequence(tid, "?", status=Status.INFRA, failure=category) for _ in range(self.s.group_size)]
+            out = self._all_infra(tid, category)
         g.seconds = time.perf_counter() - t0
         if g.gid not in self.groups:  # dropped as stale while it ran
             self.changed.set()
             return
-        judged = out if isinstance(out, Judged) else self.judge(tid, g.source, g.dispatch_step, out, self.decode)
+        try:
+            judged = out if isinstance(out, Judged) else self.judge(tid, g.source, g.dispatch_step, out, self.decode)
+        except Exception as exc:  # noqa: BLE001 - our bug in judging must not leave the group running forever
+            log.error("judging group %s failed: %s", g.gid, note_internal(exc), exc_info=True)
+            judged = self.judge(tid, g.source, g.dispatch_step, self._all_infra(tid, FailureCategory.INTERNAL_ERROR),
+                                self.decode)
         self._evaluate(g, judged)
         self.changed.set()
+
+    def _all_infra(self, task_id: str, category: FailureCategory) -> list[Sequence]:
+        return [Sequence(task_id, "?", status=Status.INFRA, failure=category) for _ in range(self.s.group_size)]
 
     def _evaluate(self, g: Group, judged: Judged) -> None:
         seqs, rows, ev, stats = judged.sequences, judged.rows, judged.entry, judged.stats
@@ -208,6 +207,7 @@ class Orchestrator:
         g.rows, g.accepted = rows, ev.retained > 0
         g.state = FINISHED if ev.finished else FAILED
         if ev.finished:  # infrastructure failures say nothing about the source's acceptance or difficulty
+            self.step_finished[g.source] += 1
             tokens = sum(s.metrics.get("context_tokens", 0.0) for s in seqs) / max(len(seqs), 1)
             self.mixer.observe(g.source, accepted=g.accepted, duration=g.seconds, tokens=tokens)
             valid = [s.passed for s in seqs if not s.infra_failed]
@@ -256,8 +256,7 @@ class Orchestrator:
                                        else self.mixer.quotas())
         sent = dict(first)
         await self._dispatch_within(sent)
-        caps = {n: self.s.rule(n).dispatch_cap or self.s.dispatch_cap for n in self.mixer.sources}
-        cap = {n: float("inf") if caps[n] is None else caps[n] * s.target for n, s in self.mixer.sources.items()}
+        cap = {n: self._cap(n) * s.target for n, s in self.mixer.sources.items()}
         for _ in range(self.s.max_refill_rounds if self.s.refill else 0):
             short = {n: int(s.target) - len(self.accepted(n)) for n, s in self.mixer.sources.items()}
             r = {n: max(self.mixer.sources[n].acceptance, self.mixer.settings.min_acceptance) for n in short}
@@ -282,6 +281,7 @@ class Orchestrator:
             e.step = step
         if self.s.batch:
             self.mixer.plan_step(self.s.batch)
+        self.step_finished = Counter()
         self._restore_open_work()
         self._evict_stale()
         if self.s.mode == "sync":
@@ -302,8 +302,10 @@ class Orchestrator:
                     break
         taken: list[Group] = []
         for n, s in self.mixer.sources.items():
-            pool = self.accepted(n)
-            taken += pool[: int(s.target)]
+            pool = self.accepted(n)[: int(s.target)]
+            taken += pool
+            if self.s.mode != "sync":  # sync counts its shortfall when its refills end
+                self._entry(n).groups_short += int(s.target) - len(pool)
         taken.sort(key=lambda g: g.order)
         for g in taken:
             self._entry(g.source).retained += self._open_count(g)
