@@ -97,10 +97,6 @@ class Source:
     domain: Domain
     spec: RolloutSpec
 
-    @property
-    def label(self) -> str:
-        return self.plan.label
-
 
 def build_sources(plans: list[SourcePlan], spec: RolloutSpec) -> dict[str, Source]:
     """Each plan's domain and rollout spec (``spec`` with the source's arms and its turn, token,
