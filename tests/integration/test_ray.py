@@ -165,22 +165,25 @@ def test_group_past_its_timeout_is_infra_and_the_step_ends(job):
 
 
 @pytest.mark.slow  # a whole job (90 s on 2 cores); the default suite keeps one whole-job smoke run (tests/e2e)
-def test_whole_async_job_on_ray_with_two_data_parallel_trainers(ray_instance, tmp_path):
-    """Async rollout (partial rollout across weight updates) with two FSDP2 trainer ranks."""
+def test_whole_mixed_async_job_on_ray_with_two_data_parallel_trainers(ray_instance, tmp_path):
+    """A mixed run (toolfind and arithmetic) with async rollout (partial rollout across weight
+    updates) and two FSDP2 trainer ranks: each harness pool runs both sources."""
     out = tmp_path / "ray-run"
-    cfg = load_config(REPO / "configs" / "tiny.toml", [f"out={out}", "executor=ray", "rollout.mode=async",
+    cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "executor=ray", "rollout.mode=async",
                                                        "rl.steps=3", "eval.heldout_tasks=8", "checkpoint.every=2",
                                                        "ray.trainer_workers=2"])
     summary = run(cfg, progress=False)
     assert summary["executor"] == "ray" and summary["rl_steps"] == 3
     ledger = read_jsonl(out / "ledger.jsonl")
-    assert [e["step"] for e in ledger] == [1, 2, 3]
-    carried = 0
+    assert [(e["step"], e["source"]) for e in ledger] == [(s, n) for s in (1, 2, 3) for n in ("toolfind", "arith")]
+    carried = {"toolfind": 0, "arith": 0}
     for e in ledger:
-        assert e["carried_in"] == carried and e["infra_failed"] == 0
+        assert e["carried_in"] == carried[e["source"]] and e["infra_failed"] == 0
         assert e["carried_in"] + e["dispatched"] == (e["no_contrast_filtered"] + e["penalty_rejected"]
                                                      + e["stale_dropped"] + e["retained"] + e["carried_over"])
-        carried = e["carried_over"]
+        carried[e["source"]] = e["carried_over"]
+    assert sum(e["dispatched"] for e in ledger if e["source"] == "arith") > 0
+    assert set(summary["sources"]) == {"toolfind", "arith"}
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     trained = [r for r in steps if r["retained_rows"]]
     assert trained, "no step had a contrastful group to train on"
