@@ -74,7 +74,7 @@ class Evaluator:
         import torch
 
         self.job.engine.load_weights({k: v.detach().to(torch.float32) for k, v in model.state_dict().items()}, 0)
-        return (await self.job.evaluate_async(self.n, "eval"))["success"]
+        return (await self.job.evaluate_async("eval", n=self.n))["success"]
 
     def __call__(self, model) -> float:
         return asyncio.run(self.evaluate(model))

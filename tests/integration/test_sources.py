@@ -127,8 +127,8 @@ def _orch(kinds, shares, *, batch, mode="sync", rules=None, tasks=None, slow=())
 
 
 def test_a_sync_step_mixes_sources_by_share_and_keeps_a_ledger_for_each():
-    """Batch 4, shares 3 : 1: every step trains 3 groups of a and 1 of b. Source c (share 1 of
-    5 → 0.8 group a step) always fails: dynamic filtering drops its groups, the step refills it up
+    """Batch 5, shares 0.6 / 0.2 / 0.2: every step trains 3 groups of a and 1 of b. Source c
+    (0.2 × 5 = 1 group a step) always fails: dynamic filtering drops its groups, the step refills it up
     to 3× its target, and its shortfall is counted for c alone."""
 
     async def go():
@@ -202,7 +202,7 @@ def test_the_difficulty_filter_skips_saturated_tasks_and_retests_them():
     assert not DifficultyFilter(0).skip("u")
 
 
-def test_a_source_with_a_difficulty_window_stops_paying_for_a_task_it_always_fails():
+def test_a_source_with_a_difficulty_window_pays_less_for_a_task_it_always_fails():
     """A pack of two tasks cycled: 'hard' always fails, 'mid' has contrast. With a window of 2,
     after 'hard' failed twice the stream skips it (counted) and dispatches 'mid' instead."""
 
@@ -331,3 +331,50 @@ def test_a_bug_in_judging_is_an_internal_error_of_the_group_never_a_group_left_r
     assert e.infra_by_category == {FailureCategory.INTERNAL_ERROR.value: 4} and len(res.samples) == 2
     assert len(INTERNAL_ERRORS) == 1 and "KeyError" in INTERNAL_ERRORS[0]
     INTERNAL_ERRORS.clear()  # provoked on purpose
+
+
+def test_a_task_stream_that_raises_in_async_mode_fails_the_step_instead_of_hanging_it():
+    def tasks(src, i):
+        raise RuntimeError("the pack holds no train task")
+
+    async def go():
+        o = _orch({"s": "ok"}, {"s": 1.0}, batch=1, mode="async", tasks=tasks)
+        try:
+            await asyncio.wait_for(o.collect(1), 10)
+        finally:
+            await o.close()
+
+    with pytest.raises(RuntimeError, match="no train task"):
+        asyncio.run(go())
+
+
+def test_the_difficulty_filter_counts_exactly_the_tasks_it_skipped_even_at_its_limit():
+    """Every task saturated and a window far above ``MAX_SKIPS``: a dispatch passes over 64
+    tasks (counted) and runs the 65th, which is not counted as skipped."""
+    from rlonce.rollout.orchestrator import MAX_SKIPS
+
+    o = _orch({"p": "fail"}, {"p": 1.0}, batch=1, rules={"p": SourceRules(1, "drop", 1000)},
+              tasks=lambda src, i: T(f"t{i}"))
+    f = o.difficulty["p"]
+    f.history = {f"t{i}": [0.0] * 1000 for i in range(200)}
+    i, task, again = o._next_task("p")
+    assert (i, task.task_id, again) == (MAX_SKIPS, f"t{MAX_SKIPS}", False)
+    assert o._entry("p").difficulty_skipped == MAX_SKIPS == len(f.skips)
+    assert f"t{MAX_SKIPS}" not in f.skips
+
+
+def test_reissue_runs_a_stale_task_again_once_then_drops_it():
+    async def go():
+        rules = {"r": SourceRules(1, "reissue")}
+        o = _orch({"r": "ok"}, {"r": 1.0}, batch=1, mode="async", rules=rules, slow=("r",))
+        first = o.dispatch("r")
+        o.step = 2
+        o._evict_stale()  # the group of task 0 went stale: its task is queued again
+        again = o.dispatch("r")
+        o.step = 3
+        o._evict_stale()  # the reissued group went stale too: dropped for good
+        out = (first.index, again.index, again.again, list(o.requeue["r"]), o._entry("r").stale_reissued)
+        await o.close()
+        return out
+
+    assert asyncio.run(go()) == (0, 0, True, [], 1)

@@ -89,8 +89,9 @@ class EngineConfig(Section):
 class TaskConfig(Section):
     name: Literal["toolfind", "reasoning", "code"] = "toolfind"
     """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
-    single turn: use ``harness.arms = ["single-turn"]`` and ``sft.demos = 0``) or 'code' (code
-    repair on the validated tasks of the code pack ``task.pack``)."""
+    single turn: use ``harness.arms = ["single-turn"]``; its scripted expert answers with the gold
+    answer, or set ``sft.demos = 0``) or 'code' (code repair on the validated tasks of a code
+    ``pack``)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
     """toolfind: share of questions that need two look-ups."""
     datasets: list[str] = Field(["chain_sum"], min_length=1)

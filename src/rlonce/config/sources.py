@@ -40,8 +40,8 @@ class SourceConfig(TaskConfig):
     """Largest dispatch age (steps) of this source's trained groups (default ``rollout.staleness``;
     seed 001: Code two, Cyber eight)."""
     dispatch_cap: float | None = Field(None, ge=1, le=100)
-    """Sync: the most groups a step dispatches for this source, as a multiple of its target
-    (default ``rollout.sync_dispatch_cap``)."""
+    """The most groups a step pays for this source, as a multiple of its target (sync: dispatched;
+    async: finished before the step stops waiting for it; default ``rollout.sync_dispatch_cap``)."""
     stale_policy: Literal["drop", "reissue"] = "drop"
     """A group past its staleness: 'drop' discards it and its prompt (the public launchers'
     setting); 'reissue' discards its rollouts and dispatches the same task again."""

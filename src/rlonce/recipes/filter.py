@@ -17,7 +17,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from rlonce.config import RunConfig
+from rlonce.config import ConfigError, RunConfig
 from rlonce.rollout.runner import collect
 from rlonce.telemetry.metrics import JsonlWriter
 
@@ -39,6 +39,9 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
         raise ValueError("--tasks and --k must be at least 1")
     if not 0 < max_pass <= 1:
         raise ValueError("--max-pass must be in (0, 1]")
+    if cfg.sources:
+        raise ConfigError("rlonce tasks filter works on one domain: give it a [task] config, not [[sources]] "
+                          "(filter each source's tasks separately and set its pack)")
     cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
     job = Job.for_model(cfg, model, progress=progress)
     job.threads("rollout")

@@ -217,7 +217,8 @@ class Job:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
         self.ensure_engine()
         self.threads("rollout")
-        return await outside_success(self.domain, self.engine, self.spec, command, name, n, timeout,
+        first = next(iter(self.sources.values()))  # an outside agent works on the first source's domain
+        return await outside_success(first.domain, self.engine, first.spec, command, name, n, timeout,
                                      progress=self.progress)
 
     def orchestrator(self) -> Orchestrator:
@@ -229,7 +230,8 @@ class Job:
         one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
         executor = next(iter(executors.values())) if one else SourceExecutor(executors)
         return build_orchestrator(self.cfg, self.sources, executor, self.signal, self.lm.decode,
-                                  state=self.state.orchestrator, max_sessions=pool_cap)
+                                  state=self.state.orchestrator, position=self.state.data_position,
+                                  max_sessions=pool_cap)
 
     def _elapsed(self) -> float:
         return self.state.wall_seconds_before + (time.perf_counter() - self.t0)

@@ -25,6 +25,8 @@ class Limits(Protocol):
     kv_budget: float
     staleness: int
 
+    def rule(self, source: str): ...
+
 
 def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interval: float | None,
                    dispatch: Callable[[str], object]) -> int:
@@ -37,7 +39,7 @@ def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interva
     step's target, plus what must already be in flight to cover the source's rollout duration
     ``t_i`` in units of the measured step interval ``T`` (``interval``; Little's law), with the
     mixer's oversampling ``p_i`` as headroom, at most ``d - 1 = min(2, staleness) - 1`` steps ahead
-    (a deeper pipe only goes stale). Sources are tried by mixer weight, first within their
+    (the source's own staleness; a deeper pipe only goes stale). Sources are tried by mixer weight, first within their
     Little's-law budgets, then — so that no slot idles while some source wants work — within the
     session cap alone."""
     p, _ = mx.oversampling()
@@ -52,15 +54,15 @@ def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interva
             acc[g.source] += 1
     weights = mx.weights(dict(acc))
     order = sorted(weights, key=lambda n: -weights[n])
-    depth = min(2, st.staleness)
+    depth = {n: min(2, st.rule(n).staleness) for n in mx.sources}  # each source's own bound
     floor = mx.settings.min_acceptance
 
     def want(n: str) -> bool:
         src = mx.sources[n]
         if interval:  # Little's law: what is in flight must cover the source's latency in steps
-            ahead = min(depth - 1.0, src.duration / interval) * p[n]
+            ahead = min(depth[n] - 1.0, src.duration / interval) * p[n]
         else:
-            ahead = (depth - 1.0) * p[n]
+            ahead = (depth[n] - 1.0) * p[n]
         return acc[n] + flight[n] * max(src.acceptance, floor) < src.target * (1.0 + ahead)
 
     started = 0

@@ -65,12 +65,13 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
 
 
 def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, signal: SignalSettings, decode, *,
-                       state: dict | None = None, max_sessions: int | None = None) -> Orchestrator:
+                       state: dict | None = None, position: int = 0, max_sessions: int | None = None) -> Orchestrator:
     """The rollout orchestrator of a run: the train streams of ``sources`` through ``executor``,
     each step's batch (``rl.tasks_per_step`` groups in sync mode, refilled up to
     ``rollout.sync_dispatch_cap``; ``rollout.target_groups`` in async mode) split by the sources'
     shares, each source with its own staleness, stale policy and difficulty filter; ``state``
-    resumes it; ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
+    resumes it (``position``: a one-source run's task position, for a checkpoint that holds no
+    orchestrator state); ``max_sessions`` caps the sessions (a Ray cluster's pool capacity)."""
     r = cfg.rollout
     plans = [s.plan for s in sources.values()]
     mixer = SampleMixer({p.label: SourceStats(target=0, share=p.share) for p in plans},
@@ -90,4 +91,6 @@ def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, sig
         decode=decode)
     if state:
         orch.load_state_dict(state)
+    elif position and len(plans) == 1:
+        orch.next_index[plans[0].label] = position
     return orch

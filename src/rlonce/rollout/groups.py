@@ -40,6 +40,8 @@ class Group:
     """Dispatch order: oldest-first selection and a deterministic row order."""
     index: int = 0
     """The task's position in its source (what a restart reissues)."""
+    again: bool = False
+    """Dispatched again after its first group went stale (``reissue``): not reissued a second time."""
     state: str = PENDING
     sequences: list[Sequence] = field(default_factory=list)
     rows: list[TrainingRow] = field(default_factory=list)

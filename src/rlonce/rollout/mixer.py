@@ -35,7 +35,7 @@ class SourceStats:
     """Mean context tokens of a sequence: the KV cost a dispatch is predicted to hold."""
     seen: int = 0
     share: float = 0.0
-    """The source's share of each step's batch (``SampleMixer.plan_step``; 0: ``target`` is fixed)."""
+    """The source's share of each step's batch, from which ``SampleMixer.plan_step`` sets ``target``."""
     carry: float = 0.0
     """Rounding error of the whole-group targets so far, carried to the next step."""
 

@@ -77,11 +77,9 @@ class Orchestrator:
         self.step = 1
         self.window: dict[str, LedgerEntry] = {}
         self.signal_stats: Counter = Counter()
-        self.step_finished: Counter = Counter()
-        """Groups of each source that finished (not all-infra) since the current collect began."""
+        self.step_finished: Counter = Counter()  # per source: groups finished since this collect began
         self.finished: list[Sequence] = []
-        self.finished_sources: list[str] = []
-        """The source of each of ``finished``."""
+        self.finished_sources: list[str] = []  # the source of each of ``finished``
         self.changed = asyncio.Event()
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
@@ -95,8 +93,7 @@ class Orchestrator:
         self.snapshot: dict = {}
         """``state_dict()`` taken when the last step closed — what a checkpoint should hold."""
         self.difficulty = {n: DifficultyFilter(settings.rule(n).difficulty_window) for n in mixer.sources}
-        self.requeue: dict[str, list[int]] = {n: [] for n in mixer.sources}
-        """Task indices of stale groups under the ``reissue`` policy, dispatched before new ones."""
+        self.requeue: dict[str, list[int]] = {n: [] for n in mixer.sources}  # ``reissue``: stale tasks first
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _entry(self, source: str) -> LedgerEntry:
@@ -115,8 +112,7 @@ class Orchestrator:
         return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
                 and (source is None or g.source == source)]
 
-    def _cap(self, source: str) -> float:
-        """The most groups of ``source`` a step pays for, as a multiple of its target."""
+    def _cap(self, source: str) -> float:  # the most groups of ``source`` a step pays for, × its target
         return self.s.rule(source).dispatch_cap or self.s.dispatch_cap or float("inf")
 
     def _short(self) -> bool:
@@ -134,8 +130,8 @@ class Orchestrator:
     def dispatch(self, source: str, *, index: int | None = None, counted: bool = True) -> Group:
         """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart:
         its age restamped, its sequences already counted as carried in, not dispatched)."""
-        i, task = (index, self.tasks(source, index)) if index is not None else self._next_task(source)
-        g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i)
+        i, task, again = (index, self.tasks(source, index), False) if index is not None else self._next_task(source)
+        g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i, again=again)
         self.order += 1
         self.groups[g.gid] = g
         if counted:
@@ -144,21 +140,20 @@ class Orchestrator:
         g.job = asyncio.create_task(self._run(g))
         return g
 
-    def _next_task(self, source: str) -> tuple[int, object]:
-        """The source's next task: a reissued one first, then the stream, past tasks the
-        difficulty filter skips (each counted; at most ``MAX_SKIPS`` in a row)."""
+    def _next_task(self, source: str) -> tuple[int, object, bool]:
+        """The source's next task and whether it is reissued: a reissued one first, then the
+        stream, past tasks the difficulty filter skips (each counted; at most ``MAX_SKIPS``)."""
         if self.requeue[source]:
             i = self.requeue[source].pop(0)
-            return i, self.tasks(source, i)
+            return i, self.tasks(source, i), True
         f = self.difficulty[source]
-        for _ in range(MAX_SKIPS):
+        for tries in range(MAX_SKIPS + 1):
             i = self.next_index[source]
             self.next_index[source] = i + 1
             task = self.tasks(source, i)
-            if not f.skip(getattr(task, "task_id", f"{source}:{i}")):
-                return i, task
+            if tries == MAX_SKIPS or not f.skip(getattr(task, "task_id", f"{source}:{i}")):
+                return i, task, False
             self._entry(source).difficulty_skipped += 1
-        return i, task
 
     async def _run(self, g: Group) -> None:
         t0 = time.perf_counter()
@@ -211,7 +206,8 @@ class Orchestrator:
             tokens = sum(s.metrics.get("context_tokens", 0.0) for s in seqs) / max(len(seqs), 1)
             self.mixer.observe(g.source, accepted=g.accepted, duration=g.seconds, tokens=tokens)
             valid = [s.passed for s in seqs if not s.infra_failed]
-            self.difficulty[g.source].observe(getattr(g.task, "task_id", g.gid), sum(valid) / len(valid))
+            self.difficulty[g.source].observe(getattr(g.task, "task_id", f"{g.source}:{g.index}"),
+                                              sum(valid) / len(valid))
         if not g.accepted:
             del self.groups[g.gid]
 
@@ -220,10 +216,13 @@ class Orchestrator:
         return dispatch_round(self.groups.values(), self.mixer, self.s, self.step_interval, self.dispatch)
 
     async def _dispatch_loop(self) -> None:
-        while not self._stopping:
-            self.changed.clear()
-            self._dispatch_round()
-            await self.changed.wait()
+        try:
+            while not self._stopping:
+                self.changed.clear()
+                self._dispatch_round()
+                await self.changed.wait()
+        finally:  # a dispatcher that died (a task stream that raised) wakes collect, which raises its error
+            self.changed.set()
 
     # ---- one step ------------------------------------------------------------------------
     def _evict_stale(self) -> None:
@@ -234,7 +233,7 @@ class Orchestrator:
                 if g.job is not None and not g.job.done():
                     g.job.cancel()
                 del self.groups[g.gid]
-                if rule.stale_policy == "reissue":
+                if rule.stale_policy == "reissue" and not g.again:  # once: a task that never fits is dropped
                     self.requeue[g.source].append(g.index)
                     self._entry(g.source).stale_reissued += 1
 
@@ -292,6 +291,8 @@ class Orchestrator:
             self.changed.set()
             deadline = None if max_wait is None else time.perf_counter() + max_wait
             while self._short():
+                if self._dispatcher.done():
+                    self._dispatcher.result()  # the dispatcher's error, not a wait that never ends
                 self.changed.clear()
                 timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 if timeout == 0.0:

@@ -46,7 +46,7 @@ class SourceRules:
     difficulty_window: int = 0
     """``DifficultyFilter.window`` (0: every task is dispatched)."""
     dispatch_cap: float | None = None
-    """Sync: this source's ``OrchestratorSettings.dispatch_cap`` (None: the run's)."""
+    """This source's ``OrchestratorSettings.dispatch_cap`` (None: the run's)."""
 
 
 MAX_SKIPS = 64

@@ -91,7 +91,7 @@ def write_report(run_dir: Path) -> Path:
         f"</head><body><h1>rlonce run: {html.escape(run_dir.name)}</h1>\n"
         f"<h2>Summary</h2><table>{table}</table>\n"
         f"<h2>Curves</h2>{figs}\n"
-        "<h2>Ledger (sequences per step)</h2><table>"
+        "<h2>Ledger (sequences per step and source; groups_short and difficulty_skipped in groups)</h2><table>"
         f"<tr>{''.join(f'<th>{c}</th>' for c in LEDGER_COLUMNS)}</tr>{ledger_rows}</table>\n"
         "</body></html>"
     )
