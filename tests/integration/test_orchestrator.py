@@ -60,10 +60,12 @@ class Faults:
 
 
 def _orch(plan, *, mode="sync", staleness=1, target=2, fixed=None, acceptance=0.5, cap=None):
-    mixer = SampleMixer({"s": SourceStats(target=target, acceptance=acceptance, duration=0.01, seen=1)},
+    """One source ``s``; with ``fixed``, a batch of that many groups a step (the job's sync step:
+    exactly its target first, then refills), else the mixer's demand from ``target``."""
+    mixer = SampleMixer({"s": SourceStats(target=target, acceptance=acceptance, duration=0.01, seen=1, share=1.0)},
                         MixerSettings(budget=1.0))
     return Orchestrator(Faults(plan), lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(),
-                        OrchestratorSettings(mode=mode, group_size=4, staleness=staleness, fixed_quota=fixed,
+                        OrchestratorSettings(mode=mode, group_size=4, staleness=staleness, batch=fixed,
                                              dispatch_cap=cap, max_sessions=64))
 
 
@@ -71,7 +73,7 @@ def test_sync_ledger_balances_under_injected_faults():
     plan = ["ok", "sandbox_timeout", "engine_error", "grader_unavailable", "flat", "all-infra", "raise", "ok"]
 
     async def go():
-        o = _orch(plan, target=8, fixed={"s": 8}, cap=1.0)  # cap 1: no refills
+        o = _orch(plan, target=8, fixed=8, cap=1.0)  # cap 1: no refills
         res = await o.collect(1)
         await o.close()
         return res
@@ -105,7 +107,7 @@ def test_a_sync_step_buys_the_batch_it_promised():
     sends round(2 / 0.4672) = 4 more (acceptance 0.5 → 0.6 → 0.48 → 0.584 → 0.4672 after ok,
     flat, ok, flat), which keep 2: the step trains on exactly 4 contrastful groups."""
 
-    res = _one_sync_step(["ok", "flat"], target=4, fixed={"s": 4}, cap=3.0)
+    res = _one_sync_step(["ok", "flat"], target=4, fixed=4, cap=3.0)
     e = res.ledger["s"]
     assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (32, 16, 16, 0)
     assert len(res.samples) == 4
@@ -115,7 +117,7 @@ def test_the_dispatch_cap_bounds_a_sync_step_and_the_shortfall_is_counted():
     """Every group flat, target 2, cap 3: 2 groups, then min(round(2 / 0.32), 6 - 2) = 4 more,
     then the cap is spent: 6 groups dispatched, none kept, 2 groups short."""
 
-    res = _one_sync_step(["flat"], target=2, fixed={"s": 2}, cap=3.0)
+    res = _one_sync_step(["flat"], target=2, fixed=2, cap=3.0)
     e = res.ledger["s"]
     assert (e.dispatched, e.no_contrast_filtered, e.retained, e.groups_short) == (24, 24, 0, 2)
     assert res.samples == []

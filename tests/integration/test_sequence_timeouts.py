@@ -176,9 +176,9 @@ def test_the_ledger_counts_each_expiry_under_its_category(lm):
     submit = FMT.assistant_text("", [ToolCall("submit", {"answer": ONE_HOP.answer})])
     engine = ScriptedEngine([submit] * 4, lm.encode, latency=1.0)
     executor = LocalExecutor(ToolfindEnv, engine, spec(lm, model=0.2))
-    mixer = SampleMixer({"s": SourceStats(target=1)}, MixerSettings(budget=1.0))
+    mixer = SampleMixer({"s": SourceStats(target=1, share=1.0)}, MixerSettings(budget=1.0))
     orch = Orchestrator(executor, lambda _s, i: make_task("train", i), mixer, SignalSettings(),
-                        OrchestratorSettings(group_size=4, fixed_quota={"s": 1}, refill=False, max_sessions=8))
+                        OrchestratorSettings(group_size=4, batch=1, refill=False, max_sessions=8))
 
     async def go():
         res = await orch.collect(1)

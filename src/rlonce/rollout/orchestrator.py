@@ -251,8 +251,8 @@ class Orchestrator:
     async def _sync_fill(self) -> None:
         """Seed 001: "The mixer has to buy the batch it promised": refill each source short of its
         target (by its measured acceptance), within the rounds and the dispatch cap; count the rest."""
-        first = self.s.fixed_quota or ({n: int(s.target) for n, s in self.mixer.sources.items()} if self.s.batch
-                                       else self.mixer.quotas())
+        first = ({n: int(s.target) for n, s in self.mixer.sources.items()} if self.s.batch
+                 else self.mixer.quotas())
         sent = dict(first)
         await self._dispatch_within(sent)
         cap = {n: self._cap(n) * s.target for n, s in self.mixer.sources.items()}

@@ -68,8 +68,6 @@ class OrchestratorSettings:
     max_sessions: int = 64
     kv_budget: float = float("inf")
     """Predicted KV tokens in flight (mean context tokens of the source × group size)."""
-    fixed_quota: dict[str, int] | None = None
-    """Sync without the mixer: the first round dispatches exactly this many groups per source."""
     group_by_arm: bool = False
     """Judge each group's siblings per harness arm (``split_by_arm``)."""
     batch: int | None = None
