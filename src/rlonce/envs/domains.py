@@ -112,7 +112,8 @@ def _code(task_cfg) -> Domain:
 
     pack = task_cfg.pack
     if not pack or not (Path(pack) / "pack.json").is_file():
-        raise PackError(f"task 'code' needs task.pack, a built and validated code pack ({pack or 'unset'} is not one): "
+        raise PackError(f"the code domain needs `pack` (task.pack, or the source's pack), a built and validated code "
+                        f"pack ({pack or 'unset'} is not one): "
                         "run `rlonce tasks build code --out DIR` and `rlonce tasks validate DIR`")
     if not (Path(pack) / "validation.json").is_file():
         raise PackError(f"the code pack {pack} was never validated: run `rlonce tasks validate {pack}`")
