@@ -35,10 +35,10 @@ class Endless:
         self.ids = ids
         self.version = 0
 
-    async def generate(self, prompt_ids, sampling):
-        from rlonce.engine.base import Generation
+    async def generate(self, prompt_ids, sampling, watch=None):
+        from rlonce.engine.base import Generation, watch_after
 
-        return Generation(list(self.ids), [0.0] * len(self.ids), [0] * len(self.ids), "stop")
+        return watch_after(Generation(list(self.ids), [0.0] * len(self.ids), [0] * len(self.ids), "stop"), watch)
 
 
 def make_gateway(lm, offload=None):

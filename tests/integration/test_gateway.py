@@ -44,8 +44,8 @@ class Recording:
     def version(self):
         return self.engine.version
 
-    async def generate(self, prompt_ids, sampling):
-        gen = await self.engine.generate(prompt_ids, sampling)
+    async def generate(self, prompt_ids, sampling, watch=None):
+        gen = await self.engine.generate(prompt_ids, sampling, watch)
         self.calls.append((list(prompt_ids), gen))
         return gen
 

@@ -22,9 +22,9 @@ FMT = get_format("hermes")
 class Cycling(ScriptedEngine):
     """A scripted model that never runs out of turns."""
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, watch=None):
         self._turns.append(self._turns[0])
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, watch)
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,9 @@ HELLO = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "cont
 class Cycling(ScriptedEngine):
     """A scripted model that never runs out of turns."""
 
-    async def generate(self, prompt_ids, sampling):
+    async def generate(self, prompt_ids, sampling, watch=None):
         self._turns.append(self._turns[0])
-        return await super().generate(prompt_ids, sampling)
+        return await super().generate(prompt_ids, sampling, watch)
 
 
 @pytest.fixture()
@@ -461,3 +461,26 @@ def test_async_server_that_cannot_bind_raises_oserror_not_systemexit():
             asyncio.run(go())
     finally:
         taken.close()
+
+
+# ---- serving beyond loopback ---------------------------------------------------------------
+
+def test_serving_beyond_loopback_needs_an_api_key():
+    """`rlonce serve --host 0.0.0.0` without --api-key is refused before anything binds or loads."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "rlonce.cli", "serve", "--model", "embedded", "--host", "0.0.0.0",
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "pass --api-key KEY" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_with_api_keys_only_their_holders_open_sessions(serve):
+    gw, base = serve(app={"api_keys": ["team-a", "team-b"]})
+    _openai_error(_chat(base, "stranger"), 401, "invalid API key")
+    assert not gw.sessions  # refused before any session opened
+    assert _chat(base, "team-a", sid="a1").status_code == 200
+    _openai_error(_chat(base, "team-b", sid="a1"), 403, "another key")  # a key reaches only its own sessions
+    r = httpx.post(f"{base}/v1/messages", headers={"x-api-key": "stranger"},
+                   json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "q"}]})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

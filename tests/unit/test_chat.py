@@ -79,6 +79,18 @@ def test_render_matches_the_template_for_any_dialogue(lm):
         want = lm.tokenizer.apply_chat_template(as_dicts, tools=tools or None, tokenize=False,
                                                 add_generation_prompt=True)
         assert FMT.render(msgs, tools) == want
+    # no leading system message, and a system reminder mid-history (as agent CLIs send): the tools
+    # are listed once, in a system turn put first; the reminder is a system turn where it stands
+    reminder = Message("system", "<system-reminder>stay brief</system-reminder>")
+    for dialogue in (msgs[1:], msgs[1:4] + [reminder] + msgs[4:], msgs[:4] + [reminder] + msgs[4:]):
+        as_dicts = [{"role": m.role, "content": m.content, "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]}
+            for m in dialogue]
+        want = lm.tokenizer.apply_chat_template(as_dicts, tools=[BASH_TOOL, SUBMIT_TOOL], tokenize=False,
+                                                add_generation_prompt=True)
+        text = FMT.render(dialogue, [BASH_TOOL, SUBMIT_TOOL])
+        assert text == want and text.count("# Tools") == 1
+        assert '"name": "bash"' in text.split("<|im_end|>")[0]  # in the first turn, whatever opens the dialogue
     head = FMT.render(msgs[:3], [], generation_prompt=False).removesuffix("\n")  # ends at the turn-end token
     assert head + FMT.continuation(msgs[3:6], turn_open=False) == FMT.render(msgs[:6], [])
     # a turn cut by the token cap gets its end marker from the continuation

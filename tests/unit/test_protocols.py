@@ -69,10 +69,11 @@ def test_anthropic_and_responses_streams_follow_the_sdk_sequences():
     kinds = [e["type"] for e in _events(ANTH.stream(TURN, req, {}))]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
-    ev = _events(RESP.stream(TURN, RESP.parse({"input": "q"}), "resp_x"))
+    history: dict = {}
+    ev = _events(RESP.stream(TURN, RESP.parse({"input": "q"}), history))
     assert [e["sequence_number"] for e in ev] == list(range(len(ev)))
     assert ev[0]["type"] == "response.created" and ev[-1]["type"] == "response.completed"
-    assert {e["response"]["id"] for e in ev if "response" in e} == {"resp_x"}
+    assert {e["response"]["id"] for e in ev if "response" in e} == set(history)  # stored for previous_response_id
     assert ev[-1]["response"]["output"][1]["call_id"] == "call_0_0"
 
 
@@ -86,3 +87,58 @@ def test_error_shapes():
                 {"messages": [], "stream": "yes"}):
         with pytest.raises(ProtocolError):
             CHAT.parse(bad)
+
+
+def test_text_stream_shows_only_what_the_final_content_will_hold():
+    """Deltas are a prefix of the final content: tool-call markup, the turn end, a stop sequence and a
+    marker's first characters are held back; an incomplete UTF-8 character waits for its last byte."""
+    from rlonce.gateway.streams import TextStream
+
+    pieces = ["  Let", " me", " look", ".", " <", "tool", "_call", ">{}", "</tool_call>", "<|im_end|>"]
+    ts = TextStream(lambda ids: "".join(pieces[i] for i in ids), ("<tool_call>", "<|im_end|>"))
+    shown = [ts.push(i) for i in range(len(pieces))]
+    assert shown == ["Let", " me", " look", ".", "", "", "", "", "", ""]
+    raw = "é!".encode()
+    ts = TextStream(lambda ids: bytes(raw[i] for i in ids).decode(errors="replace"), ())
+    assert [ts.push(i) for i in range(len(raw))] == ["", "é", "!"]
+    ts = TextStream(lambda ids: "".join("ab\nEND more"[i] for i in ids), ("END",))
+    assert "".join(ts.push(i) for i in range(11)) == "ab"
+
+
+def test_protocol_native_context_and_overload_errors():
+    from rlonce.gateway.messages import ContextLengthExceeded, Overloaded
+
+    e = ContextLengthExceeded(30000, 1022)
+    assert ANTH.error(e) == {"type": "error", "error": {"type": "invalid_request_error",
+                                                        "message": "prompt is too long: 30000 tokens > 1022 maximum"}}
+    chat = CHAT.error(e)["error"]
+    assert chat["code"] == "context_length_exceeded" and chat["type"] == "invalid_request_error"
+    assert "maximum context length is 1022 tokens" in chat["message"] and "30000 tokens" in chat["message"]
+    assert RESP.error(e)["error"]["code"] == "context_length_exceeded" and RESP.error(e)["error"]["param"] == "input"
+    o = Overloaded(64)
+    assert o.status == 429 and o.retry_after == 1.0 and CHAT.error(o)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_what_agent_clients_send_is_accepted():
+    """System entries inside Anthropic messages and Responses input stay system turns where they stand;
+    stop sequences, top_k and legacy function messages are read; unknown fields are ignored."""
+    anth = ANTH.parse({"system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+                       "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+                       "output_config": {"effort": "low"}, "metadata": {"user_id": "u"}, "top_k": 5,
+                       "stop_sequences": ["END"], "messages": [
+                           {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {
+                               "type": "ephemeral"}}]},
+                           {"role": "system", "content": "<system-reminder>be brief</system-reminder>"},
+                           {"role": "user", "content": "go"}]})
+    assert [m.role for m in anth.messages] == ["system", "user", "system", "user"]
+    assert anth.stop == ("END",) and anth.top_k == 5
+    chat = CHAT.parse({"messages": [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": None,
+                                     "function_call": {"name": "f", "arguments": "{}"}},
+                                    {"role": "function", "name": "f", "content": "out"}], "stop": "x"})
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool"] and chat.stop == ("x",)
+    resp = RESP.parse({"instructions": "sys", "input": [{"role": "user", "content": "q"},
+                                                        {"role": "developer", "content": "mid"}]})
+    assert [(m.role, m.content) for m in resp.messages] == [("system", "sys"), ("user", "q"), ("system", "mid")]
+    with pytest.raises(ProtocolError):
+        CHAT.parse({"messages": [{"role": "user", "content": "q"}], "stop": [""]})

@@ -206,9 +206,26 @@ def _check_listen(host: str, port: int) -> None:
             raise UsageError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}; {hint}") from None
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+    except (OSError, ValueError):
+        return False
+
+
 def _serve(args) -> int:
     import asyncio
 
+    keys = [k for k in (args.api_key or []) if k.strip()]
+    if len(keys) != len(args.api_key or []):
+        raise UsageError("serve: --api-key must not be empty")
+    if not keys and not _is_loopback(args.host):
+        raise UsageError(f"serve: --host {args.host} is reachable beyond this machine; pass --api-key KEY (one or "
+                         "more) so that only holders of a key can open sessions, or serve on 127.0.0.1")
     _check_listen(args.host, args.port)
     import torch
 
@@ -237,10 +254,12 @@ def _serve(args) -> int:
         engine, lm.encode, lm.decode, get_format(lm.chat_format), sampling=SamplingParams(max_tokens=args.max_tokens),
         budgets=Budgets(args.max_tokens, limit), model_name=name, auto_open=True, honor_client_sampling=True,
         idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0), tokenizer=lm.tokenizer,
+        max_inflight=args.max_inflight, context_errors=True,
         offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:
-        async with AsyncServer(make_app(gw, admin_key=admin_key), host=args.host, port=args.port) as srv:
+        app = make_app(gw, admin_key=admin_key, api_keys=keys or None)
+        async with AsyncServer(app, host=args.host, port=args.port) as srv:
             print(f"rlonce gateway for {name} at {srv.base_url}\n"
                   f"  OpenAI:    base_url={srv.base_url}/v1  (an API key opens a session; only that key continues it)\n"
                   f"  Anthropic: base_url={srv.base_url}\n"

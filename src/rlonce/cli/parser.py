@@ -131,6 +131,12 @@ def _add_serve(sub) -> None:
                     "routes; made (mode 0600, a fresh key) if missing (default OUT/admin-key)")
     sv.add_argument("--session-ttl", type=_float(0, 1e7), default=900.0,
                     help="seconds an unused session is kept (default 900; ended sessions: at most 60)")
+    sv.add_argument("--api-key", action="append", metavar="KEY",
+                    help="accept only requests carrying this key (repeat for several); required when --host is "
+                    "not a loopback address. Each key reaches only the sessions it opened")
+    sv.add_argument("--max-inflight", type=_int(1, 1_000_000), default=64,
+                    help="turns sampled at once; past it a request is answered 429 (Anthropic: 529) with "
+                    "retry-after (default 64)")
     _quiet(sv)
 
 

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 from rlonce.dist.common import awaitable, first_line, ray_module
-from rlonce.engine.base import BackendError, EngineError, Generation, SamplingParams
+from rlonce.engine.base import BackendError, EngineError, Generation, SamplingParams, Watch, watch_after
 
 
 # ---- engines ---------------------------------------------------------------------------------
@@ -52,7 +52,11 @@ class RemoteEngine:
         self.version = version
         self._inflight = [0] * len(self.actors)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
+        """``watch`` sees the tokens once the whole turn is back (an actor does not stream them)."""
+        return watch_after(await self._generate(prompt_ids, sampling), watch)
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         ray = ray_module()
         i = min(range(len(self.actors)), key=self._inflight.__getitem__)
         self._inflight[i] += 1

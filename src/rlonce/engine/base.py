@@ -9,7 +9,8 @@ weights that drew it, which is what makes an importance ratio mean what it says.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rlonce.errors import RlonceError
@@ -58,7 +59,8 @@ class Generation:
     versions: list[int]
     finish_reason: str
     """'stop' (end-of-turn token, included in token_ids), 'length', 'repetition' (the
-    confident-run stop rule) or 'abort' (engine paused)."""
+    confident-run stop rule), 'stop_sequence' (the caller's ``watch`` ended it) or 'abort'
+    (engine paused)."""
     metrics: dict[str, float] = field(default_factory=dict)
     candidates: list[int] | None = None
     """Per token, the size k of the candidate set it was drawn from: the k tokens the policy
@@ -98,10 +100,31 @@ def check_prompt(prompt_ids: list[int], sampling: SamplingParams, max_context: i
                          f"model's context of {max_context}")
 
 
+Watch = Callable[[int], bool]
+"""Called with each token as it is sampled (from the engine's own thread, in order); returning
+True ends the generation there, finish reason 'stop_sequence'. The gateway streams tokens and
+checks stop sequences with it. It must be quick and thread-safe."""
+
+
+def watch_after(gen: Generation, watch: Watch | None) -> Generation:
+    """Apply ``watch`` to a generation that was sampled whole (an engine that cannot stream):
+    every token reaches it, and the generation is cut where it asks to stop."""
+    if watch is None:
+        return gen
+    for i, t in enumerate(gen.token_ids):
+        if watch(t) and not (i == len(gen.token_ids) - 1 and gen.finish_reason == "stop"):
+            n = i + 1
+            return replace(gen, token_ids=gen.token_ids[:n], logprobs=gen.logprobs[:n], versions=gen.versions[:n],
+                           finish_reason="stop_sequence",
+                           candidates=None if gen.candidates is None else gen.candidates[:n])
+    return gen
+
+
 class Engine(Protocol):
     version: int
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
+        ...
 
     def load_weights(self, state: dict, version: int) -> None: ...
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rlonce.engine.base import EngineError, Generation, SamplingParams
+from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, watch_after
 
 
 class ScriptedEngine:
@@ -24,7 +24,7 @@ class ScriptedEngine:
         """Seconds each turn takes (a slow engine, for the wall-clock limits' tests)."""
         self.prompts: list[list[int]] = []
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
         self.prompts.append(list(prompt_ids))
         if self.latency:
             await asyncio.sleep(self.latency)
@@ -34,7 +34,7 @@ class ScriptedEngine:
         reason = "stop"
         if len(ids) > sampling.max_tokens:
             ids, reason = ids[: sampling.max_tokens], "length"
-        return Generation(ids, [0.0] * len(ids), [self.version] * len(ids), reason)
+        return watch_after(Generation(ids, [0.0] * len(ids), [self.version] * len(ids), reason), watch)
 
     def load_weights(self, state: dict, version: int) -> None:
         self.version = version

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlonce.engine.base import EngineError, Generation, SamplingParams, check_prompt
+from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.errors import is_internal
 
 
@@ -37,6 +37,7 @@ class _Request:
     sampling: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    watch: Watch | None = None
 
 
 def _deliver(r: _Request, fn, value) -> None:
@@ -89,11 +90,11 @@ class TorchEngine:
         self._worker.start()
 
     # ---- contract ------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
         check_prompt(prompt_ids, sampling, self.max_context)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put(_Request(list(prompt_ids), sampling, fut, loop))
+        self._queue.put(_Request(list(prompt_ids), sampling, fut, loop, watch))
         return await fut
 
     def load_weights(self, state: dict, version: int) -> None:
@@ -256,6 +257,7 @@ class _WaveRows:
         self.logps: list[list[float]] = [[] for _ in range(B)]
         self.sizes: list[list[int] | None] = [[] if r.sampling.records_candidates else None for r in wave]
         self.reasons: list[str | None] = [None] * B
+        self.watches = [r.watch for r in wave]
 
     def record(self, i: int, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> None:
         """Append row ``i``'s token (and its candidate-set size, where top-k/top-p is on) and decide
@@ -272,8 +274,12 @@ class _WaveRows:
             self.reasons[i] = "repetition"
         elif len(self.tokens[i]) >= int(self.max_new_B[i]):
             self.reasons[i] = "length"
+        elif self.watches[i] is not None and self.watches[i](token):
+            self.reasons[i] = "stop_sequence"
         elif paused.is_set():
             self.reasons[i] = "abort"
+        if self.watches[i] is not None and self.reasons[i] in ("stop", "length", "repetition"):
+            self.watches[i](token)  # it sees every token, the last one included
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

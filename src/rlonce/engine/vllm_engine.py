@@ -63,7 +63,15 @@ from pathlib import Path
 
 import torch
 
-from rlonce.engine.base import BackendMissing, EngineError, Generation, SamplingParams, candidate_size, check_prompt
+from rlonce.engine.base import (
+    BackendMissing,
+    EngineError,
+    Generation,
+    SamplingParams,
+    Watch,
+    candidate_size,
+    check_prompt,
+)
 
 INSTALL = "pip install 'rlonce[vllm]'"
 CHUNK_BYTES = 256 << 20
@@ -193,9 +201,9 @@ class VLLMEngine:
             raise
 
     # ---- contract ------------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
         check_prompt(prompt_ids, sampling, self.max_context)
-        fut = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling, watch), self._loop)
         return await asyncio.wrap_future(fut)
 
     def load_weights(self, state: dict | str | os.PathLike, version: int) -> None:
@@ -259,13 +267,13 @@ class VLLMEngine:
         else:
             self._open.set()
 
-    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None) -> Generation:
         while not self._open.is_set():
             await self._open.wait()
         task, rid = asyncio.current_task(), f"rlonce-{next(self._ids)}"
         self._inflight[task] = rid  # no await between the gate and here: pause() and _load() see it
         try:
-            return await self._stream(rid, prompt_ids, sampling, self.version)
+            return await self._stream(rid, prompt_ids, sampling, self.version, watch)
         finally:
             del self._inflight[task]
 
@@ -278,7 +286,8 @@ class VLLMEngine:
                                stop_token_ids=self.eos_token_ids, detokenize=False,
                                output_kind=RequestOutputKind.DELTA)
 
-    async def _stream(self, rid: str, prompt_ids: list[int], s: SamplingParams, version: int) -> Generation:
+    async def _stream(self, rid: str, prompt_ids: list[int], s: SamplingParams, version: int,
+                      watch: Watch | None = None) -> Generation:
         from vllm.exceptions import RetryableRequestError
         from vllm.inputs import TokensPrompt
 
@@ -309,7 +318,10 @@ class VLLMEngine:
                             if s.stop_confident_run and run >= s.stop_confident_run and not eos_here:
                                 reason = "repetition"
                                 break
-                        if reason == "repetition" and not out.finished:
+                            if watch is not None and watch(t) and not eos_here:
+                                reason = "stop_sequence"
+                                break
+                        if reason in ("repetition", "stop_sequence") and not out.finished:
                             await self._llm.abort(rid)
                     if out.finished:
                         reason = reason or c.finish_reason
@@ -320,7 +332,7 @@ class VLLMEngine:
             raise
         except Exception as e:  # the retry boundary: the caller turns this into engine_error
             raise EngineError(f"vLLM: {type(e).__name__}: {e}") from e
-        if reason not in ("stop", "length", "abort", "repetition"):
+        if reason not in ("stop", "length", "abort", "repetition", "stop_sequence"):
             raise EngineError(f"vLLM ended request {rid} with finish reason {reason!r}")
         return Generation(tokens, logps, [version] * len(tokens), reason,
                           metrics={"prompt_tokens": len(prompt_ids), "cached_prompt_tokens": cached,

@@ -17,24 +17,30 @@ first. The trainer's own gateways keep both TTLs off and drop their sessions the
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from rlonce.gateway.messages import ProtocolError
+from rlonce.core.timeouts import Expired
+from rlonce.gateway.messages import Overloaded, ProtocolError
 from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.session import Budgets, GatewaySettings, Session
+from rlonce.gateway.streams import TextStream, TurnStream
 
 
 class Gateway:
-    __slots__ = ("settings", "sessions", "_swept")  # built whole from its settings; nothing is patched on later
+    __slots__ = ("settings", "sessions", "_swept", "inflight")  # built whole from its settings
 
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
         self.sessions: dict[str, Session] = {}
         self._swept = 0.0
+        self.inflight = 0
+        """Turns being sampled now (``settings.max_inflight`` bounds them)."""
 
     def open(self, session_id: str | None = None, *, key: str | None = None, seed: int | None = None,
              budgets: Budgets | None = None, metadata: dict | None = None) -> Session:
@@ -95,20 +101,88 @@ class Gateway:
             return True
         return ended_ttl is not None and s.status != "active" and idle > ended_ttl
 
-    async def call(self, protocol: str, body: dict, session_id: str) -> dict | list[str]:
-        """One request in protocol ``protocol``: the reply body, or the SSE events when the
-        request streams. Raises ``ProtocolError`` for anything the protocol answers with a 4xx."""
+    async def call(self, protocol: str, body: dict, session_id: str) -> dict | AsyncIterator[str]:
+        """One request in protocol ``protocol``: the reply body or, when the request streams, its
+        server-sent events as they are sampled (an async iterator holding the session until it
+        ends). Raises ``ProtocolError`` for anything the protocol answers with an error status;
+        a failure after the first event is an error event in the stream instead."""
         adapter = PROTOCOLS[protocol]
         session = self.get(session_id)
         if session.lock.locked():
             raise ProtocolError(f"session {session_id!r} is busy with another request", status=409)
-        async with session.lock:
+        cap = self.settings.max_inflight
+        if cap is not None and self.inflight >= cap:
+            raise Overloaded(self.inflight)
+        await session.lock.acquire()
+        handed = False
+        try:
             session.last_used = time.monotonic()
             req = adapter.parse(body, session.responses)
             if not req.model:
                 req = replace(req, model=self.settings.model_name)
+            if not req.stream:
+                return adapter.answer(await self._turn(session, req), req, body, session.responses)
+            tokens: asyncio.Queue[int] = asyncio.Queue()
+            task = asyncio.ensure_future(self._turn(session, req, tokens.put_nowait))
+            first = asyncio.ensure_future(tokens.get())
+            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+            if not first.done():  # the turn ended before any token: a refusal or failure is raised here
+                first.cancel()
+                task.result()
+                first = None
+            handed = True
+            return self._events(adapter.streamer(req, body, session.responses), session, req, task, tokens, first)
+        finally:
+            if not handed:
+                session.lock.release()
+
+    async def _turn(self, session: Session, req, on_token=None):
+        self.inflight += 1
+        try:
+            return await session.turn(req, on_token)
+        finally:
+            self.inflight -= 1
+            session.last_used = time.monotonic()
+
+    async def _events(self, out: TurnStream, session: Session, req, task: asyncio.Future, tokens: asyncio.Queue,
+                      first: asyncio.Future | None) -> AsyncIterator[str]:
+        """The SSE events of a streamed turn: content deltas as the tokens arrive (``TextStream``
+        holds back markup), then the rest once the turn is committed. Releases the session when
+        the turn is done, also when the client goes away mid-stream."""
+        text = TextStream(self.settings.decode, (*self.settings.fmt.stream_holds, *req.stop))
+        got, pending = 0, first
+        try:
+            yield "".join(out.start(session.prompt_tokens))
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(tokens.get())
+                    await asyncio.wait({task, pending}, return_when=asyncio.FIRST_COMPLETED)
+                if not pending.done():
+                    break
+                got, piece, pending = got + 1, text.push(pending.result()), None
+                if piece:
+                    yield "".join(out.text(piece))
             try:
-                turn = await session.turn(req)
-            finally:
-                session.last_used = time.monotonic()
-            return adapter.answer(turn, req, body, session.responses)
+                turn = task.result()
+            except ProtocolError as e:
+                yield "".join(out.error(e, out.adapter.error(e)))
+                return
+            except Expired as e:
+                err = ProtocolError(f"the model did not answer in time ({e})", status=504, kind="timeout_error")
+                yield "".join(out.error(err, out.adapter.error(err)))
+                return
+            except Exception as e:  # noqa: BLE001 - the engine failed mid-stream: the system's fault, retryable
+                err = ProtocolError(f"engine unavailable: {type(e).__name__}: {e}", status=503, kind="api_error")
+                yield "".join(out.error(err, out.adapter.error(err)))
+                return
+            while got < turn.completion_tokens:  # tokens handed over after the turn ended
+                got += 1
+                text.push(await asyncio.wait_for(tokens.get(), 10))
+            yield "".join(out.finish(turn))
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+            if task.done():
+                session.lock.release()
+            else:  # the client left: the turn still commits, then the session is free
+                task.add_done_callback(lambda t: (t.cancelled() or t.exception(), session.lock.release()))

@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect
 from rlonce.core.timeouts import Expired
 from rlonce.engine.base import EngineError
 from rlonce.gateway.core import Gateway
-from rlonce.gateway.messages import MAX_DEPTH, ProtocolError, loads
+from rlonce.gateway.messages import MAX_DEPTH, Overloaded, ProtocolError, loads
 from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.server import AsyncServer, ServerThread  # noqa: F401 - served from here too
 from rlonce.gateway.session import Session
@@ -138,10 +138,11 @@ def load_admin_key(path: str | Path) -> str:
 
 
 def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int = MAX_DEPTH,
-             body_timeout: float = 30.0, admin_key: str | None = None) -> FastAPI:
+             body_timeout: float = 30.0, admin_key: str | None = None, api_keys: list[str] | None = None) -> FastAPI:
     """The gateway's routes over FastAPI. The gateway must have an executor
     (``GatewaySettings.offload``): request bodies are parsed there and its sessions render and
-    tokenize there, so nothing slow runs on the event loop."""
+    tokenize there, so nothing slow runs on the event loop. With ``api_keys`` only a request
+    carrying one of them reaches a session (401 otherwise): what serving beyond loopback needs."""
     if gateway.settings.offload is None:
         raise ValueError("a served gateway renders and tokenizes off the event loop: build it with "
                          "GatewaySettings(offload=ThreadPoolExecutor(...))")
@@ -152,6 +153,7 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.state.gateway = gateway
     app.state.admin_key = admin_key or secrets.token_urlsafe(32)
     app.state.body = BodyLimits(max_body_bytes, body_timeout, max_depth)
+    app.state.api_keys = [k.encode() for k in api_keys] if api_keys else None
     for path, (protocol, model) in ROUTES.items():
         extra = _body_schema(model)
         app.add_api_route(f"/v1/{path}", by_key, methods=["POST"], openapi_extra=extra, name=f"{protocol} (by key)")
@@ -161,6 +163,7 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.add_api_route("/sessions/{session_id}/v1/models", session_models, methods=["GET"])
     app.include_router(admin)
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/", health, methods=["GET", "HEAD"])  # clients' connectivity checks
     app.add_exception_handler(ProtocolError, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     return app
@@ -184,9 +187,13 @@ def _body_schema(model: type[BaseModel]) -> dict:
 
 def error_response(e: ProtocolError, protocol: str = "openai-chat", *, close: bool = False) -> JSONResponse:
     """A refusal as its status and the protocol's error body; ``close`` ends the connection
-    instead of reading the rest of a body that was refused unread."""
-    return JSONResponse(PROTOCOLS[protocol].error(e), status_code=e.status,
-                        headers={"connection": "close"} if close else None)
+    instead of reading the rest of a body that was refused unread. An overloaded engine is a 529
+    for Anthropic clients (their API's status for it), a 429 for OpenAI's, with ``retry-after``."""
+    headers = {"connection": "close"} if close else {}
+    if e.retry_after is not None:
+        headers["retry-after"] = f"{e.retry_after:g}"
+    status = 529 if isinstance(e, Overloaded) and protocol == "anthropic-messages" else e.status
+    return JSONResponse(PROTOCOLS[protocol].error(e), status_code=status, headers=headers or None)
 
 
 async def _refused(request: Request, exc: ProtocolError) -> JSONResponse:
@@ -231,6 +238,10 @@ async def _serve(request: Request, session_id: str | None):
         if key is None:
             raise ProtocolError("no API key: send the session's key (Authorization: Bearer KEY or x-api-key: "
                                 "KEY)", status=401, kind="authentication_error")
+        allowed = request.app.state.api_keys
+        if allowed is not None and not any(hmac.compare_digest(key.encode(), k) for k in allowed):
+            raise ProtocolError("invalid API key: send one of the keys this gateway was started with (--api-key)",
+                                status=401, kind="authentication_error")
         body = await read_json(request)
         session = gateway.session_for(key, session_id)
         out = await gateway.call(protocol, body, session.id)
@@ -241,8 +252,8 @@ async def _serve(request: Request, session_id: str | None):
     except Expired as e:  # the model request outlived gateway.settings.model_timeout; the session records it
         return error_response(ProtocolError(f"the model did not answer in time ({e})", status=504,
                                             kind="timeout_error"), protocol)
-    if isinstance(out, list):
-        return StreamingResponse(iter(out), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    if not isinstance(out, dict):  # a streamed turn: its events as they are sampled
+        return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
     return JSONResponse(out)
 
 

@@ -29,11 +29,36 @@ class ProtocolError(ValueError):
     """A request the gateway refuses; rendered as a 4xx in the protocol's own error shape."""
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.param = param
+        self.code = code
+        """OpenAI's machine-readable ``error.code`` (``context_length_exceeded``, …), when there is one."""
+        self.retry_after = retry_after
+        """Seconds a client should wait before retrying (the ``retry-after`` header of a 429/529)."""
+
+
+class Overloaded(ProtocolError):
+    """The engine is saturated (``GatewaySettings.max_inflight`` turns in flight): retry later.
+    OpenAI answers 429 ``rate_limit_exceeded``, Anthropic 529 ``overloaded_error``."""
+
+    def __init__(self, inflight: int, retry_after: float = 1.0):
+        super().__init__(f"the model is overloaded ({inflight} requests in flight): retry after {retry_after:g} s",
+                         status=429, kind="rate_limit_error", code="rate_limit_exceeded", retry_after=retry_after)
+
+
+class ContextLengthExceeded(ProtocolError):
+    """The request's prompt does not fit the model's context: each protocol answers it with the
+    error its real API gives (Anthropic "prompt is too long: N tokens > M maximum"; OpenAI
+    ``context_length_exceeded``), which agent clients recognise and explain or compact."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"prompt is too long: {tokens} tokens > {limit} maximum", code="context_length_exceeded",
+                         param="messages")
+        self.tokens = tokens
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -63,6 +88,9 @@ class ChatRequest:
     top_p: float | None = None
     stream: bool = False
     model: str = ""
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop sequences: the turn ends where its text first contains one (not included)."""
 
 
 @dataclass
@@ -90,6 +118,8 @@ class Turn:
     completion_tokens: int
     session_id: str = ""
     turn_index: int = 0
+    stop_sequence: str | None = None
+    """The request's stop sequence that ended the turn (cut from the content), if one did."""
     dialogue: list[Message] = field(default_factory=list)
     """The dialogue after this turn as the session recorded it (the model's turn included when
     one was sampled): what a later request continues by response id."""
@@ -107,8 +137,10 @@ class Adapter(Protocol):
 
     def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest: ...
 
-    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
-        ...
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict: ...
+
+    def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]):
+        """A ``rlonce.gateway.streams.TurnStream``: the SSE events of a streamed reply, as the turn is sampled."""
 
     def error(self, e: ProtocolError) -> dict: ...
 
@@ -221,6 +253,33 @@ def _opt_float(body: dict, key: str) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # NaN fails too
         raise ProtocolError(f"'{key}' must be a number from {lo:g} to {hi:g}", param=key)
     return float(v)
+
+
+MAX_STOP = 16
+"""The most stop sequences a request may give (OpenAI allows 4, Anthropic more)."""
+
+
+def stops_of(body: dict, key: str) -> tuple[str, ...]:
+    """Stop sequences under ``key``: a string or an array of non-empty strings."""
+    v = body.get(key)
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if (not isinstance(v, list) or len(v) > MAX_STOP
+            or not all(isinstance(x, str) and 0 < len(x) <= 256 for x in v)):
+        raise ProtocolError(f"'{key}' must be a string or an array of at most {MAX_STOP} non-empty strings",
+                            param=key)
+    return tuple(v)
+
+
+def top_k_of(body: dict) -> int | None:
+    v = body.get("top_k")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS:
+        raise ProtocolError("'top_k' must be a non-negative integer", param="top_k")
+    return v
 
 
 def request_fields(body: dict) -> dict:

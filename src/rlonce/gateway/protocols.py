@@ -10,31 +10,26 @@ own shape; inside the gateway they are ``Message``s. Sampling values are bounded
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
 from rlonce.gateway.messages import (
     Adapter,
     ChatRequest,
+    ContextLengthExceeded,
     Message,
+    Overloaded,
     ProtocolError,
     Turn,
     max_tokens_of,
     parse_arguments,
     request_fields,
+    stops_of,
     text_of,
+    top_k_of,
 )
+from rlonce.gateway.streams import ChatStream, MessagesStream, ResponsesStream, TurnStream
 from rlonce.model.chat import ToolCall
-
-
-def _sse(data: dict, event: str | None = None) -> str:
-    head = f"event: {event}\n" if event else ""
-    return head + "data: " + json.dumps(data, ensure_ascii=False, allow_nan=False) + "\n\n"
-
-
-def _chunks(text: str, size: int = 24) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)]
 
 
 def _obj(body, where: str = "body") -> dict:
@@ -77,17 +72,29 @@ class OpenAIChat:
             elif role == "assistant":
                 calls = []
                 for j, c in enumerate(_list(m.get("tool_calls") or [], where + ".tool_calls")):
-                    fn = _obj(_obj(c, f"{where}.tool_calls[{j}]").get("function"), f"{where}.tool_calls[{j}].function")
+                    c = _obj(c, f"{where}.tool_calls[{j}]")
+                    if c.get("type") == "custom":  # a custom (free-form) tool's call: its text as 'input'
+                        fn = _obj(c.get("custom"), f"{where}.tool_calls[{j}].custom")
+                        args = {"input": fn.get("input") if isinstance(fn.get("input"), str) else ""}
+                    else:
+                        fn = _obj(c.get("function"), f"{where}.tool_calls[{j}].function")
+                        args = parse_arguments(fn.get("arguments"), where)
                     if not isinstance(fn.get("name"), str):
                         raise ProtocolError(f"{where}.tool_calls[{j}] needs a function name", param=where)
-                    calls.append(ToolCall(fn["name"], parse_arguments(fn.get("arguments"), where)))
+                    calls.append(ToolCall(fn["name"], args))
+                legacy = m.get("function_call")  # the deprecated single-call field
+                if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
+                    calls.append(ToolCall(legacy["name"], parse_arguments(legacy.get("arguments"), where)))
                 msgs.append(Message("assistant", text_of(m.get("content"), where + ".content"), tuple(calls)))
+            elif role == "function":  # the deprecated form of a tool result
+                msgs.append(Message("tool", text_of(m.get("content"), where + ".content")))
             elif role == "tool":
                 tid = m.get("tool_call_id")
                 msgs.append(Message("tool", text_of(m.get("content"), where + ".content"),
                                     tool_call_id=tid if isinstance(tid, str) else None))
             else:
-                raise ProtocolError(f"{where}.role must be system, developer, user, assistant or tool", param=where)
+                raise ProtocolError(f"{where}.role must be system, developer, user, assistant, tool or function",
+                                    param=where)
         tools = []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
@@ -96,7 +103,7 @@ class OpenAIChat:
             fn = _obj(t.get("function"), f"tools[{i}].function")
             tools.append(_function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{i}]"))
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
-                           **request_fields(body))
+                           stop=stops_of(body, "stop"), **request_fields(body))
 
     def _message(self, turn: Turn) -> dict:
         msg: dict = {"role": "assistant", "content": turn.content or (None if turn.calls else "")}
@@ -105,7 +112,7 @@ class OpenAIChat:
                                   "function": {"name": c.name, "arguments": c.arguments_json}} for c in turn.calls]
         return msg
 
-    def _usage(self, turn: Turn) -> dict:
+    def usage(self, turn: Turn) -> dict:
         return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                 "total_tokens": turn.prompt_tokens + turn.completion_tokens}
 
@@ -113,33 +120,24 @@ class OpenAIChat:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
                 "model": req.model, "choices": [{"index": 0, "message": self._message(turn), "logprobs": None,
                                                  "finish_reason": turn.finish}],
-                "usage": self._usage(turn), "rlonce": {"session_id": turn.session_id, "turn": turn.turn_index}}
+                "usage": self.usage(turn), "rlonce": {"session_id": turn.session_id, "turn": turn.turn_index}}
+
+    def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
+        return ChatStream(self, req, body)
 
     def stream(self, turn: Turn, req: ChatRequest, body: dict) -> list[str]:
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": req.model}
+        """Every event of a sampled turn at once."""
+        return self.streamer(req, body, {}).whole(turn)
 
-        def chunk(delta: dict, finish=None) -> str:
-            return _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
-
-        out = [chunk({"role": "assistant", "content": ""})]
-        out += [chunk({"content": piece}) for piece in _chunks(turn.content)]
-        for i, c in enumerate(turn.calls):
-            out.append(chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
-                                              "function": {"name": c.name, "arguments": ""}}]}))
-            out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-                    for piece in _chunks(c.arguments_json)]
-        out.append(chunk({}, turn.finish))
-        opts = body.get("stream_options")
-        if isinstance(opts, dict) and opts.get("include_usage"):
-            out.append(_sse({**base, "choices": [], "usage": self._usage(turn)}))
-        return out + ["data: [DONE]\n\n"]
-
-    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
-        return self.stream(turn, req, body) if req.stream else self.reply(turn, req)
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
+        return self.reply(turn, req)
 
     def error(self, e: ProtocolError) -> dict:
-        return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}}
+        msg = str(e)
+        if isinstance(e, ContextLengthExceeded):  # the real API's words
+            msg = (f"This model's maximum context length is {e.limit} tokens. However, your messages resulted in "
+                   f"{e.tokens} tokens. Please reduce the length of the messages.")
+        return {"error": {"message": msg, "type": e.kind, "param": e.param, "code": e.code}}
 
 
 class AnthropicMessages:
@@ -147,7 +145,7 @@ class AnthropicMessages:
     _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error",
                     413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "api_error",
-                    504: "timeout_error"}
+                    504: "timeout_error", 529: "overloaded_error"}
 
     def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest:
         body = _obj(body)
@@ -159,8 +157,11 @@ class AnthropicMessages:
             where = f"messages[{i}]"
             m = _obj(m, where)
             role, content = m.get("role"), m.get("content")
+            if role == "system":  # agent CLIs interleave system reminders this way: a system turn where it stands
+                msgs.append(Message("system", text_of(content, where + ".content")))
+                continue
             if role not in ("user", "assistant"):
-                raise ProtocolError(f"{where}.role must be user or assistant", param=where)
+                raise ProtocolError(f"{where}.role must be user, assistant or system", param=where)
             blocks = ([{"type": "text", "text": content}] if isinstance(content, str)
                       else _list(content, where + ".content"))
             texts, calls, results = [], [], []
@@ -193,50 +194,40 @@ class AnthropicMessages:
             if "input_schema" not in t and t.get("type") not in (None, "custom"):
                 continue  # server tools (web search, …) are not offered to the model
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools[{i}]"))
-        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), **request_fields(body))
+        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), top_k=top_k_of(body),
+                           stop=stops_of(body, "stop_sequences"), **request_fields(body))
 
     def _content(self, turn: Turn) -> list[dict]:
         blocks = [{"type": "text", "text": turn.content}] if turn.content or not turn.calls else []
         return blocks + [{"type": "tool_use", "id": "toolu_" + c.id, "name": c.name, "input": c.arguments}
                          for c in turn.calls]
 
-    def _stop(self, turn: Turn) -> str:
+    def stop_reason(self, turn: Turn) -> str:
+        if turn.stop_sequence is not None:
+            return "stop_sequence"
         return {"length": "max_tokens", "tool_calls": "tool_use"}.get(turn.finish, "end_turn")
 
-    def _message(self, turn: Turn, req: ChatRequest, content: list, stop, output_tokens: int) -> dict:
+    def message(self, turn: Turn, req: ChatRequest, content: list, stop, output_tokens: int) -> dict:
         return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": req.model,
-                "content": content, "stop_reason": stop, "stop_sequence": None,
+                "content": content, "stop_reason": stop, "stop_sequence": turn.stop_sequence,
                 "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": output_tokens}}
 
     def reply(self, turn: Turn, req: ChatRequest) -> dict:
-        return self._message(turn, req, self._content(turn), self._stop(turn), turn.completion_tokens)
+        return self.message(turn, req, self._content(turn), self.stop_reason(turn), turn.completion_tokens)
+
+    def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
+        return MessagesStream(self, req, body)
 
     def stream(self, turn: Turn, req: ChatRequest, body: dict) -> list[str]:
-        def ev(data: dict) -> str:
-            return _sse(data, data["type"])
+        """Every event of a sampled turn at once."""
+        return self.streamer(req, body, {}).whole(turn)
 
-        out = [ev({"type": "message_start", "message": self._message(turn, req, [], None, 0)})]
-        for i, b in enumerate(self._content(turn)):
-            if b["type"] == "text":
-                out.append(ev({"type": "content_block_start", "index": i,
-                               "content_block": {"type": "text", "text": ""}}))
-                out += [ev({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": p}})
-                        for p in _chunks(b["text"])]
-            else:
-                out.append(ev({"type": "content_block_start", "index": i,
-                               "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}}))
-                out += [ev({"type": "content_block_delta", "index": i,
-                            "delta": {"type": "input_json_delta", "partial_json": p}})
-                        for p in _chunks(json.dumps(b["input"], ensure_ascii=False))]
-            out.append(ev({"type": "content_block_stop", "index": i}))
-        out.append(ev({"type": "message_delta", "delta": {"stop_reason": self._stop(turn), "stop_sequence": None},
-                       "usage": {"output_tokens": turn.completion_tokens}}))
-        return out + [ev({"type": "message_stop"})]
-
-    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
-        return self.stream(turn, req, body) if req.stream else self.reply(turn, req)
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
+        return self.reply(turn, req)
 
     def error(self, e: ProtocolError) -> dict:
+        if isinstance(e, Overloaded):
+            return {"type": "error", "error": {"type": "overloaded_error", "message": str(e)}}
         return {"type": "error", "error": {"type": self._ERROR_TYPES.get(e.status, "invalid_request_error"),
                                            "message": str(e)}}
 
@@ -258,8 +249,9 @@ class OpenAIResponses:
                                     status=404, kind="not_found", param="previous_response_id")
             msgs += history[prev]
         instructions = body.get("instructions")
-        if instructions is not None:  # replaces the stored system message; without it, that one carries over
-            msgs = [Message("system", text_of(instructions, "instructions"))] + [m for m in msgs if m.role != "system"]
+        if instructions is not None:  # replaces the stored leading system message; without it, that one carries over
+            lead = Message("system", text_of(instructions, "instructions"))
+            msgs = [lead] + (msgs[1:] if msgs and msgs[0].role == "system" else msgs)
         items = body.get("input")
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
@@ -290,8 +282,6 @@ class OpenAIResponses:
                 continue  # reasoning items, images, …: not rendered by a text-only template
             else:
                 raise ProtocolError(f"{where}.type must be a string", param=where)
-        # system messages first, as the chat template expects
-        msgs = [m for m in msgs if m.role == "system"][:1] + [m for m in msgs if m.role != "system"]
         tools = []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
@@ -310,7 +300,7 @@ class OpenAIResponses:
                    "arguments": c.arguments_json, "status": "completed"} for i, c in enumerate(turn.calls)]
         return items
 
-    def _response(self, turn: Turn, req: ChatRequest, rid: str, status: str, output: list[dict]) -> dict:
+    def response(self, turn: Turn, req: ChatRequest, rid: str, status: str, output: list[dict]) -> dict:
         incomplete = status == "incomplete"
         return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
                 "model": req.model, "output": output, "error": None,
@@ -328,52 +318,27 @@ class OpenAIResponses:
 
     def reply(self, turn: Turn, req: ChatRequest, rid: str) -> dict:
         status = "incomplete" if turn.finish == "length" else "completed"
-        return self._response(turn, req, rid, status, self._items(turn, rid))
+        return self.response(turn, req, rid, status, self._items(turn, rid))
 
-    def stream(self, turn: Turn, req: ChatRequest, rid: str) -> list[str]:
-        seq = iter(range(1_000_000))
+    def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
+        return ResponsesStream(self, req, body, history)
 
-        def ev(kind: str, **data) -> str:
-            return _sse({"type": kind, "sequence_number": next(seq), **data}, kind)
+    def stream(self, turn: Turn, req: ChatRequest, history: dict[str, list[Message]] | None = None) -> list[str]:
+        """Every event of a sampled turn at once."""
+        return self.streamer(req, {}, {} if history is None else history).whole(turn)
 
-        out = [ev("response.created", response=self._response(turn, req, rid, "in_progress", [])),
-               ev("response.in_progress", response=self._response(turn, req, rid, "in_progress", []))]
-        items = self._items(turn, rid)
-        for k, item in enumerate(items):
-            if item["type"] == "message":
-                text = item["content"][0]["text"]
-                out.append(ev("response.output_item.added", output_index=k,
-                              item={**item, "status": "in_progress", "content": []}))
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                out.append(ev("response.content_part.added", item_id=item["id"], output_index=k, content_index=0,
-                              part=part))
-                out += [ev("response.output_text.delta", item_id=item["id"], output_index=k, content_index=0,
-                           delta=p, logprobs=[]) for p in _chunks(text)]
-                out.append(ev("response.output_text.done", item_id=item["id"], output_index=k, content_index=0,
-                              text=text, logprobs=[]))
-                out.append(ev("response.content_part.done", item_id=item["id"], output_index=k, content_index=0,
-                              part={**part, "text": text}))
-            else:
-                out.append(ev("response.output_item.added", output_index=k,
-                              item={**item, "arguments": "", "status": "in_progress"}))
-                out += [ev("response.function_call_arguments.delta", item_id=item["id"], output_index=k, delta=p)
-                        for p in _chunks(item["arguments"])]
-                out.append(ev("response.function_call_arguments.done", item_id=item["id"], output_index=k,
-                              name=item["name"], arguments=item["arguments"]))
-            out.append(ev("response.output_item.done", output_index=k, item=item))
-        final = self.reply(turn, req, rid)
-        out.append(ev("response.completed" if final["status"] == "completed" else "response.incomplete",
-                      response=final))
-        return out
-
-    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict | list[str]:
+    def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
         """The reply under a new response id, which the session keeps for ``previous_response_id``."""
         rid = self.new_id()
         history[rid] = list(turn.dialogue)
-        return self.stream(turn, req, rid) if req.stream else self.reply(turn, req, rid)
+        return self.reply(turn, req, rid)
 
     def error(self, e: ProtocolError) -> dict:
-        return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}}
+        if isinstance(e, ContextLengthExceeded):  # the real API's words
+            return {"error": {"message": "Your input exceeds the context window of this model. Please adjust your "
+                              f"input and try again. ({e.tokens} tokens > {e.limit} maximum)",
+                              "type": e.kind, "param": "input", "code": e.code}}
+        return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}}
 
 
 PROTOCOLS: dict[str, Adapter] = {p.name: p for p in (OpenAIChat(), AnthropicMessages(), OpenAIResponses())}

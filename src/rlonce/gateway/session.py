@@ -39,8 +39,8 @@ from typing import Any
 
 from rlonce.core.records import Context, FailureCategory, Role, Segment
 from rlonce.core.timeouts import Expired, within
-from rlonce.engine.base import Engine, Generation, SamplingParams
-from rlonce.gateway.messages import CallOut, ChatRequest, Message, ProtocolError, Turn
+from rlonce.engine.base import Engine, Generation, SamplingParams, Watch
+from rlonce.gateway.messages import CallOut, ChatRequest, ContextLengthExceeded, Message, ProtocolError, Turn
 from rlonce.model.chat import ChatFormat
 
 GREEDY_BELOW = 1e-3
@@ -92,6 +92,15 @@ class GatewaySettings:
     request fails with ``Expired(model_timeout)`` and no context changes (None: unbounded)."""
     tokenizer: Any = None
     """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
+    max_inflight: int | None = None
+    """The most turns sampled at once; a request past it is refused as overloaded (429, Anthropic
+    529) with ``retry-after``, the session untouched (None: no limit — the trainer's gateways)."""
+    context_errors: bool = False
+    """A prompt that does not fit the context is refused with the protocol's context-length error
+    (``ContextLengthExceeded``: a 400 clients recognise and explain or compact), the session left
+    as it was and the refusal counted as an event; a turn the context cuts short ends with
+    'length' and the session stays open. ``rlonce serve`` turns it on. Off (training), such a
+    request ends the session as ``truncated``: an outcome of the rollout, not a refusal."""
     offload: Executor | None = None
     """An executor for the sessions' rendering and tokenization (None: on the event loop). A
     served gateway needs one (``make_app`` parses bodies there too); a Ray harness pool gives
@@ -153,6 +162,8 @@ class Session:
         """Turns continued after the engine paused mid-generation (partial rollout)."""
         self.last_used = time.monotonic()
         self.lock = asyncio.Lock()
+        self.prompt_tokens = 0
+        """The prompt length of the turn being sampled (or last sampled)."""
         self.responses: dict[str, list[Message]] = {}
         """Responses API: the dialogue after each response id, for ``previous_response_id``."""
 
@@ -184,8 +195,11 @@ class Session:
     # ---- one request -------------------------------------------------------------------
     def _plan(self, req: ChatRequest) -> _Plan:
         msgs = req.messages
+        tools = req.tools if self.settings.render_tools else []
         matched = []
         for b in self.branches:
+            if b.tools != tools:  # the tool list is part of the prompt: a context with other tools never matches
+                continue
             m = 0
             while m < min(len(msgs), len(b.messages)) and msgs[m].same_as(b.messages[m]):
                 m += 1
@@ -207,11 +221,14 @@ class Session:
         # a new context: the whole dialogue becomes its (untrained) prompt
         label = "main" if not self.branches else f"branch-{len(self.branches)}"
         ctx = Context(label=label)
-        tools = req.tools if self.settings.render_tools else []
         ids = self.settings.encode(self.settings.fmt.render(msgs, tools))
         event = None if not self.branches else {
             "kind": "branch", "context": label, "from": best.context.label if best else None,
             "diverged_at_message": best_m, "reason": "the request rewrote earlier history"}
+        if event is not None and best is None:  # every context was opened under another tool list
+            last = self.current or self.branches[-1]
+            event.update({"from": last.context.label, "reason": "the request's tool list differs from the context's",
+                          "tools_changed": True})
         branch = Branch(ctx, [], [], tools)
         return _Plan(branch, True, 0, 0, Segment(Role.PROMPT, ids), event, ids)
 
@@ -242,9 +259,10 @@ class Session:
             s = replace(s, seed=self.seed + 7919 * len(self.generations))
         return s, want > room
 
-    async def turn(self, req: ChatRequest) -> Turn:
+    async def turn(self, req: ChatRequest, on_token: Callable[[int], None] | None = None) -> Turn:
         """Plan the request against the contexts, sample one turn, and commit it — or, if the
-        engine fails, leave every context exactly as it was."""
+        engine fails, leave every context exactly as it was. ``on_token`` is called on this
+        event loop with each token as the engine samples it (a streamed reply)."""
         if self.status != "active":
             raise SessionClosed(self.id, self.status)
         if not req.messages:
@@ -253,31 +271,58 @@ class Session:
             plan = self._plan(req)
         else:  # render and tokenize on a background thread; nothing else touches this session meanwhile
             plan = await asyncio.get_running_loop().run_in_executor(self.settings.offload, self._plan, req)
+        self.prompt_tokens = len(plan.prompt_ids)
         room = self.budgets.max_context - len(plan.prompt_ids)
         prompt_cap = self.budgets.max_prompt or self.budgets.max_context
         if room <= 1 or len(plan.prompt_ids) > prompt_cap:
+            if self.settings.context_errors:
+                self.events.append({"kind": "context_length_exceeded", "context": plan.branch.context.label,
+                                    "prompt_tokens": len(plan.prompt_ids)})
+                raise ContextLengthExceeded(len(plan.prompt_ids), min(prompt_cap, self.budgets.max_context - 2))
             self._commit_prompt_only(plan)
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": plan.branch.context.label,
                                 "prompt_tokens": len(plan.prompt_ids)})
-            return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations), list(req.messages))
+            return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations),
+                        dialogue=list(req.messages))
         sampling, budget_bound = self._sampling(req, room)
+        stops = req.stop if self.settings.honor_client_sampling else ()
+        watch = self._watch(on_token, stops) if on_token or stops else None
         try:
-            gen = await within(self._generate(plan.prompt_ids, sampling), self.settings.model_timeout,
+            gen = await within(self._generate(plan.prompt_ids, sampling, watch), self.settings.model_timeout,
                                FailureCategory.MODEL_TIMEOUT)
         except Expired:
             self.events.append({"kind": "model_timeout", "context": plan.branch.context.label,
                                 "seconds": self.settings.model_timeout})
             raise
-        return self._commit(plan, req, gen, budget_bound)
+        return self._commit(plan, req, gen, budget_bound, stops)
 
-    async def _generate(self, prompt: list[int], sampling: SamplingParams) -> Generation:
-        gen = await self.settings.engine.generate(prompt, sampling)
+    def _watch(self, on_token: Callable[[int], None] | None, stops: tuple[str, ...]) -> Watch:
+        """What the engine calls with each token (on its own thread): hand the token to this
+        loop for ``on_token``, and end the turn once its text holds one of ``stops``."""
+        loop, ids, decode = asyncio.get_running_loop(), [], self.settings.decode
+        window = 4 * max((len(x) for x in stops), default=0) + 4  # tokens enough to hold any stop sequence
+
+        def watch(token: int) -> bool:
+            ids.append(token)
+            if on_token is not None:
+                try:
+                    loop.call_soon_threadsafe(on_token, token)
+                except RuntimeError:  # the loop has closed: nobody is listening any more
+                    pass
+            return bool(stops) and any(x in decode(ids[-window:]) for x in stops)
+
+        return watch
+
+    async def _generate(self, prompt: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
+        kw = {} if watch is None else {"watch": watch}
+        gen = await self.settings.engine.generate(prompt, sampling, **kw)
         while gen.finish_reason == "abort":  # partial rollout: the engine paused for a weight update
-            gen = await self._continue(prompt, gen, sampling)
+            gen = await self._continue(prompt, gen, sampling, kw)
         return gen
 
-    async def _continue(self, prompt: list[int], gen: Generation, sampling: SamplingParams) -> Generation:
+    async def _continue(self, prompt: list[int], gen: Generation, sampling: SamplingParams,
+                        kw: dict | None = None) -> Generation:
         """Resume an interrupted turn: re-prefill the context plus the tokens sampled so far
         (under whatever weights the engine holds now) and append what follows. Earlier tokens
         keep their log-probs and versions; the turn records the versions it spans."""
@@ -287,7 +332,7 @@ class Session:
             return replace(gen, finish_reason="length")
         more_s = replace(sampling, max_tokens=left,
                          seed=None if sampling.seed is None else sampling.seed + 104729 * self.interrupts)
-        more = await self.settings.engine.generate(prompt + gen.token_ids, more_s)
+        more = await self.settings.engine.generate(prompt + gen.token_ids, more_s, **(kw or {}))
         sizes = None if gen.candidates is None and more.candidates is None else (
             (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
@@ -299,7 +344,8 @@ class Session:
         b = plan.branch
         b.context.segments[plan.keep_segments:] = [plan.delta] if plan.delta else []
 
-    def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool) -> Turn:
+    def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool,
+                stops: tuple[str, ...] = ()) -> Turn:
         b = self.current = plan.branch
         if plan.new_branch:
             self.branches.append(b)
@@ -322,7 +368,11 @@ class Session:
                       candidates=None if gen.candidates is None else list(gen.candidates))
         b.context.segments.append(seg)
         self.generations.append(gen)
-        text = self.settings.decode(gen.token_ids)
+        text, stopped = self.settings.decode(gen.token_ids), None
+        found = [(text.find(x), x) for x in stops if x in text] if gen.finish_reason == "stop_sequence" else []
+        if found:  # the content ends before the first stop sequence
+            at, stopped = min(found)
+            text = text[:at]
         known = {t["name"] for t in req.tools} if req.tools else None
         content, calls, flag = self.settings.fmt.split_turn(text, known)
         if flag:
@@ -333,11 +383,11 @@ class Session:
         n = len(self.generations) - 1
         outs = [CallOut(f"call_{n}_{i}", c.name, c.arguments) for i, c in enumerate(calls)]
         finish = "length" if gen.finish_reason in ("length", "repetition") else ("tool_calls" if outs else "stop")
-        if gen.finish_reason == "length" and budget_bound:
+        if gen.finish_reason == "length" and budget_bound and not self.settings.context_errors:
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
         dialogue = list(b.messages if gen.token_ids else req.messages)
-        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, dialogue)
+        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, stopped, dialogue)
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:
@@ -364,4 +414,5 @@ def session_metrics(s: Session) -> dict[str, float]:
     kinds = [e["kind"] for e in s.events]
     return {"contexts": float(len(s.branches)), "rollbacks": float(kinds.count("rollback")),
             "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens),
+            "tool_schema_branches": float(sum(1 for e in s.events if e.get("tools_changed"))),
             "interrupts": float(s.interrupts)}

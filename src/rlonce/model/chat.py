@@ -62,11 +62,19 @@ class ChatFormat(Protocol):
     def split_turn(self, text: str, known: set[str] | None) -> tuple[str, list[ToolCall], str | None]:
         """A sampled turn as (content, tool calls, flag naming a malformed or unknown call)."""
 
+    @property
+    def stream_holds(self) -> tuple[str, ...]:
+        """Markers a streamed reply must not show as content (tool-call markup, the turn end)."""
+
 
 class _ChatML:
     """ChatML turns (``<|im_start|>role ... <|im_end|>``) and ``<tool_call>`` blocks, shared by
     the formats below; each supplies ``tools_block``, ``assistant_text``, ``preamble`` and
     ``_block_calls`` (how its tools are listed, its calls written and read back)."""
+
+    @property
+    def stream_holds(self) -> tuple[str, ...]:
+        return ("<tool_call>", self.turn_end)
 
     def opening(self, system: str, user: str, tools: list[dict]) -> str:
         """System and first user message, followed by the generation prompt."""
@@ -91,14 +99,18 @@ class _ChatML:
         """A whole dialogue of ``Message``s, as the model folder's chat template renders it
         (``whole=False``: a continuation, without the template's preamble).
 
+        The tools are listed once: in the dialogue's leading system message, or — when the
+        dialogue does not open with one — in a system turn the preamble puts first. System
+        messages later in the dialogue (agent CLIs' reminders) are system turns where they stand.
+
         Used where exact tokens cannot be kept (a new context after the client rewrote its
         history) and by the re-rendering report; live sessions append deltas instead.
         """
-        out = [self.preamble(messages)] if whole else []
+        out = [self.preamble(messages, tools)] if whole else []
         for i, m in enumerate(messages):
-            if m.role == "system":
-                out.append(f"<|im_start|>system\n{m.content}" + (self.tools_block(tools) if tools else "")
-                           + "<|im_end|>\n")
+            if m.role == "system":  # the tools go with the leading system message only
+                block = self.tools_block(tools) if tools and i == 0 else ""
+                out.append(f"<|im_start|>system\n{m.content}{block}<|im_end|>\n")
             elif m.role == "user":
                 out.append(f"<|im_start|>user\n{m.content}<|im_end|>\n")
             elif m.role == "assistant":
@@ -169,8 +181,11 @@ class HermesFormat(_ChatML):
         parts += [f"<tool_call>\n{tool_json(c.name, c.arguments)}\n</tool_call>" for c in calls]
         return "\n".join(parts) + self.turn_end
 
-    def preamble(self, messages) -> str:
-        """What the chat template puts before a whole dialogue (e.g. a default system message)."""
+    def preamble(self, messages, tools: list[dict] = ()) -> str:
+        """What the chat template puts before a whole dialogue: a system turn listing the tools
+        when the dialogue has tools but does not open with a system message."""
+        if tools and not (messages and messages[0].role == "system"):
+            return "<|im_start|>system\n" + self.tools_block(tools).lstrip("\n") + "<|im_end|>\n"
         return ""
 
     def _block_calls(self, obj) -> list:
@@ -203,9 +218,14 @@ class SmolLM2Format(_ChatML):
     default_system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
     """What SmolLM2's chat template puts first when a dialogue has no system message."""
 
-    def preamble(self, messages) -> str:
-        return "" if messages and messages[0].role == "system" else \
-            f"<|im_start|>system\n{self.default_system}<|im_end|>\n"
+    def preamble(self, messages, tools: list[dict] = ()) -> str:
+        """SmolLM2's default system message when the dialogue opens without one (its own template
+        does that), with the tools listed in it: SmolLM2's template has no tool markup, so the
+        tools follow the instruction its function-calling data used."""
+        if messages and messages[0].role == "system":
+            return ""
+        listed = self.tools_block(tools) if tools else ""
+        return f"<|im_start|>system\n{self.default_system}{listed}<|im_end|>\n"
 
     def _block_calls(self, obj) -> list:
         """A block holds a list of calls (or one call)."""

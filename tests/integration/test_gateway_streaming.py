@@ -1,0 +1,214 @@
+"""Token streaming, stop sequences, protocol-native errors, tool-schema branches and safe serving,
+each over real HTTP on loopback with the official openai and anthropic SDKs.
+
+A dripping engine samples its scripted tokens one by one on its own thread, with a pause
+between them, and hands each to the gateway's watch as it goes: the test can then see the first
+SSE delta arrive while the turn is still being sampled. The embedded model behind the torch
+engine checks that a streamed and a plain turn with the same seed record the same tokens.
+"""
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from rlonce.engine.base import Generation, SamplingParams
+from rlonce.engine.torch_engine import TorchEngine
+from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL
+from rlonce.gateway.core import Gateway
+from rlonce.gateway.http import ServerThread, make_app
+from rlonce.gateway.session import Budgets, GatewaySettings
+from rlonce.model.chat import get_format
+
+FMT = get_format("hermes")
+TOOLS = [BASH_TOOL, SUBMIT_TOOL]
+
+
+class Dripping:
+    """Samples a scripted turn token by token on a thread, ``gap`` seconds apart, calling the
+    watch with each (and stopping where it says), like the torch engine does."""
+
+    def __init__(self, text: str, encode, gap: float = 0.05):
+        self.ids, self.gap, self.version = encode(text), gap, 0
+        self.done_at: list[float] = []
+
+    async def generate(self, prompt_ids, sampling, watch=None):
+        def run():
+            out = []
+            for t in self.ids[:sampling.max_tokens]:
+                time.sleep(self.gap)
+                out.append(t)
+                if watch is not None and watch(t) and t != self.ids[-1]:
+                    return out, "stop_sequence"
+            return out, "stop" if len(out) == len(self.ids) else "length"
+
+        ids, reason = await asyncio.to_thread(run)
+        self.done_at.append(time.monotonic())
+        return Generation(ids, [0.0] * len(ids), [0] * len(ids), reason)
+
+
+def _gateway(lm, engine, **kw):
+    return Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=200),
+                                   budgets=Budgets(200, 1024), auto_open=True, honor_client_sampling=True,
+                                   offload=ThreadPoolExecutor(2), **kw))
+
+
+def test_deltas_arrive_while_the_turn_is_sampled(lm):
+    text = "The answer is forty two, and here is why it holds." + FMT.turn_end
+    engine = Dripping(text, lm.encode, gap=0.03)
+    with ServerThread(make_app(_gateway(lm, engine))) as srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="drip", max_retries=0)
+        t0, first, pieces = time.monotonic(), None, []
+        for chunk in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}],
+                                                    stream=True):
+            delta = chunk.choices[0].delta.content if chunk.choices else None
+            if delta:
+                first = first or time.monotonic()
+                pieces.append(delta)
+        n = len(engine.ids)
+        assert "".join(pieces) == text.removesuffix(FMT.turn_end)
+        assert len(pieces) > n // 2  # token by token, not one block at the end
+        # the first delta came while most of the turn was still to be sampled
+        assert engine.done_at[-1] - first > 0.5 * n * 0.03, (first - t0, engine.done_at[-1] - t0)
+
+
+@pytest.mark.parametrize("protocol", ["chat", "anthropic", "responses"])
+def test_streamed_and_plain_turns_record_the_same_tokens(lm, protocol):
+    engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=1)
+    gw = _gateway(lm, engine)
+    try:
+        with ServerThread(make_app(gw, admin_key="adm")) as srv:
+            texts = {}
+            for key, stream in (("plain-" + protocol, False), ("stream-" + protocol, True)):
+                gw.open(key, key=key, seed=11)
+                texts[key] = _ask(srv.base_url, key, protocol, stream)
+            a, b = (gw.sessions[k] for k in texts)
+            seg = [[(s.role, s.token_ids, s.logprobs) for s in x.contexts[0].segments] for x in (a, b)]
+            assert seg[0] == seg[1] and len(seg[0][-1][1]) > 0
+            assert texts["plain-" + protocol] == texts["stream-" + protocol]
+    finally:
+        engine.close()
+
+
+def _ask(base: str, key: str, protocol: str, stream: bool) -> str:
+    msgs = [{"role": "user", "content": "Find the file that holds the word ember."}]
+    if protocol == "chat":
+        c = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+        tools = [{"type": "function", "function": t} for t in TOOLS]
+        if not stream:
+            m = c.chat.completions.create(model="m", messages=msgs, tools=tools).choices[0].message
+            return repr((m.content or "", [(t.function.name, t.function.arguments) for t in m.tool_calls or []]))
+        with c.chat.completions.stream(model="m", messages=msgs, tools=tools) as s:
+            m = s.get_final_completion().choices[0].message
+        return repr((m.content or "", [(t.function.name, t.function.arguments) for t in m.tool_calls or []]))
+    if protocol == "anthropic":
+        c = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+        kw = dict(model="m", max_tokens=200, messages=msgs,
+                  tools=[{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+                         for t in TOOLS])
+        if stream:
+            with c.messages.stream(**kw) as s:
+                m = s.get_final_message()
+        else:
+            m = c.messages.create(**kw)
+        return repr([b.model_dump(exclude={"id"}) for b in m.content])
+    c = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+    kw = dict(model="m", input=msgs, tools=[{"type": "function", **t} for t in TOOLS])
+    if stream:
+        with c.responses.stream(**kw) as s:
+            r = s.get_final_response()
+    else:
+        r = c.responses.create(**kw)
+    return repr([(o.type, getattr(o, "name", None), getattr(o, "arguments", None)) for o in r.output]
+                + [r.output_text])
+
+
+def test_stop_sequences_end_the_turn_and_are_cut(lm):
+    text = "first line\nSTOP here and more text" + FMT.turn_end
+    engine = Dripping(text, lm.encode, gap=0.0)
+    gw = _gateway(lm, engine)
+    with ServerThread(make_app(gw)) as srv:
+        c = anthropic.Anthropic(base_url=srv.base_url, api_key="stopper", max_retries=0)
+        m = c.messages.create(model="m", max_tokens=100, stop_sequences=["STOP"],
+                              messages=[{"role": "user", "content": "q"}])
+        assert m.stop_reason == "stop_sequence" and m.stop_sequence == "STOP"
+        assert m.content[0].text == "first line"
+        seg = gw.sessions["stopper"].contexts[0].segments[-1]
+        assert "STOP" in lm.decode(seg.token_ids) and "more" not in lm.decode(seg.token_ids)
+        with c.messages.stream(model="m", max_tokens=100, stop_sequences=["STOP"],
+                               messages=[{"role": "user", "content": "q"}]) as s:
+            streamed = s.get_final_message()
+        assert streamed.content[0].text == "first line" and streamed.stop_reason == "stop_sequence"
+
+
+def test_context_length_and_overload_errors_are_the_real_apis(lm):
+    engine = Dripping("ok" + FMT.turn_end, lm.encode, gap=0.3)
+    gw = _gateway(lm, engine, context_errors=True, max_inflight=1)
+    long = "word " * 2000
+    with ServerThread(make_app(gw)) as srv:
+        oc = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="long", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            oc.chat.completions.create(model="m", messages=[{"role": "user", "content": long}])
+        assert e.value.code == "context_length_exceeded" and "maximum context length is 1022" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            oc.responses.create(model="m", input=long)
+        assert e.value.code == "context_length_exceeded"
+        ac = anthropic.Anthropic(base_url=srv.base_url, api_key="long-a", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as e:
+            ac.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": long}])
+        assert "prompt is too long" in str(e.value) and "> 1022 maximum" in str(e.value)
+        assert [x["kind"] for x in gw.sessions["long"].events] == ["context_length_exceeded"] * 2
+        assert gw.sessions["long"].status == "active" and not gw.sessions["long"].contexts  # nothing recorded
+        # one turn in flight fills the engine: the next request is told to come back
+        busy = threading.Thread(target=lambda: oc.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "q"}]))
+        busy.start()
+        deadline = time.monotonic() + 5
+        while gw.inflight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = httpx.post(srv.base_url + "/v1/messages", headers={"x-api-key": "other"},
+                       json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "q"}]})
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+        assert r.headers["retry-after"] == "1"
+        r = httpx.post(srv.base_url + "/v1/chat/completions", headers={"authorization": "Bearer other2"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "q"}]})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+        busy.join()
+        assert httpx.head(srv.base_url + "/").status_code == 200
+        assert httpx.get(srv.base_url + "/").status_code == 200
+
+
+def test_a_changed_tool_list_opens_a_new_context(lm):
+    engine = Dripping("done" + FMT.turn_end, lm.encode, gap=0.0)
+    engine.ids = engine.ids  # the same turn every time
+    gw = _gateway(lm, engine)
+    with ServerThread(make_app(gw)) as srv:
+        c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="tools", max_retries=0)
+        msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+        one = [{"type": "function", "function": BASH_TOOL}]
+        r = c.chat.completions.create(model="m", messages=msgs, tools=one)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "next"}]
+        c.chat.completions.create(model="m", messages=msgs, tools=one)  # extends: same tools
+        s = gw.sessions["tools"]
+        assert len(s.contexts) == 1 and s.events == []
+        both = one + [{"type": "function", "function": SUBMIT_TOOL}]
+        c.chat.completions.create(model="m", messages=msgs, tools=both)
+        assert len(s.contexts) == 2 and s.events[-1]["tools_changed"] and s.events[-1]["kind"] == "branch"
+        assert '"name": "submit"' in lm.decode(s.contexts[1].segments[0].token_ids)
+        assert '"name": "submit"' not in lm.decode(s.contexts[0].segments[0].token_ids)
+
+
+def test_requests_without_a_system_message_still_show_the_model_its_tools(lm):
+    engine = Dripping("x" + FMT.turn_end, lm.encode, gap=0.0)
+    gw = _gateway(lm, engine)
+    with ServerThread(make_app(gw)) as srv:
+        c = anthropic.Anthropic(base_url=srv.base_url, api_key="nosys", max_retries=0)
+        c.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": "q"}],
+                          tools=[{"name": "bash", "description": "run", "input_schema": BASH_TOOL["parameters"]}])
+    prompt = lm.decode(gw.sessions["nosys"].contexts[0].segments[0].token_ids)
+    assert prompt.startswith("<|im_start|>system\n# Tools") and '"name": "bash"' in prompt
