@@ -212,3 +212,53 @@ def test_requests_without_a_system_message_still_show_the_model_its_tools(lm):
                           tools=[{"name": "bash", "description": "run", "input_schema": BASH_TOOL["parameters"]}])
     prompt = lm.decode(gw.sessions["nosys"].contexts[0].segments[0].token_ids)
     assert prompt.startswith("<|im_start|>system\n# Tools") and '"name": "bash"' in prompt
+
+
+THOUGHT = "<think>\nThe word is in a file; list them first.\n</think>\n\nLooking."
+
+
+def test_reasoning_is_split_from_content_in_every_protocol(lm):
+    engine = Dripping(THOUGHT + FMT.turn_end, lm.encode, gap=0.0)
+    gw = _gateway(lm, engine)
+    want = "The word is in a file; list them first."
+    with ServerThread(make_app(gw)) as srv:
+        ac = anthropic.Anthropic(base_url=srv.base_url, api_key="r-a", max_retries=0)
+        kw = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "q"}])
+        for m in (ac.messages.create(**kw), ac.messages.stream(**kw).__enter__().get_final_message()):
+            assert [b.type for b in m.content] == ["thinking", "text"]
+            assert m.content[0].thinking == want and m.content[1].text == "Looking."
+        oc = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="r-o", max_retries=0)
+        msg = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}]).choices[0].message
+        assert msg.content == "Looking." and msg.model_extra["reasoning_content"] == want
+        streamed = [c.choices[0].delta for c in oc.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "q"}], stream=True) if c.choices]
+        assert "".join(d.content or "" for d in streamed) == "Looking."
+        assert [d.model_extra.get("reasoning_content") for d in streamed if d.model_extra.get("reasoning_content")] \
+            == [want]
+        for r in (oc.responses.create(model="m", input="q"),
+                  oc.responses.stream(model="m", input="q").__enter__().get_final_response()):
+            assert [o.type for o in r.output] == ["reasoning", "message"] and r.output_text == "Looking."
+            assert r.output[0].content[0].text == want
+    seg = gw.sessions["r-a"].contexts[0].segments[-1]
+    assert lm.decode(seg.token_ids).startswith("<think>")  # the tokens are recorded as sampled
+
+
+def test_a_client_that_drops_reasoning_branches(lm):
+    engine = Dripping(THOUGHT + FMT.turn_end, lm.encode, gap=0.0)
+    gw = _gateway(lm, engine)
+    with ServerThread(make_app(gw)) as srv:
+        ac = anthropic.Anthropic(base_url=srv.base_url, api_key="drop", max_retries=0)
+        msgs = [{"role": "user", "content": "q"}]
+        m = ac.messages.create(model="m", max_tokens=100, messages=msgs)
+        kept = msgs + [{"role": "assistant", "content": [b.model_dump() for b in m.content]},
+                       {"role": "user", "content": "go on"}]
+        ac.messages.create(model="m", max_tokens=100, messages=kept)  # echoes the thinking block: extends
+        s = gw.sessions["drop"]
+        assert len(s.contexts) == 1 and s.events == []
+        dropped = msgs + [{"role": "assistant", "content": [m.content[1].model_dump()]},
+                          {"role": "user", "content": "go on"}]
+        ac.messages.create(model="m", max_tokens=100, messages=dropped)
+        assert len(s.contexts) == 2 and s.events[-1]["kind"] == "branch" and s.events[-1]["reasoning_rewritten"]
+    from rlonce.gateway.session import session_metrics
+
+    assert session_metrics(s)["reasoning_branches"] == 1.0 and session_metrics(s)["rollbacks"] == 0.0

@@ -69,13 +69,22 @@ class Message:
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    reasoning: str = ""
+    """An assistant turn's reasoning (thinking blocks, reasoning items, ``reasoning_content``)."""
 
     def same_as(self, other: Message) -> bool:
         """Equal for prefix matching: ids and surrounding whitespace do not count, arguments
-        compare as JSON values (clients re-serialise them with their own spacing)."""
+        compare as JSON values (clients re-serialise them with their own spacing), and so does
+        reasoning: a client that drops or summarises it has rewritten the turn."""
         return (self.role == other.role and self.content.strip() == other.content.strip()
+                and self.reasoning.strip() == other.reasoning.strip()
                 and [(c.name, c.arguments) for c in self.tool_calls]
                 == [(c.name, c.arguments) for c in other.tool_calls])
+
+    def differs_only_in_reasoning(self, other: Message) -> bool:
+        return self.role == other.role == "assistant" and not self.same_as(other) and \
+            Message("assistant", self.content, self.tool_calls).same_as(Message("assistant", other.content,
+                                                                                other.tool_calls))
 
 
 @dataclass
@@ -120,6 +129,8 @@ class Turn:
     turn_index: int = 0
     stop_sequence: str | None = None
     """The request's stop sequence that ended the turn (cut from the content), if one did."""
+    reasoning: str = ""
+    """The turn's reasoning, split from its content by the chat format's markup."""
     dialogue: list[Message] = field(default_factory=list)
     """The dialogue after this turn as the session recorded it (the model's turn included when
     one was sampled): what a later request continues by response id."""

@@ -10,6 +10,7 @@ own shape; inside the gateway they are ``Message``s. Sampling values are bounded
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 
@@ -85,7 +86,9 @@ class OpenAIChat:
                 legacy = m.get("function_call")  # the deprecated single-call field
                 if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
                     calls.append(ToolCall(legacy["name"], parse_arguments(legacy.get("arguments"), where)))
-                msgs.append(Message("assistant", text_of(m.get("content"), where + ".content"), tuple(calls)))
+                thought = m.get("reasoning_content", m.get("reasoning"))
+                msgs.append(Message("assistant", text_of(m.get("content"), where + ".content"), tuple(calls),
+                                    reasoning=thought if isinstance(thought, str) else ""))
             elif role == "function":  # the deprecated form of a tool result
                 msgs.append(Message("tool", text_of(m.get("content"), where + ".content")))
             elif role == "tool":
@@ -107,6 +110,8 @@ class OpenAIChat:
 
     def _message(self, turn: Turn) -> dict:
         msg: dict = {"role": "assistant", "content": turn.content or (None if turn.calls else "")}
+        if turn.reasoning:
+            msg["reasoning_content"] = turn.reasoning
         if turn.calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments_json}} for c in turn.calls]
@@ -164,11 +169,13 @@ class AnthropicMessages:
                 raise ProtocolError(f"{where}.role must be user, assistant or system", param=where)
             blocks = ([{"type": "text", "text": content}] if isinstance(content, str)
                       else _list(content, where + ".content"))
-            texts, calls, results = [], [], []
+            texts, calls, results, thoughts = [], [], [], []
             for j, b in enumerate(blocks):
                 b = _obj(b, f"{where}.content[{j}]")
                 kind = b.get("type")
-                if kind == "text":
+                if kind == "thinking" and role == "assistant" and isinstance(b.get("thinking"), str):
+                    thoughts.append(b["thinking"])
+                elif kind == "text":
                     texts.append(text_of(b.get("text"), f"{where}.content[{j}].text"))
                 elif kind == "tool_use" and role == "assistant":
                     if not isinstance(b.get("name"), str):
@@ -179,11 +186,11 @@ class AnthropicMessages:
                     results.append(Message("tool", text_of(b.get("content"), f"{where}.content[{j}].content"),
                                            tool_call_id=tid if isinstance(tid, str) else None))
                 elif isinstance(kind, str):
-                    continue  # thinking, images, documents: not rendered by a text-only template
+                    continue  # redacted thinking, images, documents: not rendered by a text-only template
                 else:
                     raise ProtocolError(f"{where}.content[{j}] needs a 'type'", param=where)
             if role == "assistant":
-                msgs.append(Message("assistant", "".join(texts), tuple(calls)))
+                msgs.append(Message("assistant", "".join(texts), tuple(calls), reasoning="".join(thoughts)))
             else:
                 msgs += results
                 if texts or not results:
@@ -197,8 +204,14 @@ class AnthropicMessages:
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), top_k=top_k_of(body),
                            stop=stops_of(body, "stop_sequences"), **request_fields(body))
 
+    def thinking(self, turn: Turn) -> dict:
+        """The turn's reasoning as a thinking block; the signature is its digest (nothing is hidden)."""
+        return {"type": "thinking", "thinking": turn.reasoning,
+                "signature": hashlib.sha256(turn.reasoning.encode()).hexdigest()}
+
     def _content(self, turn: Turn) -> list[dict]:
-        blocks = [{"type": "text", "text": turn.content}] if turn.content or not turn.calls else []
+        blocks = [self.thinking(turn)] if turn.reasoning else []
+        blocks += [{"type": "text", "text": turn.content}] if turn.content or not turn.calls else []
         return blocks + [{"type": "tool_use", "id": "toolu_" + c.id, "name": c.name, "input": c.arguments}
                          for c in turn.calls]
 
@@ -255,33 +268,9 @@ class OpenAIResponses:
         items = body.get("input")
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
+        thought = ""  # a reasoning item belongs to the assistant turn after it
         for i, it in enumerate(_list(items, "input")):
-            where = f"input[{i}]"
-            it = _obj(it, where)
-            kind = it.get("type", "message")
-            if kind == "message":
-                role = it.get("role")
-                if role not in ("user", "assistant", "system", "developer"):
-                    raise ProtocolError(f"{where}.role must be user, assistant, system or developer", param=where)
-                role = "system" if role == "developer" else role
-                msgs.append(Message(role, text_of(it.get("content"), where + ".content")))
-            elif kind == "function_call":
-                if not isinstance(it.get("name"), str):
-                    raise ProtocolError(f"{where} function_call needs a 'name'", param=where)
-                call = ToolCall(it["name"], parse_arguments(it.get("arguments"), where + ".arguments"))
-                if msgs and msgs[-1].role == "assistant":
-                    msgs[-1] = Message("assistant", msgs[-1].content, (*msgs[-1].tool_calls, call))
-                else:
-                    msgs.append(Message("assistant", "", (call,)))
-            elif kind == "function_call_output":
-                out = it.get("output")
-                cid = it.get("call_id")
-                msgs.append(Message("tool", out if isinstance(out, str) else text_of(out, where + ".output"),
-                                    tool_call_id=cid if isinstance(cid, str) else None))
-            elif isinstance(kind, str):
-                continue  # reasoning items, images, …: not rendered by a text-only template
-            else:
-                raise ProtocolError(f"{where}.type must be a string", param=where)
+            thought = self._item(msgs, _obj(it, f"input[{i}]"), f"input[{i}]", thought)
         tools = []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
@@ -290,8 +279,50 @@ class OpenAIResponses:
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), **request_fields(body))
 
+    def _item(self, msgs: list[Message], it: dict, where: str, thought: str) -> str:
+        """Add one input item to ``msgs``; returns the reasoning waiting for the next assistant turn."""
+        kind = it.get("type", "message")
+        if kind == "reasoning":
+            parts = it.get("content") or it.get("summary") or []
+            return thought + text_of(parts if isinstance(parts, list) else [], where + ".content")
+        if thought and kind in ("message", "function_call", "custom_tool_call") \
+                and it.get("role", "assistant") == "assistant":
+            msgs.append(Message("assistant", "", (), reasoning=thought))  # what follows merges into it
+            thought = ""
+        if kind == "message":
+            role = it.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise ProtocolError(f"{where}.role must be user, assistant, system or developer", param=where)
+            role = "system" if role == "developer" else role
+            text = text_of(it.get("content"), where + ".content")
+            last = msgs[-1] if msgs else None
+            if role == "assistant" and last and last.role == "assistant" and not last.content \
+                    and not last.tool_calls:  # the turn its reasoning item opened
+                msgs[-1] = Message("assistant", text, reasoning=last.reasoning)
+            else:
+                msgs.append(Message(role, text))
+        elif kind in ("function_call", "custom_tool_call"):
+            if not isinstance(it.get("name"), str):
+                raise ProtocolError(f"{where} {kind} needs a 'name'", param=where)
+            args = ({"input": it.get("input") if isinstance(it.get("input"), str) else ""}
+                    if kind == "custom_tool_call" else parse_arguments(it.get("arguments"), where + ".arguments"))
+            call = ToolCall(it["name"], args)
+            if msgs and msgs[-1].role == "assistant":
+                last = msgs[-1]
+                msgs[-1] = Message("assistant", last.content, (*last.tool_calls, call), reasoning=last.reasoning)
+            else:
+                msgs.append(Message("assistant", "", (call,)))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            out, cid = it.get("output"), it.get("call_id")
+            msgs.append(Message("tool", out if isinstance(out, str) else text_of(out, where + ".output"),
+                                tool_call_id=cid if isinstance(cid, str) else None))
+        elif not isinstance(kind, str):  # other items (images, web searches, …) are not rendered
+            raise ProtocolError(f"{where}.type must be a string", param=where)
+        return thought
+
     def _items(self, turn: Turn, rid: str) -> list[dict]:
-        items = []
+        items = [{"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": "completed",
+                  "content": [{"type": "reasoning_text", "text": turn.reasoning}]}] if turn.reasoning else []
         if turn.content or not turn.calls:
             items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
                           "content": [{"type": "output_text", "text": turn.content, "annotations": [],

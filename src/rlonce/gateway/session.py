@@ -33,78 +33,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
-from dataclasses import KW_ONLY, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from rlonce.core.records import Context, FailureCategory, Role, Segment
 from rlonce.core.timeouts import Expired, within
-from rlonce.engine.base import Engine, Generation, SamplingParams, Watch
+from rlonce.engine.base import Generation, SamplingParams, Watch
 from rlonce.gateway.messages import CallOut, ChatRequest, ContextLengthExceeded, Message, ProtocolError, Turn
-from rlonce.model.chat import ChatFormat
+from rlonce.gateway.settings import Budgets, GatewaySettings
 
 GREEDY_BELOW = 1e-3
 """A client temperature below this (0 included) decodes greedily: dividing logits by a tiny
 temperature overflows to inf in float32 (``1e-300`` would give NaN probabilities)."""
-
-
-@dataclass(frozen=True)
-class Budgets:
-    max_tokens_per_turn: int = 64
-    """Per-turn output cap; a request may ask for less, never more."""
-    max_context: int = 1024
-    """Total trajectory budget of one context in tokens: prompt, observations and model turns."""
-    max_prompt: int | None = None
-    """Prompt budget: the most tokens a single request's prompt may hold (``None``: max_context)."""
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    """What a gateway and every session it opens share, fixed when the gateway is built."""
-
-    engine: Engine
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    fmt: ChatFormat
-    _: KW_ONLY
-    sampling: SamplingParams
-    """The run's sampling parameters; each turn's ``max_tokens`` comes from the budgets and the request."""
-    budgets: Budgets = Budgets()
-    """Each session's budgets, unless ``Gateway.open`` is given others."""
-    model_name: str = "rlonce"
-    """The model id replies carry when a request names none, and the one ``/v1/models`` lists."""
-    auto_open: bool = False
-    """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
-    ids are refused with 404 and sessions are opened by whoever runs the rollout."""
-    honor_client_sampling: bool = False
-    """Use a request's temperature/top_p. Off in training: the trainer recomputes log-probs
-    at the run's temperature, so a client must not change the sampling distribution."""
-    render_tools: bool = True
-    """Render a request's tool schemas into a new context's system prompt."""
-    max_sessions: int = 100_000
-    """The most sessions open at once; past it, opening one sweeps expired sessions or is a 429."""
-    idle_ttl: float | None = None
-    """Drop a session unused for this many seconds (None: never)."""
-    ended_ttl: float | None = None
-    """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
-    model_timeout: float | None = None
-    """Seconds one engine call may take (a paused turn's continuation included); past them the
-    request fails with ``Expired(model_timeout)`` and no context changes (None: unbounded)."""
-    tokenizer: Any = None
-    """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
-    max_inflight: int | None = None
-    """The most turns sampled at once; a request past it is refused as overloaded (429, Anthropic
-    529) with ``retry-after``, the session untouched (None: no limit — the trainer's gateways)."""
-    context_errors: bool = False
-    """A prompt that does not fit the context is refused with the protocol's context-length error
-    (``ContextLengthExceeded``: a 400 clients recognise and explain or compact), the session left
-    as it was and the refusal counted as an event; a turn the context cuts short ends with
-    'length' and the session stays open. ``rlonce serve`` turns it on. Off (training), such a
-    request ends the session as ``truncated``: an outcome of the rollout, not a refusal."""
-    offload: Executor | None = None
-    """An executor for the sessions' rendering and tokenization (None: on the event loop). A
-    served gateway needs one (``make_app`` parses bodies there too); a Ray harness pool gives
-    each gateway one background thread, so its event loop keeps serving other sequences."""
+__all__ = ["Budgets", "GatewaySettings", "Session", "SessionClosed", "session_metrics"]
 
 
 class SessionClosed(ProtocolError):
@@ -209,7 +149,9 @@ class Session:
             m, b = max(reversed(extendable), key=lambda x: x[0])
             return self._delta_plan(b, len(b.context.segments), m, msgs, None)
         best_m, best = max(reversed(matched), key=lambda x: x[0]) if matched else (0, None)
-        if best is not None:
+        reasoning_rewritten = (best is not None and best_m < min(len(msgs), len(best.messages))
+                               and msgs[best_m].differs_only_in_reasoning(best.messages[best_m]))
+        if best is not None and not reasoning_rewritten:  # dropped reasoning always branches (seed 001)
             a = max((i for i in range(best_m) if best.messages[i].role == "assistant"), default=None)
             if a is not None:
                 keep = best.marks[a]
@@ -225,6 +167,9 @@ class Session:
         event = None if not self.branches else {
             "kind": "branch", "context": label, "from": best.context.label if best else None,
             "diverged_at_message": best_m, "reason": "the request rewrote earlier history"}
+        if reasoning_rewritten:
+            event["reason"] = "the client dropped or rewrote the model's reasoning"
+            event["reasoning_rewritten"] = True
         if event is not None and best is None:  # every context was opened under another tool list
             last = self.current or self.branches[-1]
             event.update({"from": last.context.label, "reason": "the request's tool list differs from the context's",
@@ -374,10 +319,11 @@ class Session:
             at, stopped = min(found)
             text = text[:at]
         known = {t["name"] for t in req.tools} if req.tools else None
+        reasoning, text = self.settings.fmt.split_reasoning(text)
         content, calls, flag = self.settings.fmt.split_turn(text, known)
         if flag:
             seg.flags[flag] = True
-        b.messages.append(Message("assistant", content, tuple(calls)))
+        b.messages.append(Message("assistant", content, tuple(calls), reasoning=reasoning))
         b.marks.append(len(b.context.segments))
         b.turn_open = gen.finish_reason != "stop"
         n = len(self.generations) - 1
@@ -387,7 +333,8 @@ class Session:
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
         dialogue = list(b.messages if gen.token_ids else req.messages)
-        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, stopped, dialogue)
+        return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, stopped, reasoning,
+                    dialogue)
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:
@@ -415,4 +362,5 @@ def session_metrics(s: Session) -> dict[str, float]:
     return {"contexts": float(len(s.branches)), "rollbacks": float(kinds.count("rollback")),
             "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens),
             "tool_schema_branches": float(sum(1 for e in s.events if e.get("tools_changed"))),
+            "reasoning_branches": float(sum(1 for e in s.events if e.get("reasoning_rewritten"))),
             "interrupts": float(s.interrupts)}

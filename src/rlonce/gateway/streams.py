@@ -108,7 +108,8 @@ class ChatStream(TurnStream):
 
     def finish(self, turn: Turn) -> list[str]:
         rest = self.rest(turn)
-        out = self.text(rest) if rest else []
+        out = [self._chunk({"reasoning_content": turn.reasoning})] if turn.reasoning else []
+        out += self.text(rest) if rest else []
         for i, c in enumerate(turn.calls):
             out.append(self._chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
                                                     "function": {"name": c.name, "arguments": ""}}]}))
@@ -126,6 +127,7 @@ class MessagesStream(TurnStream):
         super().__init__(adapter, req, body)
         self.open_text = False
         self.blocks = 0
+        self.text_index = 0
 
     def _ev(self, data: dict) -> str:
         return sse(data, data["type"])
@@ -137,21 +139,30 @@ class MessagesStream(TurnStream):
     def text(self, piece: str) -> list[str]:
         out = []
         if not self.open_text:
-            self.open_text = True
-            self.blocks += 1
-            out.append(self._ev({"type": "content_block_start", "index": 0,
+            self.open_text, self.text_index, self.blocks = True, self.blocks, self.blocks + 1
+            out.append(self._ev({"type": "content_block_start", "index": self.text_index,
                                  "content_block": {"type": "text", "text": ""}}))
         if piece:
             self.sent += piece
-            out.append(self._ev({"type": "content_block_delta", "index": 0,
+            out.append(self._ev({"type": "content_block_delta", "index": self.text_index,
                                  "delta": {"type": "text_delta", "text": piece}}))
         return out
 
     def finish(self, turn: Turn) -> list[str]:
-        rest = self.rest(turn)
-        out = self.text(rest) if rest or (not self.open_text and not turn.calls) else []
+        rest, out = self.rest(turn), []
+        if turn.reasoning and not self.open_text:  # reasoning opens the turn: its block comes first
+            block = self.adapter.thinking(turn)
+            i, self.blocks = self.blocks, self.blocks + 1
+            out += [self._ev({"type": "content_block_start", "index": i,
+                              "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                    self._ev({"type": "content_block_delta", "index": i,
+                              "delta": {"type": "thinking_delta", "thinking": block["thinking"]}}),
+                    self._ev({"type": "content_block_delta", "index": i,
+                              "delta": {"type": "signature_delta", "signature": block["signature"]}}),
+                    self._ev({"type": "content_block_stop", "index": i})]
+        out += self.text(rest) if rest or (not self.open_text and not turn.calls) else []
         if self.open_text:
-            out.append(self._ev({"type": "content_block_stop", "index": 0}))
+            out.append(self._ev({"type": "content_block_stop", "index": self.text_index}))
         for c in turn.calls:
             i, self.blocks = self.blocks, self.blocks + 1
             out.append(self._ev({"type": "content_block_start", "index": i, "content_block": {
@@ -180,6 +191,7 @@ class ResponsesStream(TurnStream):
         self.seq = 0
         self.msg_id = f"msg_{self.rid}"
         self.open_text = False
+        self.msg_index = 0
         self.prompt_tokens = 0
 
     def _ev(self, kind: str, **data) -> str:
@@ -198,21 +210,28 @@ class ResponsesStream(TurnStream):
         if not self.open_text:
             self.open_text = True
             item = {"type": "message", "id": self.msg_id, "status": "in_progress", "role": "assistant", "content": []}
-            out += [self._ev("response.output_item.added", output_index=0, item=item),
-                    self._ev("response.content_part.added", item_id=self.msg_id, output_index=0, content_index=0,
-                             part=self._part(""))]
+            out += [self._ev("response.output_item.added", output_index=self.msg_index, item=item),
+                    self._ev("response.content_part.added", item_id=self.msg_id, output_index=self.msg_index,
+                             content_index=0, part=self._part(""))]
         if piece:
             self.sent += piece
-            out.append(self._ev("response.output_text.delta", item_id=self.msg_id, output_index=0, content_index=0,
-                                delta=piece, logprobs=[]))
+            out.append(self._ev("response.output_text.delta", item_id=self.msg_id, output_index=self.msg_index,
+                                content_index=0, delta=piece, logprobs=[]))
         return out
 
     def finish(self, turn: Turn) -> list[str]:
         self.history[self.rid] = list(turn.dialogue)
         final = self.adapter.reply(turn, self.req, self.rid)
-        rest = self.rest(turn)
-        out = self.text(rest) if rest or (not self.open_text and not turn.calls) else []
+        rest, out = self.rest(turn), []
+        if turn.reasoning and not self.open_text:  # the reasoning item comes first
+            item = final["output"][0]
+            self.msg_index = 1
+            out += [self._ev("response.output_item.added", output_index=0, item={**item, "status": "in_progress"}),
+                    self._ev("response.output_item.done", output_index=0, item=item)]
+        out += self.text(rest) if rest or (not self.open_text and not turn.calls) else []
         for k, item in enumerate(final["output"]):
+            if item["type"] == "reasoning":
+                continue
             if item["type"] == "message":
                 text = item["content"][0]["text"]
                 out += [self._ev("response.output_text.done", item_id=item["id"], output_index=k, content_index=0,

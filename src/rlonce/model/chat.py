@@ -64,7 +64,11 @@ class ChatFormat(Protocol):
 
     @property
     def stream_holds(self) -> tuple[str, ...]:
-        """Markers a streamed reply must not show as content (tool-call markup, the turn end)."""
+        """Markers a streamed reply must not show as content (tool-call markup, the turn end, reasoning)."""
+
+    def split_reasoning(self, text: str) -> tuple[str, str]:
+        """A sampled turn as (reasoning, the rest): the text inside the format's reasoning
+        markup when the turn opens with it, else ("", text)."""
 
 
 class _ChatML:
@@ -72,9 +76,28 @@ class _ChatML:
     the formats below; each supplies ``tools_block``, ``assistant_text``, ``preamble`` and
     ``_block_calls`` (how its tools are listed, its calls written and read back)."""
 
+    reasoning_tags = ("<think>", "</think>")
+    """The reasoning markup (Qwen3/DeepSeek-R1 style): a turn that opens with ``<think>`` reasons
+    until ``</think>``; the gateway returns that part as reasoning, not content."""
+
     @property
     def stream_holds(self) -> tuple[str, ...]:
-        return ("<tool_call>", self.turn_end)
+        return ("<tool_call>", self.turn_end, self.reasoning_tags[0])
+
+    def split_reasoning(self, text: str) -> tuple[str, str]:
+        start, end = self.reasoning_tags
+        head = text.lstrip()
+        if not head.startswith(start):
+            return "", text
+        body, sep, rest = head[len(start):].partition(end)
+        if not sep:  # never closed (cut by the token cap): all of it is reasoning
+            return body.removesuffix(self.turn_end).strip(), self.turn_end if body.endswith(self.turn_end) else ""
+        return body.strip(), rest
+
+    def reasoning_text(self, reasoning: str) -> str:
+        """How reasoning is written back before a turn's content (a new context's prompt)."""
+        start, end = self.reasoning_tags
+        return f"{start}\n{reasoning}\n{end}\n\n" if reasoning else ""
 
     def opening(self, system: str, user: str, tools: list[dict]) -> str:
         """System and first user message, followed by the generation prompt."""
@@ -114,7 +137,8 @@ class _ChatML:
             elif m.role == "user":
                 out.append(f"<|im_start|>user\n{m.content}<|im_end|>\n")
             elif m.role == "assistant":
-                out.append("<|im_start|>assistant\n" + self.assistant_text(m.content, list(m.tool_calls)) + "\n")
+                out.append("<|im_start|>assistant\n" + self.reasoning_text(getattr(m, "reasoning", ""))
+                           + self.assistant_text(m.content, list(m.tool_calls)) + "\n")
             elif m.role == "tool":
                 first = i == 0 or messages[i - 1].role != "tool"
                 last = i == len(messages) - 1 or messages[i + 1].role != "tool"

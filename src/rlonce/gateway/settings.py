@@ -1,0 +1,72 @@
+"""What a gateway and every session it opens share: the engine, the tokenizer's functions, the
+chat format, sampling, budgets and the serving limits — one frozen ``GatewaySettings``, fixed
+when the gateway is built (``rlonce.gateway.session`` re-exports both names)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from rlonce.engine.base import Engine, SamplingParams
+from rlonce.model.chat import ChatFormat
+
+
+@dataclass(frozen=True)
+class Budgets:
+    max_tokens_per_turn: int = 64
+    """Per-turn output cap; a request may ask for less, never more."""
+    max_context: int = 1024
+    """Total trajectory budget of one context in tokens: prompt, observations and model turns."""
+    max_prompt: int | None = None
+    """Prompt budget: the most tokens a single request's prompt may hold (``None``: max_context)."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What a gateway and every session it opens share, fixed when the gateway is built."""
+
+    engine: Engine
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    fmt: ChatFormat
+    _: KW_ONLY
+    sampling: SamplingParams
+    """The run's sampling parameters; each turn's ``max_tokens`` comes from the budgets and the request."""
+    budgets: Budgets = Budgets()
+    """Each session's budgets, unless ``Gateway.open`` is given others."""
+    model_name: str = "rlonce"
+    """The model id replies carry when a request names none, and the one ``/v1/models`` lists."""
+    auto_open: bool = False
+    """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
+    ids are refused with 404 and sessions are opened by whoever runs the rollout."""
+    honor_client_sampling: bool = False
+    """Use a request's temperature/top_p. Off in training: the trainer recomputes log-probs
+    at the run's temperature, so a client must not change the sampling distribution."""
+    render_tools: bool = True
+    """Render a request's tool schemas into a new context's system prompt."""
+    max_sessions: int = 100_000
+    """The most sessions open at once; past it, opening one sweeps expired sessions or is a 429."""
+    idle_ttl: float | None = None
+    """Drop a session unused for this many seconds (None: never)."""
+    ended_ttl: float | None = None
+    """Drop an ended (truncated or closed) session unused for this many seconds (None: never)."""
+    model_timeout: float | None = None
+    """Seconds one engine call may take (a paused turn's continuation included); past them the
+    request fails with ``Expired(model_timeout)`` and no context changes (None: unbounded)."""
+    tokenizer: Any = None
+    """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
+    max_inflight: int | None = None
+    """The most turns sampled at once; a request past it is refused as overloaded (429, Anthropic
+    529) with ``retry-after``, the session untouched (None: no limit — the trainer's gateways)."""
+    context_errors: bool = False
+    """A prompt that does not fit the context is refused with the protocol's context-length error
+    (``ContextLengthExceeded``: a 400 clients recognise and explain or compact), the session left
+    as it was and the refusal counted as an event; a turn the context cuts short ends with
+    'length' and the session stays open. ``rlonce serve`` turns it on. Off (training), such a
+    request ends the session as ``truncated``: an outcome of the rollout, not a refusal."""
+    offload: Executor | None = None
+    """An executor for the sessions' rendering and tokenization (None: on the event loop). A
+    served gateway needs one (``make_app`` parses bodies there too); a Ray harness pool gives
+    each gateway one background thread, so its event loop keeps serving other sequences."""
