@@ -223,10 +223,10 @@ def _serve(args) -> int:
     keys = [k for k in (args.api_key or []) if k.strip()]
     if len(keys) != len(args.api_key or []):
         raise UsageError("serve: --api-key must not be empty")
+    _check_listen(args.host, args.port)  # a bad address is named first (a bind, closed at once, never listened on)
     if not keys and not _is_loopback(args.host):
         raise UsageError(f"serve: --host {args.host} is reachable beyond this machine; pass --api-key KEY (one or "
                          "more) so that only holders of a key can open sessions, or serve on 127.0.0.1")
-    _check_listen(args.host, args.port)
     import torch
 
     torch.set_num_threads(1)

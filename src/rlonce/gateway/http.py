@@ -207,10 +207,18 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return error_response(ProtocolError(msg))
 
 
+INLINE_BODY = 16 << 10
+"""Bodies up to this size are parsed on the event loop (microseconds); larger ones on the executor."""
+
+
 async def read_json(request: Request):
-    """The request's JSON body, read within the app's ``BodyLimits`` and checked on the executor."""
+    """The request's JSON body, read within the app's ``BodyLimits`` and checked — on the executor
+    unless it is small enough that the hop would cost more than the parse (a streamed reply's
+    first token waits for it)."""
     limits: BodyLimits = request.app.state.body
     raw = await _read_body(request, limits.max_bytes, limits.timeout)
+    if len(raw) <= INLINE_BODY:
+        return loads(raw, "body", limits.max_depth)
     return await asyncio.get_running_loop().run_in_executor(
         request.app.state.gateway.settings.offload, loads, raw, "body", limits.max_depth)
 

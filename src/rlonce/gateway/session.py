@@ -200,6 +200,8 @@ class Session:
                 s = replace(s, temperature=req.temperature)
             if req.top_p is not None:  # the engine keeps the top token whatever top_p is
                 s = replace(s, top_p=min(1.0, max(req.top_p, GREEDY_BELOW)))
+            if req.top_k and s.top_k != 1:  # Anthropic's top_k (0: off), unless greedy already
+                s = replace(s, top_k=req.top_k)
         if self.seed is not None:
             s = replace(s, seed=self.seed + 7919 * len(self.generations))
         return s, want > room
@@ -212,7 +214,7 @@ class Session:
             raise SessionClosed(self.id, self.status)
         if not req.messages:
             raise ProtocolError("the request has no messages", param="messages")
-        if self.settings.offload is None:
+        if self.settings.offload is None or _small(req):  # a hop would cost more than rendering a small one
             plan = self._plan(req)
         else:  # render and tokenize on a background thread; nothing else touches this session meanwhile
             plan = await asyncio.get_running_loop().run_in_executor(self.settings.offload, self._plan, req)
@@ -355,6 +357,16 @@ class Session:
                              for s in b.context.segments],
             } for b in self.branches],
         }
+
+
+INLINE_CHARS = 8 << 10
+"""A request whose messages and tools hold fewer characters than this is planned (rendered and
+tokenized) on the event loop: well under a millisecond, less than the executor hop costs."""
+
+
+def _small(req: ChatRequest) -> bool:
+    n = sum(len(m.content) + len(m.reasoning) + 64 * len(m.tool_calls) for m in req.messages)
+    return n + 256 * len(req.tools) < INLINE_CHARS
 
 
 def session_metrics(s: Session) -> dict[str, float]:
