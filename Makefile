@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test lint test-slow test-gpu bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
+.PHONY: quickstart test lint test-slow test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -62,6 +62,14 @@ lint: venv-dev
 test-slow: system-deps venv-dev
 	$(PY) -m pytest -q -m slow
 
+# Real agent clients (Claude Code, Codex, opencode, qwen-code from npm; llm and the OpenAI Agents SDK
+# from PyPI), pinned, into .agents/ (~1.2 GB), and their end-to-end test against `rlonce serve`.
+agents:
+	scripts/install_agent_clients.sh
+
+test-agents: system-deps venv-dev agents
+	$(PY) -m pytest -q -rs -m slow tests/e2e/test_agent_clients.py
+
 # On a machine with a CUDA device: vLLM (and the CUDA build of torch it brings) plus the GPU tests.
 $(VENV)/.installed-vllm: $(VENV)/.installed-dev
 	$(PIP) -e '.[vllm]'
@@ -77,6 +85,7 @@ bench: system-deps venv
 	    --per-package 3 && $(PY) -m rlonce.cli tasks validate runs/packs/bench)
 	$(PY) benchmarks/sandbox/run.py --out runs/bench/sandbox --pack runs/packs/bench
 	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
+	$(PY) benchmarks/streaming/run.py --out runs/bench/streaming
 	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
 
 bench-ray: system-deps venv-dev

@@ -8,6 +8,7 @@ engine checks that a streamed and a plain turn with the same seed record the sam
 """
 
 import asyncio
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -262,3 +263,43 @@ def test_a_client_that_drops_reasoning_branches(lm):
     from rlonce.gateway.session import session_metrics
 
     assert session_metrics(s)["reasoning_branches"] == 1.0 and session_metrics(s)["rollbacks"] == 0.0
+
+
+@pytest.mark.parametrize("protocol", ["chat", "anthropic", "responses"])
+def test_smollm2_tool_calls_come_back_in_each_protocols_shape(lm, protocol):
+    """The smollm2 format's calls (all of a turn's calls in one JSON list) parse into each protocol's
+    tool calls, plain and streamed."""
+    from rlonce.model.chat import ToolCall
+
+    smol = get_format("smollm2")
+    text = smol.assistant_text("", [ToolCall("bash", {"command": "ls"}), ToolCall("submit", {"answer": "a.txt"})])
+    gw = Gateway(GatewaySettings(Dripping(text, lm.encode, gap=0.0), lm.encode, lm.decode, smol,
+                                 sampling=SamplingParams(max_tokens=200), budgets=Budgets(200, 1024), auto_open=True,
+                                 offload=ThreadPoolExecutor(2)))
+    want = [("bash", {"command": "ls"}), ("submit", {"answer": "a.txt"})]
+    with ServerThread(make_app(gw)) as srv:
+        for stream in (False, True):
+            key = f"{protocol}-{stream}"
+            if protocol == "chat":
+                c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key, max_retries=0)
+                kw = dict(model="m", messages=[{"role": "user", "content": "q"}],
+                          tools=[{"type": "function", "function": t} for t in TOOLS])
+                if stream:
+                    with c.chat.completions.stream(**kw) as s:
+                        m = s.get_final_completion().choices[0].message
+                else:
+                    m = c.chat.completions.create(**kw).choices[0].message
+                got = [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls]
+            elif protocol == "anthropic":
+                c = anthropic.Anthropic(base_url=srv.base_url, api_key=key, max_retries=0)
+                kw = dict(model="m", max_tokens=200, messages=[{"role": "user", "content": "q"}],
+                          tools=[{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+                                 for t in TOOLS])
+                m = c.messages.stream(**kw).__enter__().get_final_message() if stream else c.messages.create(**kw)
+                got = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+            else:
+                c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key, max_retries=0)
+                kw = dict(model="m", input="q", tools=[{"type": "function", **t} for t in TOOLS])
+                r = c.responses.stream(**kw).__enter__().get_final_response() if stream else c.responses.create(**kw)
+                got = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+            assert got == want

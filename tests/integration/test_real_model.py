@@ -136,3 +136,57 @@ def test_smollm2_render_adds_the_templates_default_system_message(smol):
     want = smol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert fmt.render([Message(m["role"], m["content"]) for m in msgs], []) == want
     assert "SmolLM" not in fmt.continuation([Message("user", "more")], turn_open=False)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("protocol", ["chat", "responses", "anthropic"])
+def test_smollm2_is_shown_the_tools_of_every_protocol(smol, protocol):
+    """`rlonce serve --model smollm2`: a request's tools reach SmolLM2's prompt (its template has no
+    tool markup: the function-calling system message of its data lists them) with or without a
+    system message, and whatever SmolLM2 says comes back in the protocol's shape."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    import anthropic
+    import openai
+
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.http import ServerThread, make_app
+    from rlonce.gateway.session import Budgets, GatewaySettings
+
+    eng = TorchEngine(copy.deepcopy(smol.model), eos_token_ids=smol.eos_token_ids, pad_token_id=2)
+    gw = Gateway(GatewaySettings(eng, smol.encode, smol.decode, get_format("smollm2"),
+                                 sampling=SamplingParams(max_tokens=24), budgets=Budgets(24, 2048), auto_open=True,
+                                 honor_client_sampling=True, context_errors=True, offload=ThreadPoolExecutor(2)))
+    weather = {"name": "get_weather", "description": "Get the current weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    q = "What is the weather in Paris right now?"
+    try:
+        with ServerThread(make_app(gw)) as srv:
+            for key, system in (("plain", None), ("with-system", "Be brief.")):
+                if protocol == "chat":
+                    c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key, max_retries=0)
+                    msgs = [{"role": "system", "content": system}] if system else []
+                    msgs.append({"role": "user", "content": q})
+                    r = c.chat.completions.create(model="m", messages=msgs, tools=[{"type": "function",
+                                                                                    "function": weather}])
+                    assert r.choices[0].finish_reason in ("stop", "tool_calls", "length")
+                elif protocol == "responses":
+                    c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key, max_retries=0)
+                    r = c.responses.create(model="m", input=q, instructions=system, tools=[{"type": "function",
+                                                                                           **weather}])
+                    assert r.output
+                else:
+                    c = anthropic.Anthropic(base_url=srv.base_url, api_key=key, max_retries=0)
+                    kw = {"system": system} if system else {}
+                    r = c.messages.create(model="m", max_tokens=24, messages=[{"role": "user", "content": q}],
+                                          tools=[{"name": "get_weather", "description": weather["description"],
+                                                  "input_schema": weather["parameters"]}], **kw)
+                    assert r.content
+                prompt = smol.decode(gw.sessions[key].contexts[0].segments[0].token_ids)
+                assert prompt.count('"name": "get_weather"') == 1 and "<tool_call>[" in prompt, prompt[:400]
+                assert prompt.startswith("<|im_start|>system\n" + (system or "You are an expert in composing"))
+    finally:
+        eng.close()

@@ -163,7 +163,7 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.add_api_route("/sessions/{session_id}/v1/models", session_models, methods=["GET"])
     app.include_router(admin)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/", health, methods=["GET", "HEAD"])  # clients' connectivity checks
+    app.add_api_route("/", health, methods=["GET", "HEAD"], include_in_schema=False)  # clients' connectivity checks
     app.add_exception_handler(ProtocolError, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     return app

@@ -242,14 +242,22 @@ class SmolLM2Format(_ChatML):
     default_system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
     """What SmolLM2's chat template puts first when a dialogue has no system message."""
 
+    tools_system: str = (
+        "You are an expert in composing functions. You are given a question and a set of possible functions. "
+        "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. "
+        "If none of the functions can be used, point it out and refuse to answer. If the given question lacks the "
+        "parameters required by the function, also point it out.")
+    """The system message of SmolLM2's function-calling data (its model card's tool-use prompt)."""
+
     def preamble(self, messages, tools: list[dict] = ()) -> str:
-        """SmolLM2's default system message when the dialogue opens without one (its own template
-        does that), with the tools listed in it: SmolLM2's template has no tool markup, so the
-        tools follow the instruction its function-calling data used."""
+        """When the dialogue opens without a system message: SmolLM2's default one (its own
+        template does that) or, when there are tools, the system message its function-calling
+        data used, with the tools listed (SmolLM2's template has no tool markup)."""
         if messages and messages[0].role == "system":
             return ""
-        listed = self.tools_block(tools) if tools else ""
-        return f"<|im_start|>system\n{self.default_system}{listed}<|im_end|>\n"
+        if tools:
+            return f"<|im_start|>system\n{self.tools_system}{self.tools_block(tools)}<|im_end|>\n"
+        return f"<|im_start|>system\n{self.default_system}<|im_end|>\n"
 
     def _block_calls(self, obj) -> list:
         """A block holds a list of calls (or one call)."""
