@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart test lint test-slow test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
+.PHONY: quickstart doctor test lint test-slow test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -51,10 +51,14 @@ venv: $(VENV)/.installed
 venv-dev: $(VENV)/.installed-dev
 
 quickstart: system-deps venv
+	$(VENV)/bin/rlonce doctor
 	$(VENV)/bin/rlonce quickstart --out runs/quickstart
 
 test: system-deps venv-dev
 	$(PY) -m pytest -q
+
+doctor: venv
+	$(VENV)/bin/rlonce doctor
 
 lint: venv-dev
 	$(PY) -m ruff check src tests benchmarks

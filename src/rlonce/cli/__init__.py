@@ -8,6 +8,7 @@ Verbs:
   tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
   probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
   config      ``config show [KEY]``: every config key's resolved value, docstring and default
+  doctor      check this machine for what the configured job needs, with the command that fixes each gap
 
 ``parser`` holds the argument parser, ``commands`` the verbs' handlers; this module catches the
 errors that are the user's to fix and prints each as one line.

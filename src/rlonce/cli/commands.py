@@ -301,8 +301,18 @@ def _config_show(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    """``rlonce doctor``: each check of what the job needs, with its fix; 1 when a required one fails."""
+    from rlonce.cli.doctor import report, run_checks
+
+    cfg, _ = train_config(args)
+    text, status = report(run_checks(cfg))
+    print(text)
+    return status
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
-    "config": _config_show,
+    "config": _config_show, "doctor": _doctor,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

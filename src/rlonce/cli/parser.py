@@ -200,10 +200,20 @@ def _add_config(sub) -> None:
     cs.set_defaults(out=None)
 
 
+def _add_doctor(sub) -> None:
+    d = sub.add_parser("doctor", help="check this machine for what the configured job needs, with the fix for each")
+    d.add_argument("--config", help="TOML config file of the job to check for (default: the quickstart job)")
+    d.add_argument("--resume", metavar="RUN_DIR", help="check for the job of the run in RUN_DIR")
+    d.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE",
+                   help="a TOML config (like --config) and/or config overrides")
+    d.set_defaults(out=None)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config):
+    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config,
+                _add_doctor):
         add(sub)
     return ap
 

