@@ -23,6 +23,7 @@ from rlonce.engine.torch_engine import TorchEngine
 from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import ServerThread, make_app
+from rlonce.gateway.messages import ProtocolError
 from rlonce.gateway.session import Budgets, GatewaySettings
 from rlonce.model.chat import get_format
 
@@ -234,8 +235,10 @@ def test_reasoning_is_split_from_content_in_every_protocol(lm):
         streamed = [c.choices[0].delta for c in oc.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "q"}], stream=True) if c.choices]
         assert "".join(d.content or "" for d in streamed) == "Looking."
-        assert [d.model_extra.get("reasoning_content") for d in streamed if d.model_extra.get("reasoning_content")] \
-            == [want]
+        thoughts = [d.model_extra.get("reasoning_content") for d in streamed if d.model_extra.get("reasoning_content")]
+        assert "".join(thoughts) == want and len(thoughts) > 5  # the reasoning streams too, token by token
+        first_content = next(i for i, d in enumerate(streamed) if d.content)
+        assert all(not d.model_extra.get("reasoning_content") for d in streamed[first_content:])
         for r in (oc.responses.create(model="m", input="q"),
                   oc.responses.stream(model="m", input="q").__enter__().get_final_response()):
             assert [o.type for o in r.output] == ["reasoning", "message"] and r.output_text == "Looking."
@@ -303,3 +306,55 @@ def test_smollm2_tool_calls_come_back_in_each_protocols_shape(lm, protocol):
                 r = c.responses.stream(**kw).__enter__().get_final_response() if stream else c.responses.create(**kw)
                 got = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
             assert got == want
+
+
+def test_a_stream_nobody_reads_still_frees_its_session(lm):
+    """The turn owns the session: an iterator dropped unread (a server that lost the client before
+    the first event) or a caller cancelled while waiting for the first token never leaves it locked,
+    and never lets a second request in while the turn runs."""
+    engine = Dripping("one two three four" + FMT.turn_end, lm.encode, gap=0.02)
+    gw = _gateway(lm, engine)
+    body = {"messages": [{"role": "user", "content": "q"}], "stream": True}
+
+    async def scenario():
+        it = await gw.call("openai-chat", body, "dropped")
+        del it  # never iterated
+        with pytest.raises(ProtocolError) as busy:
+            await gw.call("openai-chat", body, "dropped")  # the turn is still running
+        assert busy.value.status == 409
+        while gw.sessions["dropped"].lock.locked():
+            await asyncio.sleep(0.01)
+        assert gw.inflight == 0 and len(gw.sessions["dropped"].generations) == 1
+        with pytest.raises(asyncio.TimeoutError):  # gives up before the first token
+            await asyncio.wait_for(gw.call("openai-chat", body, "cancelled"), 0.005)
+        assert gw.sessions["cancelled"].lock.locked() and gw.inflight == 1  # the turn goes on, still holding it
+        while gw.sessions["cancelled"].lock.locked():
+            await asyncio.sleep(0.01)
+        assert gw.inflight == 0 and len(gw.sessions["cancelled"].generations) == 1
+        it = await gw.call("openai-chat", body, "cancelled")  # free again
+        assert "".join([e async for e in it]).endswith("data: [DONE]\n\n")
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_streams_respect_the_inflight_cap_and_refusals_open_no_session(lm):
+    engine = Dripping("slow answer" + FMT.turn_end, lm.encode, gap=0.02)
+    gw = _gateway(lm, engine, max_inflight=2)
+    body = {"messages": [{"role": "user", "content": "q"}], "stream": True}
+
+    async def one(i):
+        try:
+            it = await gw.call("openai-chat", body, None, key=f"k{i}")
+        except Exception as e:  # noqa: BLE001 - counted below
+            return getattr(e, "status", repr(e))
+        return "done" if "".join([e async for e in it]).endswith("data: [DONE]\n\n") else "cut"
+
+    async def scenario():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    results = asyncio.run(scenario())
+    assert results.count("done") == 2 and results.count(429) == 6, results
+    assert sorted(gw.sessions) == sorted(f"k{i}" for i, r in enumerate(results) if r != 429)  # refused: no session
+    with pytest.raises(ProtocolError):
+        asyncio.run(gw.call("openai-chat", {"messages": "not a list"}, None, key="bad-body"))
+    assert "bad-body" not in gw.sessions

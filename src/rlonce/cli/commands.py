@@ -220,8 +220,8 @@ def _is_loopback(host: str) -> bool:
 def _serve(args) -> int:
     import asyncio
 
-    keys = [k for k in (args.api_key or []) if k.strip()]
-    if len(keys) != len(args.api_key or []):
+    keys = [k.strip() for k in (args.api_key or [])]  # clients' keys arrive stripped
+    if not all(keys):
         raise UsageError("serve: --api-key must not be empty")
     _check_listen(args.host, args.port)  # a bad address is named first (a bind, closed at once, never listened on)
     if not keys and not _is_loopback(args.host):

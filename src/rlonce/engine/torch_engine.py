@@ -268,18 +268,17 @@ class _WaveRows:
         if self.sizes[i] is not None:
             self.sizes[i].append(size)
         self.runs[i] = self.runs[i] + 1 if logp > self.run_thr[i] else 0
+        stop_here = self.watches[i] is not None and self.watches[i](token)  # it sees every token, once
         if eos:
             self.reasons[i] = "stop"
+        elif stop_here:
+            self.reasons[i] = "stop_sequence"
         elif self.run_limit[i] and self.runs[i] >= self.run_limit[i]:
             self.reasons[i] = "repetition"
         elif len(self.tokens[i]) >= int(self.max_new_B[i]):
             self.reasons[i] = "length"
-        elif self.watches[i] is not None and self.watches[i](token):
-            self.reasons[i] = "stop_sequence"
         elif paused.is_set():
             self.reasons[i] = "abort"
-        if self.watches[i] is not None and self.reasons[i] in ("stop", "length", "repetition"):
-            self.watches[i](token)  # it sees every token, the last one included
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

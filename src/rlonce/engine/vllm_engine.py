@@ -315,10 +315,11 @@ class VLLMEngine:
                                                             s.top_k))
                             run = run + 1 if logps[-1] > run_thr else 0
                             eos_here = i == len(ids) - 1 and c.finish_reason == "stop"
+                            stop_here = watch is not None and watch(t)  # every kept token reaches the watch
                             if s.stop_confident_run and run >= s.stop_confident_run and not eos_here:
                                 reason = "repetition"
                                 break
-                            if watch is not None and watch(t) and not eos_here:
+                            if stop_here and not eos_here:
                                 reason = "stop_sequence"
                                 break
                         if reason in ("repetition", "stop_sequence") and not out.finished:

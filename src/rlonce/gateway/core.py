@@ -66,9 +66,10 @@ class Gateway:
             s = self.open(session_id)
         return s
 
-    def session_for(self, key: str, session_id: str | None = None) -> Session:
+    def session_for(self, key: str, session_id: str | None = None, *, create: bool = True) -> Session | None:
         """The session an HTTP request addresses — by path, or else named by its key — if
-        ``key`` owns it; an unknown one is opened for ``key`` when ``auto_open`` is on."""
+        ``key`` owns it; an unknown one is opened for ``key`` when ``auto_open`` is on (with
+        ``create=False`` it is left for the caller to open once the request is accepted: None)."""
         self.expire()
         sid = session_id if session_id is not None else key
         s = self.sessions.get(sid)
@@ -76,7 +77,7 @@ class Gateway:
             if not self.settings.auto_open:
                 raise ProtocolError(f"unknown session {sid!r}: open it first or check its id", status=404,
                                     kind="not_found")
-            return self.open(sid, key=key)
+            return self.open(sid, key=key) if create else None
         if not hmac.compare_digest(s.key.encode(), key.encode()):
             raise ProtocolError(f"session {sid!r} belongs to another key: send the key that opened it, or use "
                                 "a new session id", status=403, kind="permission_error")
@@ -101,56 +102,75 @@ class Gateway:
             return True
         return ended_ttl is not None and s.status != "active" and idle > ended_ttl
 
-    async def call(self, protocol: str, body: dict, session_id: str) -> dict | AsyncIterator[str]:
-        """One request in protocol ``protocol``: the reply body or, when the request streams, its
-        server-sent events as they are sampled (an async iterator holding the session until it
-        ends). Raises ``ProtocolError`` for anything the protocol answers with an error status;
-        a failure after the first event is an error event in the stream instead."""
+    async def call(self, protocol: str, body: dict, session_id: str | None, *,
+                   key: str | None = None) -> dict | AsyncIterator[str]:
+        """One request in protocol ``protocol`` to session ``session_id`` — or, with ``key`` (an
+        HTTP request), to the session the key owns by that id or by its own name: the reply body
+        or, when the request streams, its server-sent events as they are sampled. Raises
+        ``ProtocolError`` for anything the protocol answers with an error status; a failure after
+        the first event is an error event in the stream instead. A refused request never touches
+        a session: an unknown one is opened only once the request is accepted."""
         adapter = PROTOCOLS[protocol]
-        session = self.get(session_id)
-        if session.lock.locked():
+        if key is not None:
+            session = self.session_for(key, session_id, create=False)
+            session_id = session_id if session_id is not None else key
+        else:
+            session = self.get(session_id)
+        if session is not None and session.lock.locked():
             raise ProtocolError(f"session {session_id!r} is busy with another request", status=409)
         cap = self.settings.max_inflight
         if cap is not None and self.inflight >= cap:
             raise Overloaded(self.inflight)
-        await session.lock.acquire()
-        handed = False
-        try:
-            session.last_used = time.monotonic()
-            req = adapter.parse(body, session.responses)
-            if not req.model:
-                req = replace(req, model=self.settings.model_name)
-            if not req.stream:
-                return adapter.answer(await self._turn(session, req), req, body, session.responses)
-            tokens: asyncio.Queue[int] = asyncio.Queue()
-            task = asyncio.ensure_future(self._turn(session, req, tokens.put_nowait))
-            first = asyncio.ensure_future(tokens.get())
-            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
-            if not first.done():  # the turn ended before any token: a refusal or failure is raised here
-                first.cancel()
-                task.result()
-                first = None
-            handed = True
-            return self._events(adapter.streamer(req, body, session.responses), session, req, task, tokens, first)
-        finally:
-            if not handed:
-                session.lock.release()
+        req = adapter.parse(body, session.responses if session is not None else None)
+        if not req.model:
+            req = replace(req, model=self.settings.model_name)
+        session = session or self.open(session_id, key=key)
+        await session.lock.acquire()  # free (checked above, nothing awaited since): taken at once
+        self.inflight += 1  # the slot is this request's from now on, whatever happens to it
+        session.last_used = time.monotonic()
+        if not req.stream:
+            try:
+                return adapter.answer(await session.turn(req), req, body, session.responses)
+            finally:
+                self._done(session)
+        out = adapter.streamer(req, body, session.responses)
+        tokens: asyncio.Queue[int] = asyncio.Queue()
 
-    async def _turn(self, session: Session, req, on_token=None):
-        self.inflight += 1
+        async def sample():
+            """The turn; its end, however it comes, frees the session and the slot."""
+            try:
+                turn = await session.turn(req, tokens.put_nowait)
+                out.record(turn)
+                return turn
+            finally:
+                self._done(session)
+
+        task = asyncio.ensure_future(sample())
+        first = asyncio.ensure_future(tokens.get())
         try:
-            return await session.turn(req, on_token)
-        finally:
-            self.inflight -= 1
-            session.last_used = time.monotonic()
+            await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the caller gave up (cancelled): the turn goes on and frees the session itself
+            first.cancel()
+            raise
+        if not first.done():  # the turn ended before any token: a refusal or failure is raised here
+            first.cancel()
+            task.result()
+            first = None
+        return self._events(out, session, req, task, tokens, first)
+
+    def _done(self, session: Session) -> None:
+        self.inflight -= 1
+        session.last_used = time.monotonic()
+        session.lock.release()
 
     async def _events(self, out: TurnStream, session: Session, req, task: asyncio.Future, tokens: asyncio.Queue,
                       first: asyncio.Future | None) -> AsyncIterator[str]:
-        """The SSE events of a streamed turn: content deltas as the tokens arrive (``TextStream``
-        holds back markup), then the rest once the turn is committed. Releases the session when
-        the turn is done, also when the client goes away mid-stream."""
-        text = TextStream(self.settings.decode, (*self.settings.fmt.stream_holds, *req.stop))
-        got, pending = 0, first
+        """The SSE events of a streamed turn: reasoning and content deltas as the tokens arrive
+        (``TextStream`` holds back markup), then the rest once the turn is committed. The turn
+        owns the session and frees it when it ends, whether or not anyone reads this."""
+        text = TextStream(self.settings.decode, (*self.settings.fmt.stream_holds, *req.stop),
+                          self.settings.fmt.reasoning_tags)
+        pending = first
         try:
             yield "".join(out.start(session.prompt_tokens))
             while True:
@@ -159,9 +179,9 @@ class Gateway:
                     await asyncio.wait({task, pending}, return_when=asyncio.FIRST_COMPLETED)
                 if not pending.done():
                     break
-                got, piece, pending = got + 1, text.push(pending.result()), None
-                if piece:
-                    yield "".join(out.text(piece))
+                pieces, pending = text.push(pending.result()), None
+                if pieces:
+                    yield "".join(e for kind, piece in pieces for e in out.delta(kind, piece))
             try:
                 turn = task.result()
             except ProtocolError as e:
@@ -175,14 +195,7 @@ class Gateway:
                 err = ProtocolError(f"engine unavailable: {type(e).__name__}: {e}", status=503, kind="api_error")
                 yield "".join(out.error(err, out.adapter.error(err)))
                 return
-            while got < turn.completion_tokens:  # tokens handed over after the turn ended
-                got += 1
-                text.push(await asyncio.wait_for(tokens.get(), 10))
-            yield "".join(out.finish(turn))
+            yield "".join(out.finish(turn))  # what is left is in the turn: tokens still queued need no reading
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
-            if task.done():
-                session.lock.release()
-            else:  # the client left: the turn still commits, then the session is free
-                task.add_done_callback(lambda t: (t.cancelled() or t.exception(), session.lock.release()))

@@ -251,8 +251,7 @@ async def _serve(request: Request, session_id: str | None):
             raise ProtocolError("invalid API key: send one of the keys this gateway was started with (--api-key)",
                                 status=401, kind="authentication_error")
         body = await read_json(request)
-        session = gateway.session_for(key, session_id)
-        out = await gateway.call(protocol, body, session.id)
+        out = await gateway.call(protocol, body, session_id, key=key)
     except ProtocolError as e:
         return error_response(e, protocol, close=e.status in (408, 413))  # stop reading what is left
     except EngineError as e:  # the system failed, not the request: retryable

@@ -31,46 +31,122 @@ def chunks(text: str, size: int = 24) -> list[str]:
 
 
 class TextStream:
-    """The content of a turn being sampled, as far as it is safe to show: the decoded tokens up
-    to the first marker (``hold``: tool-call markup, the turn-end text, reasoning tags, stop
-    sequences), without a trailing part that could still become one, without an incomplete
-    UTF-8 character, and stripped as the final content is. ``push`` returns what is new."""
+    """What of a turn being sampled is safe to show, as ("reasoning" | "content", piece) deltas.
 
-    def __init__(self, decode: Callable[[list[int]], str], hold: tuple[str, ...]):
+    Tokens are detokenized incrementally (each token decodes a short window, as vLLM does, so
+    a long turn costs linear time), and a character still incomplete in UTF-8 waits for its
+    last byte. A turn that opens with the reasoning markup streams its reasoning up to the
+    closing tag, then its content. Content stops at the first ``hold`` marker (tool-call markup,
+    the turn end, stop sequences); a trailing part that could still become a marker, and
+    trailing whitespace, wait for the next token. Both are stripped as the final reply strips
+    them, so every delta is part of what the non-streamed reply says.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], hold: tuple[str, ...],
+                 reasoning: tuple[str, str] | None = None):
         self.decode = decode
         self.hold = tuple(h for h in hold if h)
-        self.sent = ""
+        self.reasoning = reasoning
         self.ids: list[int] = []
+        self.text = ""
+        self._prefix = self._read = 0
+        self.mode: str | None = None
+        """None until the turn's opening shows whether it reasons; then "reasoning" or "content"."""
+        self._start = 0  # where the current part begins in ``text``
+        self._cut: int | None = None  # where content ends at a marker
+        self._scanned = 0  # how far ``text`` was searched for markers
+        self._from: dict[str, int] = {}  # per kind, where the next piece starts in ``text``
+        self.sent = {"reasoning": "", "content": ""}
 
-    def push(self, token: int) -> str:
+    def _detokenize(self, token: int) -> None:
         self.ids.append(token)
-        text = self.decode(self.ids).rstrip("\ufffd")
-        cut = min((i for i in (text.find(h) for h in self.hold) if i >= 0), default=len(text))
-        text = text[:cut]
-        for h in self.hold:  # a tail that may be the start of a marker waits for the next token
-            for k in range(min(len(h) - 1, len(text)), 0, -1):
-                if text.endswith(h[:k]):
-                    text = text[:-k]
+        before = self.decode(self.ids[self._prefix:self._read])
+        after = self.decode(self.ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+
+    def push(self, token: int) -> list[tuple[str, str]]:
+        self._detokenize(token)
+        out: list[tuple[str, str]] = []
+        if self.mode is None:
+            head = self.text.lstrip()
+            opening = self.reasoning[0] if self.reasoning else None
+            if opening and head and opening.startswith(head[:len(opening)]):
+                if len(head) < len(opening):
+                    return out  # may still become the reasoning tag
+                self.mode, self._start = "reasoning", len(self.text) - len(head) + len(opening)
+            elif head:
+                self.mode = "content"
+            else:
+                return out
+        if self.mode == "reasoning":
+            closing = self.reasoning[1]
+            at = self.text.find(closing, self._start)
+            piece = self._visible("reasoning", self._start, len(self.text) if at < 0 else at, (closing,))
+            if piece:
+                out.append(("reasoning", piece))
+            if at < 0:
+                return out
+            self.mode, self._start = "content", at + len(closing)
+        if self._cut is None:
+            found = [i for i in (self.text.find(h, max(self._start, self._scanned - len(h))) for h in self.hold)
+                     if i >= 0]
+            self._cut = min(found) if found else None
+            self._scanned = len(self.text)
+        piece = self._visible("content", self._start, len(self.text) if self._cut is None else self._cut,
+                              () if self._cut is not None else self.hold)
+        if piece:
+            out.append(("content", piece))
+        return out
+
+    def _visible(self, kind: str, start: int, end: int, holds: tuple[str, ...]) -> str:
+        """What is new in ``text[start:end]`` stripped, less a tail that may begin a marker (by
+        index: nothing is copied but the new piece)."""
+        t = self.text
+        for h in holds:
+            for k in range(min(len(h) - 1, end - start), 0, -1):
+                if t.endswith(h[:k], start, end):
+                    end -= k
                     break
-        text = text.strip()
-        if not text.startswith(self.sent) or len(text) == len(self.sent):
+        while end > start and t[end - 1].isspace():
+            end -= 1
+        if kind not in self._from:
+            i = start
+            while i < end and t[i].isspace():
+                i += 1
+            if i == end:
+                return ""
+            self._from[kind] = i
+        if end <= self._from[kind]:
             return ""
-        new, self.sent = text[len(self.sent):], text
-        return new
+        piece, self._from[kind] = t[self._from[kind]:end], end
+        self.sent[kind] += piece
+        return piece
 
 
 class TurnStream:
-    """One streamed reply. ``sent`` is the content emitted so far."""
+    """One streamed reply. ``sent`` and ``sent_reasoning`` are what was emitted so far."""
 
     def __init__(self, adapter, req: ChatRequest, body: dict):
         self.adapter, self.req, self.body = adapter, req, body
         self.sent = ""
+        self.sent_reasoning = ""
 
     def start(self, prompt_tokens: int) -> list[str]:
         raise NotImplementedError
 
     def text(self, piece: str) -> list[str]:
         raise NotImplementedError
+
+    def thinking(self, piece: str) -> list[str]:
+        raise NotImplementedError
+
+    def delta(self, kind: str, piece: str) -> list[str]:
+        return self.thinking(piece) if kind == "reasoning" else self.text(piece)
+
+    def record(self, turn: Turn) -> None:
+        """Called with the committed turn while the session is still held (before ``finish``)."""
 
     def finish(self, turn: Turn) -> list[str]:
         raise NotImplementedError
@@ -79,9 +155,16 @@ class TurnStream:
         """The part of the turn's content not streamed yet."""
         return turn.content[len(self.sent):] if turn.content.startswith(self.sent) else ""
 
+    def rest_reasoning(self, turn: Turn) -> str:
+        r = turn.reasoning
+        return r[len(self.sent_reasoning):] if r.startswith(self.sent_reasoning) else ""
+
     def whole(self, turn: Turn) -> list[str]:
         """Every event of an already sampled turn."""
+        self.record(turn)
         out = self.start(turn.prompt_tokens)
+        for piece in chunks(turn.reasoning):
+            out += self.thinking(piece)
         for piece in chunks(turn.content):
             out += self.text(piece)
         return out + self.finish(turn)
@@ -100,15 +183,19 @@ class ChatStream(TurnStream):
         return sse({**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
     def start(self, prompt_tokens: int) -> list[str]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+        return [self._chunk({"role": "assistant"})]  # content stays null unless text comes, as in the reply
 
     def text(self, piece: str) -> list[str]:
         self.sent += piece
         return [self._chunk({"content": piece})]
 
+    def thinking(self, piece: str) -> list[str]:
+        self.sent_reasoning += piece
+        return [self._chunk({"reasoning_content": piece})]
+
     def finish(self, turn: Turn) -> list[str]:
-        rest = self.rest(turn)
-        out = [self._chunk({"reasoning_content": turn.reasoning})] if turn.reasoning else []
+        rest, thought = self.rest(turn), self.rest_reasoning(turn)
+        out = self.thinking(thought) if thought else []
         out += self.text(rest) if rest else []
         for i, c in enumerate(turn.calls):
             out.append(self._chunk({"tool_calls": [{"index": i, "id": c.id, "type": "function",
@@ -128,6 +215,8 @@ class MessagesStream(TurnStream):
         self.open_text = False
         self.blocks = 0
         self.text_index = 0
+        self.open_thinking: int | None = None
+        self.thinking_closed = False
 
     def _ev(self, data: dict) -> str:
         return sse(data, data["type"])
@@ -136,8 +225,28 @@ class MessagesStream(TurnStream):
         shell = Turn("", [], "stop", prompt_tokens, 0)
         return [self._ev({"type": "message_start", "message": self.adapter.message(shell, self.req, [], None, 0)})]
 
-    def text(self, piece: str) -> list[str]:
+    def thinking(self, piece: str) -> list[str]:
         out = []
+        if self.open_thinking is None:
+            self.open_thinking, self.blocks = self.blocks, self.blocks + 1
+            out.append(self._ev({"type": "content_block_start", "index": self.open_thinking,
+                                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+        self.sent_reasoning += piece
+        return out + [self._ev({"type": "content_block_delta", "index": self.open_thinking,
+                                "delta": {"type": "thinking_delta", "thinking": piece}})]
+
+    def _close_thinking(self) -> list[str]:
+        """The thinking block's signature and end, once the reasoning is whole."""
+        if self.open_thinking is None or self.thinking_closed:
+            return []
+        self.thinking_closed = True
+        sig = self.adapter.thinking(Turn("", [], "stop", 0, 0, reasoning=self.sent_reasoning))["signature"]
+        return [self._ev({"type": "content_block_delta", "index": self.open_thinking,
+                          "delta": {"type": "signature_delta", "signature": sig}}),
+                self._ev({"type": "content_block_stop", "index": self.open_thinking})]
+
+    def text(self, piece: str) -> list[str]:
+        out = self._close_thinking()
         if not self.open_text:
             self.open_text, self.text_index, self.blocks = True, self.blocks, self.blocks + 1
             out.append(self._ev({"type": "content_block_start", "index": self.text_index,
@@ -149,17 +258,10 @@ class MessagesStream(TurnStream):
         return out
 
     def finish(self, turn: Turn) -> list[str]:
-        rest, out = self.rest(turn), []
-        if turn.reasoning and not self.open_text:  # reasoning opens the turn: its block comes first
-            block = self.adapter.thinking(turn)
-            i, self.blocks = self.blocks, self.blocks + 1
-            out += [self._ev({"type": "content_block_start", "index": i,
-                              "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
-                    self._ev({"type": "content_block_delta", "index": i,
-                              "delta": {"type": "thinking_delta", "thinking": block["thinking"]}}),
-                    self._ev({"type": "content_block_delta", "index": i,
-                              "delta": {"type": "signature_delta", "signature": block["signature"]}}),
-                    self._ev({"type": "content_block_stop", "index": i})]
+        rest, thought, out = self.rest(turn), self.rest_reasoning(turn), []
+        if thought and not self.open_text:
+            out += self.thinking(thought)
+        out += self._close_thinking()
         out += self.text(rest) if rest or (not self.open_text and not turn.calls) else []
         if self.open_text:
             out.append(self._ev({"type": "content_block_stop", "index": self.text_index}))
@@ -181,7 +283,7 @@ class MessagesStream(TurnStream):
 
 
 class ResponsesStream(TurnStream):
-    """Responses events; ``finish`` also stores the dialogue under the response id, for
+    """Responses events; ``record`` stores the dialogue under the response id, for
     ``previous_response_id``."""
 
     def __init__(self, adapter, req: ChatRequest, body: dict, history: dict[str, list[Message]]):
@@ -192,7 +294,8 @@ class ResponsesStream(TurnStream):
         self.msg_id = f"msg_{self.rid}"
         self.open_text = False
         self.msg_index = 0
-        self.prompt_tokens = 0
+        self.open_thinking = False
+        self.thinking_closed = False
 
     def _ev(self, kind: str, **data) -> str:
         self.seq += 1
@@ -205,8 +308,33 @@ class ResponsesStream(TurnStream):
     def _part(self, text: str) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
-    def text(self, piece: str) -> list[str]:
+    def _reasoning_item(self, status: str) -> dict:
+        content = [{"type": "reasoning_text", "text": self.sent_reasoning}] if status == "completed" else []
+        return {"type": "reasoning", "id": f"rs_{self.rid}", "summary": [], "status": status, "content": content}
+
+    def thinking(self, piece: str) -> list[str]:
         out = []
+        if not self.open_thinking:
+            self.open_thinking, self.msg_index = True, 1
+            out.append(self._ev("response.output_item.added", output_index=0,
+                                item=self._reasoning_item("in_progress")))
+        self.sent_reasoning += piece
+        return out + [self._ev("response.reasoning_text.delta", item_id=f"rs_{self.rid}", output_index=0,
+                               content_index=0, delta=piece)]
+
+    def _close_thinking(self) -> list[str]:
+        if not self.open_thinking or self.thinking_closed:
+            return []
+        self.thinking_closed = True
+        return [self._ev("response.reasoning_text.done", item_id=f"rs_{self.rid}", output_index=0, content_index=0,
+                         text=self.sent_reasoning),
+                self._ev("response.output_item.done", output_index=0, item=self._reasoning_item("completed"))]
+
+    def record(self, turn: Turn) -> None:
+        self.history[self.rid] = list(turn.dialogue)
+
+    def text(self, piece: str) -> list[str]:
+        out = self._close_thinking()
         if not self.open_text:
             self.open_text = True
             item = {"type": "message", "id": self.msg_id, "status": "in_progress", "role": "assistant", "content": []}
@@ -220,14 +348,11 @@ class ResponsesStream(TurnStream):
         return out
 
     def finish(self, turn: Turn) -> list[str]:
-        self.history[self.rid] = list(turn.dialogue)
         final = self.adapter.reply(turn, self.req, self.rid)
-        rest, out = self.rest(turn), []
-        if turn.reasoning and not self.open_text:  # the reasoning item comes first
-            item = final["output"][0]
-            self.msg_index = 1
-            out += [self._ev("response.output_item.added", output_index=0, item={**item, "status": "in_progress"}),
-                    self._ev("response.output_item.done", output_index=0, item=item)]
+        rest, thought, out = self.rest(turn), self.rest_reasoning(turn), []
+        if thought and not self.open_text:  # the reasoning item comes first
+            out += self.thinking(thought)
+        out += self._close_thinking()
         out += self.text(rest) if rest or (not self.open_text and not turn.calls) else []
         for k, item in enumerate(final["output"]):
             if item["type"] == "reasoning":

@@ -125,6 +125,9 @@ class _ChatML:
         The tools are listed once: in the dialogue's leading system message, or — when the
         dialogue does not open with one — in a system turn the preamble puts first. System
         messages later in the dialogue (agent CLIs' reminders) are system turns where they stand.
+        An assistant message's reasoning is written back in the format's reasoning markup (a
+        chat template that has no reasoning field leaves it out: the re-rendering report then
+        shows the difference).
 
         Used where exact tokens cannot be kept (a new context after the client rewrote its
         history) and by the re-rendering report; live sessions append deltas instead.
