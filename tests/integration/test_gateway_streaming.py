@@ -186,23 +186,33 @@ def test_context_length_and_overload_errors_are_the_real_apis(lm):
 
 
 def test_a_changed_tool_list_opens_a_new_context(lm):
+    """A request with other tools never extends a context (a side request with its own tools gets a
+    context of its own, counted); the same tools in another order are the same tools."""
     engine = Dripping("done" + FMT.turn_end, lm.encode, gap=0.0)
-    engine.ids = engine.ids  # the same turn every time
     gw = _gateway(lm, engine)
     with ServerThread(make_app(gw)) as srv:
         c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="tools", max_retries=0)
-        msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+        head = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
         one = [{"type": "function", "function": BASH_TOOL}]
-        r = c.chat.completions.create(model="m", messages=msgs, tools=one)
-        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "next"}]
-        c.chat.completions.create(model="m", messages=msgs, tools=one)  # extends: same tools
+        both = one + [{"type": "function", "function": SUBMIT_TOOL}]
+        c.chat.completions.create(model="m", messages=head, tools=one)
+        main = head + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+        c.chat.completions.create(model="m", messages=main, tools=one)  # extends: same tools
         s = gw.sessions["tools"]
         assert len(s.contexts) == 1 and s.events == []
-        both = one + [{"type": "function", "function": SUBMIT_TOOL}]
-        c.chat.completions.create(model="m", messages=msgs, tools=both)
-        assert len(s.contexts) == 2 and s.events[-1]["tools_changed"] and s.events[-1]["kind"] == "branch"
+        c.chat.completions.create(model="m", messages=head, tools=both)  # other tools: a context of its own
+        assert len(s.contexts) == 2 and s.events[-1]["kind"] == "branch" and s.events[-1]["tools_changed"]
         assert '"name": "submit"' in lm.decode(s.contexts[1].segments[0].token_ids)
         assert '"name": "submit"' not in lm.decode(s.contexts[0].segments[0].token_ids)
+        main += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "more"}]
+        c.chat.completions.create(model="m", messages=main, tools=one)  # the main conversation still extends
+        side = head + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "and?"}]
+        c.chat.completions.create(model="m", messages=side, tools=both[::-1])  # the side one, tools reordered
+        assert len(s.contexts) == 2 and len(s.events) == 1
+        assert [len(x.segments) for x in s.contexts] == [6, 4]
+    from rlonce.gateway.session import session_metrics
+
+    assert session_metrics(s)["tool_schema_branches"] == 1.0
 
 
 def test_requests_without_a_system_message_still_show_the_model_its_tools(lm):

@@ -31,6 +31,7 @@ to each session it opens.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -138,7 +139,7 @@ class Session:
         tools = req.tools if self.settings.render_tools else []
         matched = []
         for b in self.branches:
-            if b.tools != tools:  # the tool list is part of the prompt: a context with other tools never matches
+            if not _same_tools(b.tools, tools):  # the tools are part of the prompt: other tools never match
                 continue
             m = 0
             while m < min(len(msgs), len(b.messages)) and msgs[m].same_as(b.messages[m]):
@@ -357,6 +358,13 @@ class Session:
                              for s in b.context.segments],
             } for b in self.branches],
         }
+
+
+def _same_tools(a: list | None, b: list | None) -> bool:
+    """The same tool schemas, in whatever order the client lists them."""
+    def key(tools):
+        return sorted(json.dumps(t, sort_keys=True) for t in tools or [])
+    return a == b or key(a) == key(b)
 
 
 INLINE_CHARS = 8 << 10
