@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "tiny"
-    cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "rl.steps=2", "checkpoint.keep=10"])
+    cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "rl.steps=2", "checkpoint.keep=10",
+                                                              "tracker.wandb_project=rlonce-tests"])
     summary = run(cfg, progress=False)
     return out, cfg, summary
 
@@ -92,6 +93,71 @@ def test_trajectories_are_recorded(tiny_run):
     assert all("<|im_start|>assistant" in r["text"] for r in rows)
 
 
+def _tensorboard(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_trackers_get_the_same_numbers_as_metrics_jsonl(tiny_run):
+    """TensorBoard event files (always) and an offline W&B run (configured) hold every number of every
+    metrics.jsonl record, at its step, under its flattened name."""
+    from rlonce.telemetry.trackers import scalars
+
+    out, _, _ = tiny_run
+    records = read_jsonl(out / "metrics.jsonl")
+    tb = _tensorboard(out)
+    want: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        for k, v in scalars(r).items():
+            want.setdefault(k, []).append((r["step"], v))
+    assert "src/toolfind/retained_share" in want and "heldout_success" in want
+    assert set(tb) == set(want)
+    for k, pts in want.items():
+        assert [s for s, _ in tb[k]] == [s for s, _ in pts], k
+        assert [v for _, v in tb[k]] == pytest.approx([v for _, v in pts], rel=1e-6, abs=1e-6), k
+    by_step: dict[int, dict[str, float]] = {}  # W&B keeps one row per step: records of a step merge
+    for r in records:
+        by_step.setdefault(r["step"], {}).update(scalars(r))
+    history = _wandb_history(out)
+    assert [h["_step"] for h in history] == sorted(by_step)
+    for h in history:
+        want = by_step[h["_step"]]
+        assert {k: h[k] for k in want} == pytest.approx(want, rel=1e-6, abs=1e-9)
+    assert "WANDB_API_KEY" not in (out / "config.json").read_text()
+
+
+def _wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows of the run's one offline W&B run, read from its transaction log (W&B's
+    LevelDB-log framing: 32 KiB blocks of 7-byte-headed chunks, after a 7-byte file header) with
+    W&B's own protobuf ``Record``: what `wandb sync` would upload."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (log,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, block, records, part = log.read_bytes(), 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (kind == 0 and length == 0):  # block trailer or padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            records.append(part)
+    rows = []
+    for raw in records:
+        r = pb.Record()
+        r.ParseFromString(raw)
+        if r.WhichOneof("record_type") == "history":
+            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
+    return rows
+
+
 def test_resume_continues_from_the_last_checkpoint(tiny_run, tmp_path):
     out, _, _ = tiny_run
     import shutil
@@ -106,6 +172,8 @@ def test_resume_continues_from_the_last_checkpoint(tiny_run, tmp_path):
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["rl_steps"] == 3
     assert (copy / "checkpoints" / "step-0003").is_dir()
+    tb = _tensorboard(copy)  # the resumed run's events carry on: each step once
+    assert [s for s, _ in tb["reward_mean"]] == [1, 2, 3]
 
 
 @pytest.mark.slow  # another whole job: the default suite keeps one smoke run (tiny_run) and its resume

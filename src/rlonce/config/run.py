@@ -103,6 +103,20 @@ class EvalConfig(Section):
     """Evaluation sequences in flight at once."""
 
 
+class TrackerConfig(Section):
+    """Experiment trackers that get every ``metrics.jsonl`` record (docs/quickstart.md#trackers)."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN/tensorboard (``tensorboard --logdir RUN/tensorboard``)."""
+    wandb_project: str | None = None
+    """Log to this Weights & Biases project too (needs ``pip install 'rlonce[wandb]'``; the key comes
+    from the environment, ``WANDB_API_KEY``, and is never written to the run directory)."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline: W&B files under RUN/wandb, sent later with ``wandb sync``; online: streamed as the run goes."""
+    wandb_entity: str | None = None
+    """The W&B team or user (default: the key's)."""
+
+
 class CheckpointConfig(Section):
     every: int = Field(20, ge=1, le=MAX_STEPS)
     """Checkpoint every this many RL steps (the SFT, baseline and final states are always saved)."""
@@ -161,5 +175,7 @@ class RunConfig(Section):
     """Held-out evaluations before, during and after RL."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often checkpoints are written and how many are kept."""
+    tracker: TrackerConfig = TrackerConfig()
+    """Experiment trackers: TensorBoard event files (on by default) and Weights & Biases."""
     ray: RayConfig = RayConfig()
     """Actors and resources of the Ray executor (used with ``executor = "ray"``)."""

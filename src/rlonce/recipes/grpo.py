@@ -41,6 +41,7 @@ from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
 from rlonce.telemetry.step import per_source_success
+from rlonce.telemetry.trackers import TrackedMetrics, Trackers
 from rlonce.train import checkpoint
 from rlonce.train.backend import TrainerBackend, TrainerStateError
 from rlonce.train.builders import optim_settings
@@ -161,8 +162,10 @@ class Job:
             keep = 0
             for name in ("metrics.jsonl", "ledger.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
-            shutil.rmtree(self.out / "trajectories", ignore_errors=True)
-        self.metrics = JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep)
+            for name in ("trajectories", "tensorboard"):
+                shutil.rmtree(self.out / name, ignore_errors=True)
+        trackers = Trackers(self.cfg, self.out, self.cfg.model_dump(mode="json"), resume_step=keep if resume else None)
+        self.metrics = TrackedMetrics(JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep), trackers)
         self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep)
 
     def _say(self, msg: str) -> None:
