@@ -164,9 +164,27 @@ def test_resume_continues_from_the_last_checkpoint(tiny_run, tmp_path):
 
     copy = tmp_path / "resumed"
     shutil.copytree(out, copy)
-    r = subprocess.run([sys.executable, "-m", "rlonce.cli", "train", "--resume", str(copy), "rl.steps=3", "--quiet"],
-                       capture_output=True, text=True, timeout=600)
+    prov = json.loads((copy / "provenance.json").read_text())
+    assert prov["config_sha256"] and prov["code"]["source_sha256"] and prov["model"]["weights_sha256"]
+    assert prov["machine"]["cpus"] and prov["machine"]["torch"].startswith("2.13")
+    ckpt = json.loads((copy / "checkpoints" / "step-0002" / "provenance.json").read_text())
+    assert ckpt == {"config_sha256": prov["config_sha256"], "code_sha256": prov["code"]["source_sha256"]}
+
+    def resume(*extra):
+        return subprocess.run([sys.executable, "-m", "rlonce.cli", "train", "--resume", str(copy), "rl.steps=3",
+                               "--quiet", *extra], capture_output=True, text=True, timeout=600)
+
+    r = resume("algo.kl_coef=0.1")  # changes what training means: refused, one line, nothing touched
+    assert r.returncode == 2 and "algo.kl_coef" in r.stderr and "--accept-changes" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and json.loads((copy / "provenance.json").read_text()) == prov
+    tampered = {**prov, "code": {**prov["code"], "source_sha256": "0" * 64}}  # as if the code had changed
+    (copy / "provenance.json").write_text(json.dumps(tampered))
+    r = resume()
+    assert r.returncode == 2 and "code" in r.stderr and "changed since the run started" in r.stderr, r.stderr
+    r = resume("--accept-changes")
     assert r.returncode == 0, r.stderr[-2000:]
+    (resumed,) = json.loads((copy / "provenance.json").read_text())["resumes"]
+    assert resumed["at_step"] == 2 and resumed["code_changed"] and resumed["accepted_config_changes"] == {}
     steps = [x["step"] for x in read_jsonl(copy / "metrics.jsonl") if "reward_mean" in x]
     assert steps == [1, 2, 3]
     summary = json.loads((copy / "summary.json").read_text())

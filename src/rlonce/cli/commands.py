@@ -59,7 +59,7 @@ def _run(cfg, resume: bool, args) -> int:
     """The GRPO job of ``quickstart`` and ``train``, on a checked config."""
     from rlonce.recipes.grpo import run
 
-    summary = run(cfg, resume=resume, progress=not args.quiet)
+    summary = run(cfg, resume=resume, progress=not args.quiet, accept_changes=getattr(args, "accept_changes", False))
     print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f} "
           f"on {summary['heldout_tasks']} held-out tasks in {summary['wall_seconds']:.0f}s; run directory {cfg.out}")
     if len(summary["sources"]) > 1:

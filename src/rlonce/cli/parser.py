@@ -90,6 +90,9 @@ def _add_train(sub) -> None:
     t.add_argument("--config", help="TOML config file (see configs/)")
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("--accept-changes", action="store_true",
+                   help="with --resume: continue even though the code or the config changed since the run started "
+                        "(recorded in RUN_DIR/provenance.json)")
     t.add_argument("--mode", choices=["sync", "async"], help="rollout mode (rollout.mode)")
     t.add_argument("--executor", choices=["local", "ray"],
                    help="executor (config key 'executor'; see docs/scale-out.md)")

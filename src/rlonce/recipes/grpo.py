@@ -18,6 +18,7 @@ assume it. Everything needed to resume is checkpointed.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import time
@@ -31,6 +32,7 @@ from rlonce.config import RunConfig, save_config
 from rlonce.dist.backends import build_backend, check_backend
 from rlonce.model import loader
 from rlonce.model.chat import get_format
+from rlonce.recipes import provenance
 from rlonce.recipes.evaluate import heldout_success, outside_success
 from rlonce.recipes.rl import rl_phase
 from rlonce.recipes.sft import demonstrations, train_sft
@@ -76,6 +78,11 @@ class Job:
         self.resumed_from: Path | None = None
         self.backend: TrainerBackend | None = None
         self.engine = None
+        self.config_json = cfg.model_dump(mode="json")
+        self.provenance: dict = {}
+        """RUN/provenance.json (``rlonce.recipes.provenance``)."""
+        self.accept_changes = False
+        """Resume even though the code or the config changed (``--accept-changes``)."""
 
     # ---- set-up --------------------------------------------------------------------------
     def load_model(self, model_dir: Path) -> None:
@@ -152,6 +159,10 @@ class Job:
             except (KeyError, ValueError, RuntimeError, TypeError) as e:
                 raise checkpoint.damaged(ckpt, state_file, f"RNG state: {str(e)[:160]}") from None
             keep = self.state.rl_step
+            saved_config = json.loads((self.out / "config.json").read_text())
+            self.provenance = provenance.check_resume(self.out, saved_config, self.config_json, keep,
+                                                      self.accept_changes)
+            provenance.write(self.out, self.provenance)
             save_config(self.cfg, self.out / "config.json")  # overrides given at resume stay with the run
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
         else:
@@ -159,12 +170,14 @@ class Job:
             save_config(self.cfg, self.out / "config.json")
             model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
             self.load_model(model_dir)
+            self.provenance = provenance.record(self.cfg, self.config_json, model_dir)
+            provenance.write(self.out, self.provenance)
             keep = 0
             for name in ("metrics.jsonl", "ledger.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
             for name in ("trajectories", "tensorboard"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
-        trackers = Trackers(self.cfg, self.out, self.cfg.model_dump(mode="json"), resume_step=keep if resume else None)
+        trackers = Trackers(self.cfg, self.out, self.config_json, resume_step=keep if resume else None)
         self.metrics = TrackedMetrics(JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep), trackers)
         self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep)
 
@@ -246,8 +259,10 @@ class Job:
         trainer_state = self.backend.pull(self.lm.model) if self.backend is not None else self.saved_trainer_state
         if self.state.orchestrator:
             self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
+        meta = {"config_sha256": provenance.digest_json(self.config_json),
+                "code_sha256": self.provenance.get("code", {}).get("source_sha256") if self.provenance else None}
         checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
-                        rl_trainer=trainer_state, keep=self.cfg.checkpoint.keep)
+                        rl_trainer=trainer_state, keep=self.cfg.checkpoint.keep, meta=meta)
 
     # ---- the whole job -------------------------------------------------------------------
     def run(self) -> dict:
@@ -327,7 +342,10 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
         job.close()
 
 
-def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:
+def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True, accept_changes: bool = False) -> dict:
+    """The job; ``resume`` continues ``cfg.out`` from its last checkpoint, refusing changed code or
+    config unless ``accept_changes`` (``rlonce.recipes.provenance``)."""
     job = Job(cfg, progress=progress)
+    job.accept_changes = accept_changes
     job.start(resume)
     return job.run()

@@ -95,7 +95,10 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
-def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, keep: int = 2) -> Path:
+def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, keep: int = 2,
+         meta: dict | None = None) -> Path:
+    """Write checkpoint ``step`` atomically (a temporary folder renamed into place); ``meta`` goes
+    to its ``provenance.json`` (the config and code digests it was written under)."""
     import torch
 
     root = out / "checkpoints"
@@ -113,6 +116,8 @@ def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, 
         lm.model.save_pretrained(tmp)
         lm.tokenizer.save_pretrained(tmp)
         torch.save({"run_state": run_state, "rl_trainer": rl_trainer, "rng": rng_state()}, tmp / STATE_FILE)
+        if meta is not None:
+            (tmp / "provenance.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     except BaseException as e:
         _release(e)
         written = _du(tmp)
