@@ -254,6 +254,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             entry.no_contrast_filtered += len(seqs)
             continue
         adv = group_advantages(scores, gid, norm_by_std=settings.norm_by_std)
+        grouped = adv.tolist()
         if settings.gar:
             quality = torch.tensor([_metric_or(s, "gar_quality", float("nan")) for s in seqs])
             new = gar_redistribute(adv, passed, quality, lambda_max=settings.gar_lambda_max)
@@ -272,6 +273,8 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         entry.zero_advantage += len(seqs) - len(survivors) - masked
         entry.retained += len(seqs)
         out += [r for r, ok in zip(rows, alive) if ok]
+        sample.signal = {"scores": scores.tolist(), "passed": passed.tolist(), "group_advantages": grouped,
+                         "advantages": adv.tolist(), "rows": [owner[k] for k, ok in enumerate(alive) if ok]}
     for e in ledger.values():
         e.check()
     if batch:

@@ -9,6 +9,7 @@ Verbs:
   probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
   config      ``config show [KEY]``: every config key's resolved value, docstring and default
   doctor      check this machine for what the configured job needs, with the command that fixes each gap
+  audit       check a run offline: trained tokens, ledgers, groups, advantages, checkpoints
 
 ``parser`` holds the argument parser, ``commands`` the verbs' handlers; this module catches the
 errors that are the user's to fix and prints each as one line.

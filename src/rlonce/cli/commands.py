@@ -311,8 +311,17 @@ def _doctor(args) -> int:
     return status
 
 
+def _audit(args) -> int:
+    """``rlonce audit RUN``: the verdict of every check; 1 when one fails."""
+    from rlonce.recipes.audit import audit, report
+
+    text, status = report(audit(Path(args.run)))
+    print(text)
+    return status
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
-    "config": _config_show, "doctor": _doctor,
+    "config": _config_show, "doctor": _doctor, "audit": _audit,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

@@ -203,6 +203,12 @@ def _add_config(sub) -> None:
     cs.set_defaults(out=None)
 
 
+def _add_audit(sub) -> None:
+    a = sub.add_parser("audit", help="check a finished or interrupted run offline: tokens, ledgers, groups, "
+                       "advantages, checkpoints")
+    a.add_argument("run", metavar="RUN_DIR", help="the run directory (a train/quickstart --out)")
+
+
 def _add_doctor(sub) -> None:
     d = sub.add_parser("doctor", help="check this machine for what the configured job needs, with the fix for each")
     d.add_argument("--config", help="TOML config file of the job to check for (default: the quickstart job)")
@@ -216,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
     for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config,
-                _add_doctor):
+                _add_doctor, _add_audit):
         add(sub)
     return ap
 

@@ -189,6 +189,10 @@ class Sample:
     source: str
     dispatch_step: int
     sequences: list[Sequence] = field(default_factory=list)
+    signal: dict = field(default_factory=dict)
+    """What the learning signal computed for the group when it was trained (``rlonce.algo.signal``):
+    per valid sequence its score, pass flag, group advantage and final advantage, and per row
+    kept the index of the sequence it came from — what ``rlonce audit`` recomputes."""
 
     @property
     def group_id(self) -> str:

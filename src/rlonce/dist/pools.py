@@ -55,7 +55,8 @@ class HarnessPool:
         judged = await asyncio.to_thread(self.judge, task.task_id, source, dispatch_step, seqs, self.decode)
         self.groups += 1
         light = [replace(s, contexts=[]) for s in seqs]
-        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows)), (seqs, judged.rows)
+        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows), signal=judged.signal), (seqs,
+                                                                                                       judged.rows)
 
 
 @dataclass

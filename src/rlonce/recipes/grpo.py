@@ -40,6 +40,7 @@ from rlonce.rollout.builders import bound_controller, build_orchestrator, rollou
 from rlonce.rollout.orchestrator import Judge, Orchestrator
 from rlonce.rollout.sources import SourceExecutor, build_sources, check_sources
 from rlonce.sandbox.bwrap import find_bwrap
+from rlonce.telemetry import rollouts
 from rlonce.telemetry.metrics import JsonlWriter
 from rlonce.telemetry.report import write_report
 from rlonce.telemetry.step import per_source_success
@@ -163,6 +164,7 @@ class Job:
             self.provenance = provenance.check_resume(self.out, saved_config, self.config_json, keep,
                                                       self.accept_changes)
             provenance.write(self.out, self.provenance)
+            rollouts.drop_after(self.out, keep)
             save_config(self.cfg, self.out / "config.json")  # overrides given at resume stay with the run
             self._say(f"resuming {self.out} from {ckpt.name} (phase {self.state.phase}, RL step {keep})")
         else:
@@ -175,7 +177,7 @@ class Job:
             keep = 0
             for name in ("metrics.jsonl", "ledger.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
-            for name in ("trajectories", "tensorboard"):
+            for name in ("trajectories", "tensorboard", "rollouts"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
         trackers = Trackers(self.cfg, self.out, self.config_json, resume_step=keep if resume else None)
         self.metrics = TrackedMetrics(JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep), trackers)

@@ -5,7 +5,8 @@
     backend.train(batch)    one optimizer step where the trainer lives (``rlonce.train.backend``)
     backend.publish(v + 1)  the new weights to every engine; later tokens carry v + 1
     step_record(...)        the per-step metrics record (``rlonce.telemetry.step``), the ledger,
-                            the first trained group's trajectories
+                            the first trained group's trajectories, every trained row
+                            (``rlonce.telemetry.rollouts``)
 
 The loop reads and advances the job's ``RunState`` (step, data position, policy version,
 bound-controller and orchestrator state), so a checkpoint between steps resumes it exactly.
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
+from rlonce.telemetry.rollouts import write_step
 from rlonce.telemetry.step import StepInputs, per_source_success, step_record, write_trajectories
 from rlonce.train.builders import rl_step_kwargs
 
@@ -53,6 +55,7 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     if cfg.rollout.mode != "async":  # async: rollout goes on beside the trainer, on the rollout threads
         job.threads("train")
     t1 = time.perf_counter()
+    trained_version = st.version
     train_m = await train_step(job, res, step) if res.row_count else {}
     lag_counts = Counter({int(k): n for k, n in train_m.pop("lag_counts", {}).items()})
     t_train = time.perf_counter() - t1
@@ -73,6 +76,9 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
         shown = res.payloads[0].fetch()[0]
     write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
+    rec["rollouts_bytes"] = float(write_step(
+        job.out, step, res.rows, samples, train_version=trained_version, rows_remote=res.row_count - len(res.rows),
+        staleness={n: orch.s.rule(n).staleness for n in job.sources}))
     return rec
 
 

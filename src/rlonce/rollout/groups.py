@@ -51,6 +51,8 @@ class Group:
     payload: object | None = None
     """Where the group's full sequences and rows live when an executor kept them remote (a
     ``RemotePayload``: ``.rows`` is their count, ``.fetch()`` returns ``(sequences, rows)``)."""
+    signal: dict = field(default_factory=dict)
+    """``Sample.signal`` of the group's sample(s) by group id (what ``rlonce audit`` checks)."""
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Judged:
     stats: dict[str, float]
     rows: list[TrainingRow] = field(default_factory=list)
     payload: object | None = None
+    signal: dict = field(default_factory=dict)
+    """Per sample judged (one, or one per arm), by group id: ``Sample.signal``."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ class Judge:
         sample = Sample(task_id, source, dispatch_step, seqs)
         samples = split_by_arm([sample]) if self.group_by_arm else [sample]
         rows, ledger, stats = learning_signal(samples, dispatch_step, self.signal, decode=decode, batch=False)
-        return Judged(seqs, ledger[source], dict(stats), rows)
+        signal = {x.group_id: x.signal for x in samples if x.signal}
+        return Judged(seqs, ledger[source], dict(stats), rows, signal=signal)
 
     def batch(self, taken: list[Group]) -> tuple[list[TrainingRow], dict[str, float]]:
         """The step's local rows after the batch strategies (``rebalance_batch``) ran over all of
@@ -94,7 +99,8 @@ class Judge:
 
 def waiting_state(g: Group) -> dict:
     """An accepted group still waiting for a step, as plain data (a remote payload kept as is)."""
-    w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds}
+    w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds,
+         "signal": g.signal}
     if g.payload is not None:  # fetched only if a checkpoint is written (``materialize``)
         w["payload"] = g.payload
     else:
@@ -108,7 +114,7 @@ def replayed_group(w: dict, tasks: Callable[[str, int], object], order: int) -> 
     return Group(f"{w['source']}:{w['index']}@{w['dispatch_step']}", tasks(w["source"], w["index"]),
                  w["source"], w["dispatch_step"], order, index=w["index"], state=FINISHED, accepted=True,
                  seconds=w["seconds"], sequences=[sequence_from_dict(x) for x in w["sequences"]],
-                 rows=[TrainingRow(**r) for r in w["rows"]])
+                 rows=[TrainingRow(**r) for r in w["rows"]], signal=w.get("signal", {}))
 
 
 def materialize(state: dict) -> dict:

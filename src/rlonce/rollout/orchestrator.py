@@ -24,8 +24,7 @@ The executor runs one group (``LocalExecutor`` here; ``RayExecutor`` in a harnes
 which judges where the tokens are and leaves the rows in the object store). An executor failure
 is an infrastructure failure of every sequence of the group; a failure of judging is ours
 (``internal_error``), never a group left running. Groups and ``Judge``: ``rollout.groups``;
-admission: ``rollout.admission``; settings: ``rollout.settings``; ``rollout.difficulty``.
-"""
+admission: ``rollout.admission``; settings: ``rollout.settings``; ``rollout.difficulty``."""
 
 from __future__ import annotations
 
@@ -185,7 +184,7 @@ class Orchestrator:
 
     def _evaluate(self, g: Group, judged: Judged) -> None:
         seqs, rows, ev, stats = judged.sequences, judged.rows, judged.entry, judged.stats
-        g.sequences = seqs
+        g.sequences, g.signal = seqs, judged.signal
         g.payload = judged.payload
         self.finished += seqs
         self.finished_sources += [g.source] * len(seqs)
@@ -336,7 +335,8 @@ class Orchestrator:
         self.signal_stats = Counter()
         stats["groups_taken"] = float(len(taken))
         stats["groups_in_flight"] = float(len(self.in_flight()))
-        samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences) for g in taken]
+        samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences, g.signal) for g in
+                   taken]
         finished, self.finished = self.finished, []
         labels, self.finished_sources = self.finished_sources, []
         return StepResult(rows, ledger, samples, finished, stats, [g.payload for g in taken if g.payload is not None],

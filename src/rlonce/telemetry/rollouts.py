@@ -1,0 +1,80 @@
+"""Every trained row of every step, stored compactly: RUN/rollouts/step-NNNN.npz + step-NNNN.json.
+
+The ``.npz`` (numpy, deflate-compressed) holds the step's rows as flat columns — ``token_ids``,
+``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``, ``candidates`` (-1 where no
+top-k/top-p cut was recorded), ``weights`` — and ``row_offsets`` (row i is
+``[row_offsets[i], row_offsets[i+1])``). The ``.json`` holds what the rows mean: the policy version
+the step trained (``train_version``), each source's staleness bound, per row its group and the
+sequence it came from, and per group its task, source, dispatch step and what the learning signal
+computed (``Sample.signal``: scores, pass flags, group and final advantages). Both files are written
+to temporary names and renamed, the ``.json`` last: a step is stored once its ``.json`` exists.
+``rlonce audit`` reads them. Rows an executor kept remote (the Ray executor) are counted
+(``rows_remote``), not stored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+FOLDER = "rollouts"
+
+
+def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, staleness: dict[str, int],
+               rows_remote: int = 0) -> int:
+    """Store step ``step``'s rows and groups; returns the bytes written."""
+    folder = run_dir / FOLDER
+    folder.mkdir(exist_ok=True)
+    lens = [len(r.token_ids) for r in rows]
+    cols = {
+        "token_ids": np.array([t for r in rows for t in r.token_ids], dtype=np.int32),
+        "loss_mask": np.array([m for r in rows for m in r.loss_mask], dtype=np.uint8),
+        "rollout_logprobs": np.array([x for r in rows for x in r.rollout_logprobs], dtype=np.float32),
+        "advantages": np.array([x for r in rows for x in r.advantages], dtype=np.float32),
+        "policy_versions": np.array([v for r in rows for v in r.policy_versions], dtype=np.int32),
+        "candidates": np.array([c for r in rows for c in (r.candidates or [-1] * len(r.token_ids))], dtype=np.int32),
+        "weights": np.array([r.weight for r in rows], dtype=np.float32),
+        "row_offsets": np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64),
+    }
+    owners = _owners(rows, samples)
+    meta = {"step": step, "train_version": train_version, "staleness": staleness, "rows_remote": rows_remote,
+            "rows": [{"group_id": r.group_id, "sequence": owners[i]} for i, r in enumerate(rows)],
+            "groups": [{"group_id": gid, "task_id": s.task_id, "source": s.source, "dispatch_step": s.dispatch_step,
+                        "rewards": [q.reward for q in s.sequences if not q.infra_failed], **record}
+                       for s in samples for gid, record in (s.signal or {None: {}}).items()]}
+    npz, js = folder / f"step-{step:04d}.npz", folder / f"step-{step:04d}.json"
+    tmp_npz, tmp_js = folder / f".tmp-step-{step:04d}.npz", folder / f".tmp-step-{step:04d}.json"
+    with tmp_npz.open("wb") as f:
+        np.savez_compressed(f, **cols)
+    tmp_js.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
+    tmp_npz.replace(npz)
+    tmp_js.replace(js)
+    return npz.stat().st_size + js.stat().st_size
+
+
+def _owners(rows, samples) -> list[int | None]:
+    """Each row's sequence index within its group (the order ``Sample.signal['rows']`` gives)."""
+    queue = {gid: list(rec.get("rows", [])) for s in samples for gid, rec in (s.signal or {}).items()}
+    return [queue[r.group_id].pop(0) if queue.get(r.group_id) else None for r in rows]
+
+
+def read_step(run_dir: Path, step: int) -> tuple[dict, dict[str, np.ndarray]]:
+    folder = run_dir / FOLDER
+    meta = json.loads((folder / f"step-{step:04d}.json").read_text())
+    with np.load(folder / f"step-{step:04d}.npz") as z:
+        return meta, {k: z[k] for k in z.files}
+
+
+def stored_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / FOLDER
+    return sorted(int(p.stem.split("-")[1]) for p in folder.glob("step-*.json")) if folder.is_dir() else []
+
+
+def drop_after(run_dir: Path, step: int) -> None:
+    """Remove the stored steps after ``step`` (a resumed run trains them again) and torn temporaries."""
+    folder = run_dir / FOLDER
+    for p in folder.glob("*step-*") if folder.is_dir() else []:
+        if p.name.startswith(".tmp-") or int(p.stem.split("-")[-1]) > step:
+            p.unlink(missing_ok=True)
