@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from rlonce.gateway.messages import ChatRequest, Message, ProtocolError, Turn
@@ -125,31 +126,36 @@ class TextStream:
         return piece
 
 
-class TurnStream:
-    """One streamed reply. ``sent`` and ``sent_reasoning`` are what was emitted so far."""
+class TurnStream(ABC):
+    """One streamed reply, in one protocol's events (the subclasses below). ``sent`` and
+    ``sent_reasoning`` are what was emitted so far."""
 
     def __init__(self, adapter, req: ChatRequest, body: dict):
         self.adapter, self.req, self.body = adapter, req, body
         self.sent = ""
         self.sent_reasoning = ""
 
+    @abstractmethod
     def start(self, prompt_tokens: int) -> list[str]:
-        raise NotImplementedError
+        """The events for it."""
 
+    @abstractmethod
     def text(self, piece: str) -> list[str]:
-        raise NotImplementedError
+        """The events for it."""
 
+    @abstractmethod
     def thinking(self, piece: str) -> list[str]:
-        raise NotImplementedError
+        """The events for it."""
 
     def delta(self, kind: str, piece: str) -> list[str]:
         return self.thinking(piece) if kind == "reasoning" else self.text(piece)
 
-    def record(self, turn: Turn) -> None:
+    def record(self, turn: Turn) -> None:  # noqa: B027 - most protocols keep nothing per response
         """Called with the committed turn while the session is still held (before ``finish``)."""
 
+    @abstractmethod
     def finish(self, turn: Turn) -> list[str]:
-        raise NotImplementedError
+        """The events for it."""
 
     def rest(self, turn: Turn) -> str:
         """The part of the turn's content not streamed yet."""
