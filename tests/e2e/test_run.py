@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "tiny"
     cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "rl.steps=2", "checkpoint.keep=10",
-                                                              "tracker.wandb_project=rlonce-tests"])
+                                                              "tracker.wandb_project=rlonce-tests",
+                                                              "storage.untrained_fraction=1"])
     summary = run(cfg, progress=False)
     return out, cfg, summary
 
@@ -335,3 +336,24 @@ def test_audit_passes_on_the_run_and_names_each_injected_corruption(tiny_run, tm
 
     failed = corrupt("twice", trained_twice)
     assert "no" in failed and "trained at steps 1 and 2" in failed["no"]
+
+
+def test_rollouts_keep_outcomes_and_the_untrained_sample(tiny_run):
+    """Each stored group has every sequence's outcome and grader breakdown; with
+    storage.untrained_fraction=1 every sequence the step did not train is kept too, its contexts
+    whole (what the agent saw and ran) with advantage 0."""
+    from rlonce.telemetry.rollouts import read_step, stored_steps
+
+    out, _, _ = tiny_run
+    ledger = read_jsonl(out / "ledger.jsonl")
+    kept = 0
+    for step in stored_steps(out):
+        meta, cols = read_step(out, step)
+        for g in meta["groups"]:
+            assert len(g["sequences"]) == len(g["rewards"]) and all("metrics" in q for q in g["sequences"])
+        dropped = sum(e["no_contrast_filtered"] + e["infra_failed"] for e in ledger if e["step"] == step)
+        assert len(meta["untrained"]) >= dropped
+        assert len(cols["untrained_row_offsets"]) - 1 == len(meta["untrained_rows"])
+        assert not cols["untrained_advantages"].any()
+        kept += len(meta["untrained"])
+    assert kept > 0

@@ -37,7 +37,15 @@ from rlonce.config.objectives import (
     objective_params,
 )
 from rlonce.config.reference import Setting, _plain, _toml, reference, settings
-from rlonce.config.run import CheckpointConfig, EvalConfig, RayConfig, RunConfig, TimeoutsConfig, TrackerConfig
+from rlonce.config.run import (
+    CheckpointConfig,
+    EvalConfig,
+    RayConfig,
+    RunConfig,
+    StorageConfig,
+    TimeoutsConfig,
+    TrackerConfig,
+)
 from rlonce.config.sections import (
     MAX_PARALLEL,
     MAX_STEPS,
@@ -63,8 +71,8 @@ __all__ = [
     "CISPOObjective", "CheckpointConfig", "ConfigError", "EngineConfig", "EvalConfig", "FourBoundObjective",
     "HarnessConfig", "LengthConfig", "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
     "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "SourceConfig",
-    "TaskConfig", "TimeoutsConfig", "TrackerConfig", "UnifiedObjective", "_explain", "_field_at", "_numeric",
-    "_parse_value", "_plain",
+    "StorageConfig", "TaskConfig", "TimeoutsConfig", "TrackerConfig", "UnifiedObjective", "_explain", "_field_at",
+    "_numeric", "_parse_value", "_plain",
     "_read_text", "_section_type", "_toml", "apply_overrides", "bounds", "load_config", "objective_params",
     "read_saved_config", "reference", "save_config", "settings", "validate",
 ]

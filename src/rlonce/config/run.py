@@ -117,6 +117,14 @@ class TrackerConfig(Section):
     """The W&B team or user (default: the key's)."""
 
 
+class StorageConfig(Section):
+    """What RUN/rollouts keeps besides every trained row (``rlonce.telemetry.rollouts``)."""
+
+    untrained_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    """Share of each step's untrained sequences (filtered, rejected, stale, failed) also stored, by a
+    seeded draw: for debugging what the filter threw away (0: none; 1: all)."""
+
+
 class CheckpointConfig(Section):
     every: int = Field(20, ge=1, le=MAX_STEPS)
     """Checkpoint every this many RL steps (the SFT, baseline and final states are always saved)."""
@@ -175,6 +183,8 @@ class RunConfig(Section):
     """Held-out evaluations before, during and after RL."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often checkpoints are written and how many are kept."""
+    storage: StorageConfig = StorageConfig()
+    """RUN/rollouts: every trained row, and a sample of the untrained sequences."""
     tracker: TrackerConfig = TrackerConfig()
     """Experiment trackers: TensorBoard event files (on by default) and Weights & Biases."""
     ray: RayConfig = RayConfig()

@@ -15,6 +15,7 @@ bound-controller and orchestrator state), so a checkpoint between steps resumes 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter
 
@@ -78,8 +79,18 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
     rec["rollouts_bytes"] = float(write_step(
         job.out, step, res.rows, samples, train_version=trained_version, rows_remote=res.row_count - len(res.rows),
-        staleness={n: orch.s.rule(n).staleness for n in job.sources}))
+        staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step)))
     return rec
+
+
+def untrained_sample(job, res: StepResult, step: int) -> list:
+    """``storage.untrained_fraction`` of the step's sequences it did not train on, by a draw seeded
+    with the run's seed and the step (the same run stores the same ones)."""
+    trained = {id(s) for x in res.samples for s in x.sequences}
+    pool = [s for s in res.finished if id(s) not in trained]
+    k = round(job.cfg.storage.untrained_fraction * len(pool))
+    picked = random.Random(job.cfg.runtime.seed * 1_000_003 + step).sample(range(len(pool)), k) if k else []
+    return [pool[i] for i in sorted(picked)]
 
 
 async def rl_phase(job) -> None:

@@ -1,12 +1,17 @@
 """Every trained row of every step, stored compactly: RUN/rollouts/step-NNNN.npz + step-NNNN.json.
 
-The ``.npz`` (numpy, deflate-compressed) holds the step's rows as flat columns — ``token_ids``,
+The ``.npz`` (numpy, deflate-compressed) holds the step's trained rows as flat columns — ``token_ids``,
 ``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``, ``candidates`` (-1 where no
 top-k/top-p cut was recorded), ``weights`` — and ``row_offsets`` (row i is
 ``[row_offsets[i], row_offsets[i+1])``). The ``.json`` holds what the rows mean: the policy version
 the step trained (``train_version``), each source's staleness bound, per row its group and the
 sequence it came from, and per group its task, source, dispatch step and what the learning signal
-computed (``Sample.signal``: scores, pass flags, group and final advantages). Both files are written
+computed (``Sample.signal``: scores, pass flags, group and final advantages) and each sequence's
+outcome with its grader's breakdown (status, reward, pass, confirmed hack, failure and cause, the
+environment's metrics). A seeded sample of the step's untrained sequences (``storage.untrained_fraction``:
+filtered, rejected, stale or failed) is kept too — outcomes under ``untrained``, their contexts as
+``untrained_*`` columns. The token columns hold every context whole (prompts, tool calls and the
+sandbox's outputs included, mask 0), so what the agent saw and ran is there. Both files are written
 to temporary names and renamed, the ``.json`` last: a step is stored once its ``.json`` exists.
 ``rlonce audit`` reads them. Rows an executor kept remote (the Ray executor) are counted
 (``rows_remote``), not stored.
@@ -19,14 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from rlonce.core.records import sequence_to_rows
+
 FOLDER = "rollouts"
 
 
-def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, staleness: dict[str, int],
-               rows_remote: int = 0) -> int:
-    """Store step ``step``'s rows and groups; returns the bytes written."""
-    folder = run_dir / FOLDER
-    folder.mkdir(exist_ok=True)
+def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
     lens = [len(r.token_ids) for r in rows]
     cols = {
         "token_ids": np.array([t for r in rows for t in r.token_ids], dtype=np.int32),
@@ -38,12 +41,34 @@ def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, s
         "weights": np.array([r.weight for r in rows], dtype=np.float32),
         "row_offsets": np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64),
     }
+    return {prefix + k: v for k, v in cols.items()}
+
+
+def outcome(seq) -> dict:
+    """A sequence's outcome and its grader's breakdown (finite numeric metrics), for the record."""
+    metrics = {k: v for k, v in seq.metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+    return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value, "reward": seq.reward,
+            "passed": seq.passed, "hack_confirmed": seq.hack_confirmed, "turns": seq.turns,
+            "failure": seq.failure.value if seq.failure else None, "cause": seq.cause, "metrics": metrics}
+
+
+def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, staleness: dict[str, int],
+               rows_remote: int = 0, untrained=()) -> int:
+    """Store step ``step``'s trained rows and groups, and the ``untrained`` sequences given (a
+    sample of those the step did not train on: their contexts as rows with advantage 0, under
+    ``untrained_*`` columns); returns the bytes written."""
+    folder = run_dir / FOLDER
+    folder.mkdir(exist_ok=True)
+    spare = [(i, r) for i, q in enumerate(untrained) for r in sequence_to_rows(q, 0.0) if q.contexts]
+    cols = {**_columns(rows), **_columns([r for _, r in spare], "untrained_")}
     owners = _owners(rows, samples)
     meta = {"step": step, "train_version": train_version, "staleness": staleness, "rows_remote": rows_remote,
             "rows": [{"group_id": r.group_id, "sequence": owners[i]} for i, r in enumerate(rows)],
             "groups": [{"group_id": gid, "task_id": s.task_id, "source": s.source, "dispatch_step": s.dispatch_step,
-                        "rewards": [q.reward for q in s.sequences if not q.infra_failed], **record}
-                       for s in samples for gid, record in (s.signal or {None: {}}).items()]}
+                        "rewards": [q.reward for q in s.sequences if not q.infra_failed],
+                        "sequences": [outcome(q) for q in s.sequences], **record}
+                       for s in samples for gid, record in (s.signal or {None: {}}).items()],
+            "untrained": [outcome(q) for q in untrained], "untrained_rows": [i for i, _ in spare]}
     npz, js = folder / f"step-{step:04d}.npz", folder / f"step-{step:04d}.json"
     tmp_npz, tmp_js = folder / f".tmp-step-{step:04d}.npz", folder / f".tmp-step-{step:04d}.json"
     with tmp_npz.open("wb") as f:
