@@ -154,10 +154,10 @@ def test_claude_code(request, tmp_path):
     rc, out = _run([str(exe), "-p", PROMPT], work, env, tmp_path / "client.log")
     # Claude Code's own text for Anthropic's "prompt is too long: N tokens > M maximum" (a 400),
     # e.g. "Prompt is too long · the request is ~48764 tokens (limit 1022) but ..."
-    _failed_showing(rc, out, r"Prompt is too long", "API Error: 400")  # recognised, not shown as a raw API error
+    check_failed_showing(rc, out, r"Prompt is too long", "API Error: 400")  # recognised, not shown as a raw API error
 
 
-def _failed_showing(rc: int, out: str, shown: str, not_shown: str | None = None) -> None:
+def check_failed_showing(rc: int, out: str, shown: str, not_shown: str | None = None) -> None:
     """The client exited with an error and its output shows ``shown`` (a regex), never ``not_shown``."""
     assert rc != 0, _explain(rc, out)
     assert re.search(shown, out), _explain(rc, out)
@@ -176,7 +176,7 @@ def test_codex(request, tmp_path):
     env = _env(home, CODEX_HOME=str(codex_home), RLONCE_KEY=_key("codex"))
     rc, out = _run([str(exe), "exec", "--skip-git-repo-check", PROMPT], work, env, tmp_path / "client.log")
     # Codex's own text for a Responses 400 with code context_length_exceeded
-    _failed_showing(rc, out, r"ran out of room in the model's context window")
+    check_failed_showing(rc, out, r"ran out of room in the model's context window")
 
 
 def test_opencode(request, tmp_path):
@@ -196,7 +196,7 @@ def test_opencode(request, tmp_path):
     rc, out = _run([str(exe), "run", PROMPT], work, env, tmp_path / "client.log")
     # opencode takes the Chat Completions 400 (code context_length_exceeded) as a context overflow
     # (it tries to compact, which overflows too) and prints the provider's message after "Error:"
-    _failed_showing(rc, out, r"Error: .*maximum context length is \d+ tokens", "has ended")  # session not ended
+    check_failed_showing(rc, out, r"Error: .*maximum context length is \d+ tokens", "has ended")  # session not ended
 
 
 def test_qwen_code(request, tmp_path):
@@ -210,7 +210,7 @@ def test_qwen_code(request, tmp_path):
     env = _env(home, OPENAI_API_KEY=_key("qwen"), OPENAI_BASE_URL=f"{gateway}/v1", OPENAI_MODEL="embedded")
     rc, out = _run([str(exe), "-p", PROMPT], work, env, tmp_path / "client.log")
     # qwen-code shows "[API Error: 400 This model's maximum context length is M tokens. ...]"
-    _failed_showing(rc, out, r"API Error: 400 .*maximum context length is \d+ tokens", "API Error: 409")
+    check_failed_showing(rc, out, r"API Error: 400 .*maximum context length is \d+ tokens", "API Error: 409")
 
 
 # --- Python clients: short prompts, a completed answer ---
