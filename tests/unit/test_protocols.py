@@ -54,8 +54,8 @@ def test_previous_response_id_continues_and_keeps_the_system_prompt():
 
 
 def test_chat_stream_reassembles_to_the_reply():
-    ev = _events(CHAT.stream(TURN, CHAT.parse({"messages": [{"role": "user", "content": "q"}], "model": "m"}),
-                             {"stream_options": {"include_usage": True}}))
+    ev = _events(CHAT.streamer(CHAT.parse({"messages": [{"role": "user", "content": "q"}], "model": "m"}),
+                               {"stream_options": {"include_usage": True}}, {}).whole(TURN))
     assert all(e["object"] == "chat.completion.chunk" for e in ev)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e["choices"])
     args = "".join(tc["function"].get("arguments", "") for e in ev if e["choices"]
@@ -66,11 +66,11 @@ def test_chat_stream_reassembles_to_the_reply():
 
 def test_anthropic_and_responses_streams_follow_the_sdk_sequences():
     req = ANTH.parse({"messages": [{"role": "user", "content": "q"}]})
-    kinds = [e["type"] for e in _events(ANTH.stream(TURN, req, {}))]
+    kinds = [e["type"] for e in _events(ANTH.streamer(req, {}, {}).whole(TURN))]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
     history: dict = {}
-    ev = _events(RESP.stream(TURN, RESP.parse({"input": "q"}), history))
+    ev = _events(RESP.streamer(RESP.parse({"input": "q"}), {}, history).whole(TURN))
     assert [e["sequence_number"] for e in ev] == list(range(len(ev)))
     assert ev[0]["type"] == "response.created" and ev[-1]["type"] == "response.completed"
     assert {e["response"]["id"] for e in ev if "response" in e} == set(history)  # stored for previous_response_id

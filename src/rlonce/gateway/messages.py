@@ -138,10 +138,12 @@ class Turn:
 
 class Adapter(Protocol):
     """One wire protocol: a request body into a ``ChatRequest``, a sampled ``Turn`` into the
-    reply body (or, when the request streams, the server-sent events), a refusal into the
-    protocol's error shape. ``history`` is the session's store of earlier responses by id: a
+    reply body (``answer``) or, when the request streams, a ``TurnStream`` that emits the
+    server-sent events as the turn is sampled (``streamer``), a refusal into the protocol's
+    error shape. ``history`` is the session's store of earlier responses by id: a
     protocol that chains responses (Responses' ``previous_response_id``) reads it in ``parse``
-    and adds to it in ``answer``; the others carry the whole dialogue in every request."""
+    and adds to it in ``answer`` (or its stream's ``record``); the others carry the whole
+    dialogue in every request."""
 
     @property
     def name(self) -> str: ...

@@ -130,10 +130,6 @@ class OpenAIChat:
     def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
         return ChatStream(self, req, body)
 
-    def stream(self, turn: Turn, req: ChatRequest, body: dict) -> list[str]:
-        """Every event of a sampled turn at once."""
-        return self.streamer(req, body, {}).whole(turn)
-
     def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
         return self.reply(turn, req)
 
@@ -230,10 +226,6 @@ class AnthropicMessages:
 
     def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
         return MessagesStream(self, req, body)
-
-    def stream(self, turn: Turn, req: ChatRequest, body: dict) -> list[str]:
-        """Every event of a sampled turn at once."""
-        return self.streamer(req, body, {}).whole(turn)
 
     def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
         return self.reply(turn, req)
@@ -353,10 +345,6 @@ class OpenAIResponses:
 
     def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
         return ResponsesStream(self, req, body, history)
-
-    def stream(self, turn: Turn, req: ChatRequest, history: dict[str, list[Message]] | None = None) -> list[str]:
-        """Every event of a sampled turn at once."""
-        return self.streamer(req, {}, {} if history is None else history).whole(turn)
 
     def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
         """The reply under a new response id, which the session keeps for ``previous_response_id``."""

@@ -63,6 +63,10 @@ class ChatFormat(Protocol):
         """A sampled turn as (content, tool calls, flag naming a malformed or unknown call)."""
 
     @property
+    def reasoning_tags(self) -> tuple[str, str]:
+        """The markup that opens and closes a turn's reasoning."""
+
+    @property
     def stream_holds(self) -> tuple[str, ...]:
         """Markers a streamed reply must not show as content (tool-call markup, the turn end, reasoning)."""
 

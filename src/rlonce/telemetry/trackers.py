@@ -47,7 +47,7 @@ class TensorBoard:
 
 
 class WandB:
-    def __init__(self, run_dir: Path, cfg, config: dict, resume_step: int | None):
+    def __init__(self, run_dir: Path, cfg, config: dict):
         try:
             import wandb
         except ImportError:
@@ -75,7 +75,7 @@ class Trackers:
         if cfg.tracker.tensorboard:
             self.active.append(TensorBoard(run_dir, resume_step))
         if cfg.tracker.wandb_project:
-            self.active.append(WandB(run_dir, cfg, config, resume_step))
+            self.active.append(WandB(run_dir, cfg, config))
 
     def log(self, record: dict) -> None:
         values = scalars(record)
