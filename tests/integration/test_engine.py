@@ -135,3 +135,39 @@ def test_a_bug_of_ours_in_a_wave_is_not_disguised_as_an_engine_outage(engine):
     engine.model = Broken()
     with pytest.raises(EngineError, match="RuntimeError: CUDA error: device lost"):
         gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=4)])
+
+
+def test_lockstep_waves_repeat_bit_for_bit_whatever_the_timing(engine):
+    """Members with their own seeds and 'tool calls' of random length between turns: under
+    Lockstep every turn's wave has the same members in the same order, so tokens and log-probs
+    repeat exactly across runs whose timings differ; a member that leaves early or an announced
+    sequence that never joins does not stall the others."""
+    import random
+
+    from rlonce.engine.lockstep import Lockstep
+
+    async def run(jitter_seed: int):
+        ls, rng = Lockstep(engine), random.Random(jitter_seed)
+        ticket = ls.reserve(len(PROMPTS) + 1)  # one announced sequence never joins
+
+        async def member(i: int):
+            out = []
+            async with ticket.member((i,)):
+                ctx = list(PROMPTS[i])
+                for turn in range(3 - (i == 1)):  # member 1 leaves after two turns
+                    await asyncio.sleep(rng.random() * 0.05)  # a tool call
+                    g = await ls.generate(ctx, SamplingParams(max_tokens=6, seed=100 * i + turn))
+                    out.append((g.token_ids, g.logprobs))
+                    ctx = ctx + g.token_ids + [1, 7]
+            return out
+
+        tasks = [asyncio.create_task(member(i)) for i in range(len(PROMPTS))]
+        await asyncio.sleep(0.02)
+        ticket.release()  # the fifth never came
+        return await asyncio.gather(*tasks), ls.waves
+
+    first, waves = asyncio.run(run(1))
+    again, waves_again = asyncio.run(run(2))
+    assert first == again  # floats compared exactly
+    assert waves == waves_again == 3  # one wave per turn: all four together, then three
+    assert [len(x) for x in first] == [3, 2, 3, 3]

@@ -137,12 +137,10 @@ def test_a_group_grader_sees_the_siblings_together_and_its_failure_is_infrastruc
     assert sorted(s.reward for s in sample.sequences) == [0.0, 1.0]
     assert sorted(s.metrics["group_rank_first"] for s in sample.sequences) == [0.0, 1.0]
 
-    class Group:
-        dispatch_step = 1
+    from rlonce.rollout.groups import Group
 
-    Group.task = task
     ex = LocalExecutor(BrokenGroupGrader, ScriptedEngine(list(turns), lm.encode), spec(lm))
-    seqs = asyncio.run(ex.run_group(Group, 2))
+    seqs = asyncio.run(ex.run_group(Group("g", task, task.source, 1, 0), 2))
     assert all(s.status is Status.INFRA and s.failure is FailureCategory.GRADER_UNAVAILABLE and s.reward is None
                for s in seqs)
     assert {s.cause for s in seqs} == {"TimeoutError: judge model did not answer"}

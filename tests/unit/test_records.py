@@ -85,3 +85,19 @@ def test_the_graders_verdict_travels_with_the_sequence():
     assert sequence_from_dict(old).passed
     with pytest.raises(RecordError, match="finite"):
         Grade(float("nan"), passed=False)
+
+
+def test_an_infra_failure_is_stored_for_inspection_though_never_trained(tmp_path):
+    """Rollout storage keeps an untrained sample's contexts, an infrastructure failure's included
+    (what the agent saw before the sandbox died), under the untrained columns only; a context
+    too short to be a row is left out."""
+    from rlonce.telemetry.rollouts import read_step, write_step
+
+    seq = _seq(Status.INFRA, FailureCategory.SANDBOX_ERROR)
+    seq.contexts.append(Context([Segment(Role.PROMPT, [1])]))
+    write_step(tmp_path, 1, [], [], train_version=0, staleness={}, untrained=[seq])
+    meta, cols = read_step(tmp_path, 1)
+    assert meta["untrained"][0]["status"] == "infra" and meta["untrained"][0]["failure"] == "sandbox_error"
+    assert meta["untrained_rows"] == [0] and cols["token_ids"].size == 0
+    assert cols["untrained_token_ids"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert cols["untrained_advantages"].tolist() == [0.0] * 9

@@ -22,6 +22,7 @@ import sys
 
 from rlonce.cli.commands import COMMANDS, ONE_LINE_OS_ERRORS, train_config
 from rlonce.cli.parser import _parser, parse_args
+from rlonce.core import faults
 from rlonce.errors import RlonceError, UsageError
 
 __all__ = ["UsageError", "_parser", "main", "parse_args", "train_config"]
@@ -29,6 +30,7 @@ __all__ = ["UsageError", "_parser", "main", "parse_args", "train_config"]
 
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
+    faults.check()  # a mistyped RLONCE_FAULTS is a usage error now, not a failure deep in a run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return COMMANDS[args.verb](args)

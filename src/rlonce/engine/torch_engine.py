@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlonce.core import faults
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.errors import is_internal
 
@@ -97,6 +98,22 @@ class TorchEngine:
         self._queue.put(_Request(list(prompt_ids), sampling, fut, loop, watch))
         return await fut
 
+    async def generate_wave(self, batch: list[tuple[list[int], SamplingParams, Watch | None]]) -> list:
+        """Generate ``batch`` (prompt ids, sampling, watch) as whole waves of their own, in this order
+        (``max_batch_size`` at a time): no other request joins them (``rlonce.engine.lockstep``).
+        Per request, its ``Generation`` or the exception that failed it."""
+        loop = asyncio.get_running_loop()
+        reqs = []
+        for prompt_ids, sampling, watch in batch:
+            fut = loop.create_future()
+            try:
+                check_prompt(prompt_ids, sampling, self.max_context)
+            except ValueError as e:
+                fut.set_exception(e)
+            reqs.append(_Request(list(prompt_ids), sampling, fut, loop, watch))
+        self._queue.put([r for r in reqs if not r.future.done()])
+        return list(await asyncio.gather(*(r.future for r in reqs), return_exceptions=True))
+
     def load_weights(self, state: dict, version: int) -> None:
         """Swap in new weights between waves; every later token is stamped ``version``."""
         with self._lock:
@@ -120,10 +137,15 @@ class TorchEngine:
 
     # ---- worker --------------------------------------------------------------------------
     def _serve(self) -> None:
+        held = None  # a whole wave (or the end) that arrived while a wave was being gathered
         while True:
-            first = self._queue.get()
+            first, held = (held, None) if held is not None else (self._queue.get(), None)
             if first is None:
                 return
+            if isinstance(first, list):  # ``generate_wave``: these requests alone, in this order
+                for i in range(0, len(first), self.max_batch_size):
+                    self._serve_wave(first[i:i + self.max_batch_size])
+                continue
             wave = [first]
             deadline = time.monotonic() + self.batch_wait_s
             while len(wave) < self.max_batch_size:
@@ -131,26 +153,30 @@ class TorchEngine:
                     nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
-                if nxt is None:
-                    self._queue.put(None)
+                if nxt is None or isinstance(nxt, list):
+                    held = nxt
                     break
                 wave.append(nxt)
-            while self._paused.is_set():
-                time.sleep(0.005)
-            wave = [r for r in wave if not r.loop.is_closed() and not r.future.cancelled()]  # callers gone
-            if not wave:
-                continue
-            try:
-                with self._lock, torch.inference_mode():
-                    results = self._run_wave(wave)
-            except Exception as e:  # the retry boundary: the caller turns this into engine_error
-                # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
-                err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
-                for r in wave:
-                    _deliver(r, _set_exception, err)
-                continue
-            for r, g in zip(wave, results):
-                _deliver(r, _set_result, g)
+            self._serve_wave(wave)
+
+    def _serve_wave(self, wave: list[_Request]) -> None:
+        while self._paused.is_set():
+            time.sleep(0.005)
+        wave = [r for r in wave if not r.loop.is_closed() and not r.future.cancelled()]  # callers gone
+        if not wave:
+            return
+        try:
+            faults.point("engine.wave", EngineError)
+            with self._lock, torch.inference_mode():
+                results = self._run_wave(wave)
+        except Exception as e:  # the retry boundary: the caller turns this into engine_error
+            # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
+            err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
+            for r in wave:
+                _deliver(r, _set_exception, err)
+            return
+        for r, g in zip(wave, results):
+            _deliver(r, _set_result, g)
 
     def _run_wave(self, wave: list[_Request]) -> list[Generation]:
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from rlonce.core import faults
 from rlonce.core.records import FailureCategory, Grade, Sequence, Status
 from rlonce.core.timeouts import Clock, Expired, within
 from rlonce.errors import cause_of, is_internal, note_internal
@@ -27,6 +28,7 @@ async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> Grad
     failure (its category from ``GradingError``) and the grade ``None`` — never a low score.
     With ``clock``, grading runs within its reward limit and the rest of the trajectory."""
     try:
+        faults.point("grade", GradingError)
         grade = await (env.grade(seq) if clock is None else clock.reward(env.grade(seq)))
         if not isinstance(grade, Grade):
             raise TypeError(f"{type(env).__name__}.grade returned {type(grade).__name__}, not a Grade")

@@ -27,7 +27,7 @@ async def heldout_success(domain: Domain, engine: Engine, spec: RolloutSpec, n: 
     for arm in spec.arms:
         label = desc if len(spec.arms) == 1 else f"{desc} {arm}"
         samples = await collect(tasks, 1, domain.env_factory, engine, spec, arm=arm, desc=label,
-                                concurrency=concurrency, progress=progress, seed=EVAL_SEED)
+                                concurrency=concurrency, progress=progress, seed=EVAL_SEED, fault="eval.sequence")
         seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
         per_arm[arm] = sum(s.passed for s in scored) / max(len(scored), 1)

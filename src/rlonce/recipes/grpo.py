@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
+from rlonce.core import faults
 from rlonce.dist.backends import build_backend, check_backend
 from rlonce.model import loader
 from rlonce.model.chat import get_format
@@ -65,6 +66,11 @@ class RunState:
     """State of the entropy-driven four-bound controller, when one is configured."""
     orchestrator: dict | None = None
     """The orchestrator's persisted state: mixer estimates, task positions."""
+    records: dict | None = None
+    """Lines of ``metrics.jsonl`` and ``ledger.jsonl`` when the checkpoint was written: a resumed
+    run keeps exactly those, so no record is lost or written twice."""
+    final: dict | None = None
+    """The final evaluation, once done (phase 'done'): a run resumed after it only writes it out."""
 
 
 class Job:
@@ -84,6 +90,8 @@ class Job:
         """RUN/provenance.json (``rlonce.recipes.provenance``)."""
         self.accept_changes = False
         """Resume even though the code or the config changed (``--accept-changes``)."""
+        self.metrics: TrackedMetrics | None = None
+        self.ledger: JsonlWriter | None = None
 
     # ---- set-up --------------------------------------------------------------------------
     def load_model(self, model_dir: Path) -> None:
@@ -142,6 +150,9 @@ class Job:
         self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.cfg.runtime.seed)
         random.seed(self.cfg.runtime.seed)
+        if resume and not checkpoint.exists(self.out):  # killed before its first checkpoint: nothing to keep
+            self._say(f"{self.out} has no checkpoint yet: starting it over")
+            resume = False
         if resume:
             ckpt = checkpoint.latest(self.out)
             saved = checkpoint.load_state(ckpt)
@@ -180,8 +191,10 @@ class Job:
             for name in ("trajectories", "tensorboard", "rollouts"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
         trackers = Trackers(self.cfg, self.out, self.config_json, resume_step=keep if resume else None)
-        self.metrics = TrackedMetrics(JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep), trackers)
-        self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep)
+        lines = self.state.records or {}
+        self.metrics = TrackedMetrics(JsonlWriter(self.out / "metrics.jsonl", keep_until_step=keep,
+                                                  keep_lines=lines.get("metrics")), trackers)
+        self.ledger = JsonlWriter(self.out / "ledger.jsonl", keep_until_step=keep, keep_lines=lines.get("ledger"))
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -261,6 +274,8 @@ class Job:
         trainer_state = self.backend.pull(self.lm.model) if self.backend is not None else self.saved_trainer_state
         if self.state.orchestrator:
             self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
+        if self.metrics is not None:
+            self.state.records = {"metrics": self.metrics.jsonl.lines, "ledger": self.ledger.lines}
         meta = {"config_sha256": provenance.digest_json(self.config_json),
                 "code_sha256": self.provenance.get("code", {}).get("source_sha256") if self.provenance else None}
         checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
@@ -293,12 +308,16 @@ class Job:
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks"
                       + "".join(f"; {k} {v:.3f}" for k, v in st.baseline_per_source.items() if len(self.sources) > 1))
             self.save_checkpoint()
-        asyncio.run(rl_phase(self))
-        final = self.evaluate("final eval")
+        if st.phase == "done" and st.rl_step < cfg.rl.steps:  # a finished run resumed to train on
+            st.phase, st.final = "rl", None
+        if st.phase != "done":
+            asyncio.run(rl_phase(self))
+            st.final = self.evaluate("final eval")
+            st.phase = "done"
+            self.save_checkpoint()  # then the records: a run killed past here resumes to write them once
+        final = st.final
         self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
                             "final": True, **per_source_success(final)})
-        st.phase = "done"
-        self.save_checkpoint()
         wall = self._elapsed()
         summary = {
             "baseline_success": st.baseline_success,
@@ -320,6 +339,7 @@ class Job:
             "final_success_per_arm": final["per_arm"],
             "baseline_success_per_arm": st.baseline_per_arm,
         }
+        faults.point("summary")
         checkpoint.write_json(self.out / "summary.json", summary)
         write_report(self.out)
         self.metrics.close()

@@ -21,6 +21,7 @@ from collections import Counter
 
 from tqdm.auto import tqdm
 
+from rlonce.core import faults
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
 from rlonce.telemetry.rollouts import write_step
@@ -36,6 +37,7 @@ async def train_step(job, res: StepResult, step: int) -> dict:
     st, controller = job.state, job.controller
     bounds = controller.bounds() if controller is not None else None
     train_m = await job.backend.train(res, rl_step_kwargs(job.cfg, res.row_count, step, st.version, bounds))
+    faults.point("train.step")
     if controller is not None:
         train_m.update({f"bound_{k}": v for k, v in controller.update(train_m["entropy"]).items()})
         st.bounds = controller.state_dict()
@@ -73,13 +75,16 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         Counter(x.source for x in samples)), res.metrics, train_m)
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())
+    faults.point("record.ledger")
     shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
     if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
         shown = res.payloads[0].fetch()[0]
     write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
+    trainer_lp = job.backend.trained_logprobs() if hasattr(job.backend, "trained_logprobs") and res.rows else None
     rec["rollouts_bytes"] = float(write_step(
         job.out, step, res.rows, samples, train_version=trained_version, rows_remote=res.row_count - len(res.rows),
-        staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step)))
+        staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step),
+        trainer_logprobs=trainer_lp))
     return rec
 
 

@@ -12,6 +12,7 @@ import random
 from tqdm.auto import tqdm
 
 from rlonce.config import ConfigError, RunConfig, SFTConfig
+from rlonce.core import faults
 from rlonce.core.records import Sequence, Status, TrainingRow, sequence_to_rows
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.domains import Domain
@@ -77,6 +78,7 @@ def train_sft(model, demos: list[Sequence], cfg: SFTConfig, *, seed: int, progre
     bar = tqdm(total=steps, desc="sft", unit="step", disable=not progress, dynamic_ncols=True)
     for batch in length_bucketed(rows, cfg.batch_rows, steps, random.Random(seed)):
         m = trainer.sft_step(batch)
+        faults.point("sft.batch")
         bar.update(1)
         bar.set_postfix(loss=f"{m['sft_loss']:.3f}", lr=f"{m['lr']:.1e}", refresh=False)
     bar.close()

@@ -61,7 +61,13 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
                       compact_at=h.compact_at),
         max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
         arm_per_sequence=h.assign == "sequence", timeouts=timeouts(cfg.timeouts),
+        sequence_seed=cfg.runtime.seed if deterministic(cfg) else None,
     )
+
+
+def deterministic(cfg: RunConfig) -> bool:
+    """``runtime.deterministic`` applies: a sync run on the local executor."""
+    return cfg.runtime.deterministic and cfg.rollout.mode == "sync" and cfg.executor == "local"
 
 
 def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, signal: SignalSettings, decode, *,
@@ -87,7 +93,7 @@ def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, sig
                              batch=cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups,
                              rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window,
                                                          p.dispatch_cap) for p in plans},
-                             group_by_arm=cfg.harness.group_by_arm),
+                             group_by_arm=cfg.harness.group_by_arm, deterministic=deterministic(cfg)),
         decode=decode)
     if state:
         orch.load_state_dict(state)

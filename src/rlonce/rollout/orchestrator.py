@@ -77,15 +77,13 @@ class Orchestrator:
         self.window: dict[str, LedgerEntry] = {}
         self.signal_stats: Counter = Counter()
         self.step_finished: Counter = Counter()  # per source: groups finished since this collect began
-        self.finished: list[Sequence] = []
-        self.finished_sources: list[str] = []  # the source of each of ``finished``
+        self.ended: list[tuple[int, str, list[Sequence]]] = []  # the step's groups: (order, source, sequences)
         self.changed = asyncio.Event()
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
         self._replay: list[dict] = []
         self._reissue: list[dict] = []
-        self.replayed = 0
-        self.reissued = 0
+        self.replayed = self.reissued = 0
         self.step_interval: float | None = None
         """Moving average of the time between collections (async admission's unit of latency)."""
         self._last_collect: float | None = None
@@ -136,6 +134,8 @@ class Orchestrator:
         if counted:
             self._entry(source).dispatched += self.s.group_size
         g.state = RUNNING
+        if hasattr(self.executor, "reserve"):  # lockstep waves: its sequences are announced now
+            self.executor.reserve(g, self.s.group_size)
         g.job = asyncio.create_task(self._run(g))
         return g
 
@@ -186,8 +186,7 @@ class Orchestrator:
         seqs, rows, ev, stats = judged.sequences, judged.rows, judged.entry, judged.stats
         g.sequences, g.signal = seqs, judged.signal
         g.payload = judged.payload
-        self.finished += seqs
-        self.finished_sources += [g.source] * len(seqs)
+        self.ended.append((g.order, g.source, seqs))
         w = self._entry(g.source)
         w.finished += ev.finished
         w.infra_failed += ev.infra_failed
@@ -203,7 +202,8 @@ class Orchestrator:
         if ev.finished:  # infrastructure failures say nothing about the source's acceptance or difficulty
             self.step_finished[g.source] += 1
             tokens = sum(s.metrics.get("context_tokens", 0.0) for s in seqs) / max(len(seqs), 1)
-            self.mixer.observe(g.source, accepted=g.accepted, duration=g.seconds, tokens=tokens)
+            self.mixer.observe(g.source, accepted=g.accepted, tokens=tokens,  # deterministic: tokens, not time
+                               duration=tokens if self.s.deterministic else g.seconds)
             valid = [s.passed for s in seqs if not s.infra_failed]
             self.difficulty[g.source].observe(getattr(g.task, "task_id", f"{g.source}:{g.index}"),
                                               sum(valid) / len(valid))
@@ -241,8 +241,8 @@ class Orchestrator:
         queue = [n for n, k in todo.items() for _ in range(k)]
         while queue:
             if self.in_flight() and (len(self.in_flight()) + 1) * self.s.group_size > self.s.max_sessions:
-                self.changed.clear()
-                await self.changed.wait()
+                self.changed.clear()  # deterministic: whole rounds, so waves never depend on who ends first
+                await (self._drain() if self.s.deterministic else self.changed.wait())
                 continue
             self.dispatch(queue.pop(0))
         await self._drain()
@@ -337,8 +337,8 @@ class Orchestrator:
         stats["groups_in_flight"] = float(len(self.in_flight()))
         samples = [Sample(getattr(g.task, "task_id", g.gid), g.source, g.dispatch_step, g.sequences, g.signal) for g in
                    taken]
-        finished, self.finished = self.finished, []
-        labels, self.finished_sources = self.finished_sources, []
+        ended, self.ended = sorted(self.ended, key=lambda e: e[0]), []
+        finished, labels = [s for *_, x in ended for s in x], [n for _, n, x in ended for _ in x]
         return StepResult(rows, ledger, samples, finished, stats, [g.payload for g in taken if g.payload is not None],
                           labels)
 

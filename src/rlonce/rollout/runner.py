@@ -10,16 +10,20 @@ turns, the sandboxes run as subprocesses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from rlonce.core import faults
 from rlonce.core.records import FailureCategory, Sample, Sequence, Status
 from rlonce.core.timeouts import Timeouts
 from rlonce.engine.base import Engine, EngineError, SamplingParams
+from rlonce.engine.lockstep import Lockstep
 from rlonce.envs.base import grade_group_or_infra, grade_or_infra, infra_failure
 from rlonce.errors import is_internal, note_internal
 from rlonce.gateway.core import Gateway
@@ -50,6 +54,15 @@ class RolloutSpec:
     """Hash each sequence (task id + sibling index) instead of each task: arms mix within a group."""
     timeouts: Timeouts = Timeouts()
     """Wall-clock limits of each sequence (trajectory, setup, reward, model request, agent idle)."""
+    sequence_seed: int | None = None
+    """Deterministic runs: each RL sequence samples from its own seed, drawn from this one and the
+    sequence's dispatch step, source, task position and sibling index (``seed_of``)."""
+
+    def seed_of(self, step: int, source: str, index: int, sibling: int) -> int | None:
+        if self.sequence_seed is None:
+            return None
+        return (self.sequence_seed * 1_000_003 + step * 7919 + zlib.crc32(source.encode()) * 104729
+                + index * 1009 + sibling) % 2**62
 
     def arm_of(self, task_id: str, sibling: int, round_: int) -> str:
         """The step-hash arm of sibling ``sibling`` of task ``task_id`` dispatched in ``round_``."""
@@ -79,36 +92,20 @@ def _category(e: BaseException) -> FailureCategory:
 
 
 async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, seed: int | None = None,
-                       arm: str | None = None, gateway: Gateway | None = None) -> Sequence:
+                       arm: str | None = None, gateway: Gateway | None = None, member=None) -> Sequence:
     """Run one sequence under harness ``arm`` (default: the spec's first). With ``seed``,
     every turn's draw is seeded (reproducible evaluation). Setup, the episode and grading run
-    on the sequence's clock (``spec.timeouts``); clean-up runs whatever the clock says."""
+    on the sequence's clock (``spec.timeouts``); clean-up runs whatever the clock says. ``member``:
+    the lockstep membership (``Ticket.member``) its setup and episode run in."""
     t0, clock = time.perf_counter(), spec.timeouts.start()
     harness = get_arm(arm or spec.arms[0])
     env = env_factory(task)
     gateway = gateway or spec.gateway(engine)
     session = gateway.open(seed=seed, metadata={"task_id": task.task_id, "arm": harness.name})
-    status, failure, answer, grade, cause = Status.SUBMITTED, None, None, None, None
+    grade = None
     try:
-        try:
-            await clock.setup(env.setup())
-        except Exception as e:  # noqa: BLE001 - the retry boundary
-            status, (failure, cause) = Status.INFRA, infra_failure(e, FailureCategory.SETUP_FAILED)
-        else:
-            try:
-                client = CLIENTS[harness.protocol](lambda p, b: gateway.call(p, b, session.id),
-                                                   harness.system_prompt(env), env.user_prompt(),
-                                                   [t.schema for t in harness.toolset(env).values()])
-                await clock.agent(run_episode(harness, env, client, session, spec.limits, spec.max_context),
-                                  session.last_request)
-            except Submitted as end:
-                answer = end.answer
-            except LimitsExceeded:
-                status = Status.LIMITS
-            except FormatError:
-                status = Status.FORMAT_ERROR
-            except Exception as e:  # noqa: BLE001 - the retry boundary: an outage or our bug, never the model's
-                status, (failure, cause) = Status.INFRA, infra_failure(e, _category(e))
+        async with member or contextlib.nullcontext():
+            status, failure, answer, cause = await _episode(env, harness, gateway, session, spec, clock)
         seq = Sequence(task.task_id, harness.name, session.contexts, status, failure, answer=answer,
                        turns=len(session.generations), cause=cause)
         if status is not Status.INFRA:  # graded before clean-up: a grader may read the workspace
@@ -137,37 +134,77 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
     return seq
 
 
+async def _episode(env, harness, gateway: Gateway, session, spec: RolloutSpec, clock) -> tuple:
+    """Setup and the harness episode of one sequence: (status, failure category, answer, cause)."""
+    status, failure, answer, cause = Status.SUBMITTED, None, None, None
+    try:
+        await clock.setup(env.setup())
+    except Exception as e:  # noqa: BLE001 - the retry boundary
+        failure, cause = infra_failure(e, FailureCategory.SETUP_FAILED)
+        return Status.INFRA, failure, None, cause
+    try:
+        client = CLIENTS[harness.protocol](lambda p, b: gateway.call(p, b, session.id),
+                                           harness.system_prompt(env), env.user_prompt(),
+                                           [t.schema for t in harness.toolset(env).values()])
+        await clock.agent(run_episode(harness, env, client, session, spec.limits, spec.max_context),
+                          session.last_request)
+    except Submitted as end:
+        answer = end.answer
+    except LimitsExceeded:
+        status = Status.LIMITS
+    except FormatError:
+        status = Status.FORMAT_ERROR
+    except Exception as e:  # noqa: BLE001 - the retry boundary: an outage or our bug, never the model's
+        status, (failure, cause) = Status.INFRA, infra_failure(e, _category(e))
+    return status, failure, answer, cause
+
+
 async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spec: RolloutSpec, *,
                   dispatch_step: int = 0, concurrency: int = 64, desc: str = "rollout",
-                  progress: bool = True, seed: int | None = None, arm: str | None = None) -> list[Sample]:
+                  progress: bool = True, seed: int | None = None, arm: str | None = None,
+                  fault: str | None = None) -> list[Sample]:
     """Run ``group_size`` sequences of every task, at most ``concurrency`` at a time.
 
     Each task's arm is ``arm`` if given, else the step hash of (``spec.arm_seed``,
     ``dispatch_step``, task id) over ``spec.arms``: all siblings of a group share it.
-    With ``seed``, sequence k of task i draws from seed ``(seed, i, k)``: the outcome does not
-    depend on how requests happened to be batched.
+    With ``seed``, sequence k of task i draws from seed ``(seed, i, k)``: the draw does not
+    depend on which requests share a batch. A task's sequences are in sibling order. On a
+    ``Lockstep`` engine, ``concurrency`` sequences at a time run as one lockstep round. ``fault``:
+    the fault point each ended sequence reaches (``rlonce.core.faults``).
     """
+    lockstep = engine if isinstance(engine, Lockstep) else None
     sem = asyncio.Semaphore(concurrency)
     gateway = spec.gateway(engine)
-    samples = [Sample(t.task_id, t.source, dispatch_step) for t in tasks]
+    samples = [Sample(t.task_id, t.source, dispatch_step, [None] * group_size) for t in tasks]
     bar = tqdm(total=len(tasks) * group_size, desc=desc, unit="seq", disable=not progress, leave=False,
                dynamic_ncols=True)
     solved = done = 0
 
-    async def one(i: int, k: int, task) -> None:
+    async def one(i: int, k: int, task, ticket=None) -> None:
         nonlocal solved, done
         seq_seed = None if seed is None else (seed * 1_000_003 + i * 1009 + k) % (2**62)
         async with sem:
             seq = await run_sequence(task, env_factory, engine, spec, seed=seq_seed, gateway=gateway,
-                                     arm=arm or spec.arm_of(task.task_id, k, dispatch_step))
-        samples[i].sequences.append(seq)
+                                     arm=arm or spec.arm_of(task.task_id, k, dispatch_step),
+                                     member=ticket and ticket.member((i, k)))
+        samples[i].sequences[k] = seq
+        if fault:
+            faults.point(fault)
         solved += int(seq.passed)
         done += 1
         bar.update(1)
         bar.set_postfix(success=f"{solved / done:.2f}", refresh=False)
 
+    todo = [(i, k, t) for i, t in enumerate(tasks) for k in range(group_size)]
     try:
-        await asyncio.gather(*(one(i, k, t) for i, t in enumerate(tasks) for k in range(group_size)))
+        if lockstep is None:
+            await asyncio.gather(*(one(*x) for x in todo))
+        for r in range(0, len(todo) if lockstep else 0, concurrency):
+            ticket = lockstep.reserve(len(todo[r:r + concurrency]))
+            try:
+                await asyncio.gather(*(one(*x, ticket) for x in todo[r:r + concurrency]))
+            finally:
+                ticket.release()
     finally:
         bar.close()
     for t, x in zip(tasks, samples):
@@ -193,11 +230,26 @@ class LocalExecutor:
         self.engine = engine
         self.spec = spec
         self.gateway = spec.gateway(engine, offload=offload)
+        self.tickets: dict[str, object] = {}
+
+    def reserve(self, group, group_size: int) -> None:
+        """Called as the group is dispatched: on a ``Lockstep`` engine, its sequences are announced."""
+        if isinstance(self.engine, Lockstep):
+            self.tickets[group.gid] = self.engine.reserve(group_size)
 
     async def run_group(self, group, group_size: int) -> list[Sequence]:
         spec, task = self.spec, group.task
-        seqs = list(await asyncio.gather(*(
-            run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
-                         arm=spec.arm_of(task.task_id, k, group.dispatch_step)) for k in range(group_size))))
+        # a Ray harness pool's group is only its task and dispatch step (never lockstep, never seeded)
+        ticket = self.tickets.pop(getattr(group, "gid", None), None)
+        key = (group.dispatch_step, getattr(group, "source", ""), getattr(group, "index", 0))
+        try:
+            seqs = list(await asyncio.gather(*(
+                run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
+                             arm=spec.arm_of(task.task_id, k, group.dispatch_step), seed=spec.seed_of(*key, k),
+                             member=ticket and ticket.member((*key, k))) for k in range(group_size))))
+        finally:
+            if ticket is not None:
+                ticket.release()
+        faults.point("rollout.group")
         await grade_group_or_infra(self.env_factory, task, seqs, spec.timeouts.reward)  # graders that compare siblings
         return seqs

@@ -73,6 +73,9 @@ class OrchestratorSettings:
     batch: int | None = None
     """Groups per step over all sources, split each step by the mixer's shares (None: each
     source's ``target`` stays as given)."""
+    deterministic: bool = False
+    """Sync: the mixer measures a group's duration in context tokens, not seconds, and a capped
+    dispatch waits for whole rounds (``runtime.deterministic``)."""
     rules: dict[str, SourceRules] = field(default_factory=dict)
     """Per-source staleness, stale policy and difficulty filter (default: ``staleness``, drop, off)."""
 

@@ -120,3 +120,7 @@ class SourceExecutor:
     async def run_group(self, group, group_size: int):
         return await self.executors[group.source].run_group(group, group_size)
 
+    def reserve(self, group, group_size: int) -> None:
+        if hasattr(self.executors[group.source], "reserve"):
+            self.executors[group.source].reserve(group, group_size)
+

@@ -59,6 +59,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlonce.core import faults
 from rlonce.sandbox import hostfs, mounts, seccomp
 from rlonce.sandbox.base import ExecResult, SandboxError
 
@@ -269,6 +270,7 @@ class BwrapSandbox:
     async def exec(self, cmd: str, timeout: float | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
+        faults.point("sandbox.exec", SandboxError)
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
         self._hand_over()

@@ -42,19 +42,29 @@ def _parse(path: Path) -> list[dict]:
 
 
 class JsonlWriter:
-    def __init__(self, path: Path, *, keep_until_step: int | None = None):
-        """Open ``path`` for appending; on resume, drop lines past ``keep_until_step`` (and a torn last line)."""
+    def __init__(self, path: Path, *, keep_until_step: int | None = None, keep_lines: int | None = None):
+        """Open ``path`` for appending; on resume, keep its first ``keep_lines`` records (what the
+        checkpoint resumed from had written), or without that count those up to ``keep_until_step``;
+        a torn last line is dropped either way."""
         self.path = path
-        if keep_until_step is not None and path.exists():
-            kept = [r for r in _parse(path) if r.get("step", 0) <= keep_until_step]
+        self.lines = 0
+        """Records in the file: what a checkpoint notes, to resume with exactly these."""
+        if (keep_until_step is not None or keep_lines is not None) and path.exists():
+            kept = _parse(path)
+            kept = kept[:keep_lines] if keep_lines is not None else [r for r in kept
+                                                                      if r.get("step", 0) <= keep_until_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
             tmp.replace(path)
+            self.lines = len(kept)
+        elif path.exists():
+            self.lines = len(_parse(path))
         self._f = path.open("a")
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record, sort_keys=True) + "\n")
         self._f.flush()
+        self.lines += 1
 
     def close(self) -> None:
         self._f.close()

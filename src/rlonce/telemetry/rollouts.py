@@ -1,30 +1,33 @@
 """Every trained row of every step, stored compactly: RUN/rollouts/step-NNNN.npz + step-NNNN.json.
 
-The ``.npz`` (numpy, deflate-compressed) holds the step's trained rows as flat columns — ``token_ids``,
-``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``, ``candidates`` (-1 where no
-top-k/top-p cut was recorded), ``weights`` — and ``row_offsets`` (row i is
-``[row_offsets[i], row_offsets[i+1])``). The ``.json`` holds what the rows mean: the policy version
-the step trained (``train_version``), each source's staleness bound, per row its group and the
-sequence it came from, and per group its task, source, dispatch step and what the learning signal
-computed (``Sample.signal``: scores, pass flags, group and final advantages) and each sequence's
-outcome with its grader's breakdown (status, reward, pass, confirmed hack, failure and cause, the
-environment's metrics). A seeded sample of the step's untrained sequences (``storage.untrained_fraction``:
-filtered, rejected, stale or failed) is kept too — outcomes under ``untrained``, their contexts as
-``untrained_*`` columns. The token columns hold every context whole (prompts, tool calls and the
-sandbox's outputs included, mask 0), so what the agent saw and ran is there. Both files are written
-to temporary names and renamed, the ``.json`` last: a step is stored once its ``.json`` exists.
-``rlonce audit`` reads them. Rows an executor kept remote (the Ray executor) are counted
-(``rows_remote``), not stored.
+The ``.npz`` (numpy, deflate-compressed) holds the step's trained rows as flat columns —
+``token_ids``, ``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``,
+``candidates`` (-1 where no top-k/top-p cut was recorded), ``weights`` — and ``row_offsets`` (row i
+is ``[row_offsets[i], row_offsets[i+1])``), and on the local trainer ``trainer_logprobs``: the
+trainer's log-prob of each trained token when its gradient was taken (NaN elsewhere). The ``.json``
+holds what the rows mean: the policy version the step trained (``train_version``), each source's
+staleness bound, per row its group and the sequence it came from, and per group its task, source,
+dispatch step and what the learning signal computed (``Sample.signal``: scores, pass flags, group
+and final advantages) and each sequence's outcome with its grader's breakdown (status, reward, pass,
+confirmed hack, failure and cause, the environment's metrics). A seeded sample of the step's
+untrained sequences (``storage.untrained_fraction``: filtered, rejected, stale or failed) is kept
+too — outcomes under ``untrained``, their contexts as ``untrained_*`` columns. The token columns
+hold every context whole (prompts, tool calls and the sandbox's outputs included, mask 0), so what
+the agent saw and ran is there. Both files are written to temporary names and renamed, the ``.json``
+last: a step is stored once its ``.json`` exists. ``rlonce audit`` reads them. Rows an executor kept
+remote (the Ray executor) are counted (``rows_remote``), not stored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from rlonce.core.records import sequence_to_rows
+from rlonce.core import faults
+from rlonce.core.records import RecordError, Status, sequence_to_rows
 
 FOLDER = "rollouts"
 
@@ -53,14 +56,16 @@ def outcome(seq) -> dict:
 
 
 def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, staleness: dict[str, int],
-               rows_remote: int = 0, untrained=()) -> int:
+               rows_remote: int = 0, untrained=(), trainer_logprobs: list | None = None) -> int:
     """Store step ``step``'s trained rows and groups, and the ``untrained`` sequences given (a
     sample of those the step did not train on: their contexts as rows with advantage 0, under
     ``untrained_*`` columns); returns the bytes written."""
     folder = run_dir / FOLDER
     folder.mkdir(exist_ok=True)
-    spare = [(i, r) for i, q in enumerate(untrained) for r in sequence_to_rows(q, 0.0) if q.contexts]
+    spare = [(i, r) for i, q in enumerate(untrained) for r in _context_rows(q)]
     cols = {**_columns(rows), **_columns([r for _, r in spare], "untrained_")}
+    if trainer_logprobs is not None and len(trainer_logprobs) == len(rows):
+        cols["trainer_logprobs"] = _trainer_column(rows, trainer_logprobs)
     owners = _owners(rows, samples)
     meta = {"step": step, "train_version": train_version, "staleness": staleness, "rows_remote": rows_remote,
             "rows": [{"group_id": r.group_id, "sequence": owners[i]} for i, r in enumerate(rows)],
@@ -75,8 +80,35 @@ def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, s
         np.savez_compressed(f, **cols)
     tmp_js.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
     tmp_npz.replace(npz)
+    faults.point("record.rollouts")
     tmp_js.replace(js)
     return npz.stat().st_size + js.stat().st_size
+
+
+def _context_rows(seq) -> list:
+    """``seq``'s contexts as rows for the record, advantage 0 — an infrastructure failure's too (stored
+    to be looked at, never trained); a context too short to be a row is left out."""
+    view = dataclasses.replace(seq, status=Status.SUBMITTED, failure=None) if seq.infra_failed else seq
+    rows = []
+    for ctx in seq.contexts:
+        try:
+            rows += sequence_to_rows(dataclasses.replace(view, contexts=[ctx]), 0.0)
+        except RecordError:
+            pass
+    return rows
+
+
+def _trainer_column(rows, logprobs) -> np.ndarray:
+    """The trainer's log-prob of each trained token, aligned like ``rollout_logprobs`` (NaN where
+    the loss mask is 0 or the trainer's were not seen here)."""
+    out = []
+    for r, lp in zip(rows, logprobs):
+        col = np.full(len(r.token_ids), np.nan, dtype=np.float32)
+        if lp is not None:
+            col[1:] = lp.float().numpy()[: len(r.token_ids) - 1]
+        col[np.asarray(r.loss_mask, dtype=bool) == 0] = np.nan
+        out.append(col)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
 def _owners(rows, samples) -> list[int | None]:

@@ -23,10 +23,13 @@ import copy
 import dataclasses
 from typing import Protocol
 
+from rlonce.core import faults
 from rlonce.core.records import version_lags
 from rlonce.engine.base import BackendError, Engine
 from rlonce.engine.factory import EngineSpec
+from rlonce.engine.lockstep import Lockstep
 from rlonce.errors import RlonceError
+from rlonce.rollout.builders import deterministic
 from rlonce.rollout.orchestrator import Executor, StepResult
 from rlonce.rollout.runner import LocalExecutor
 from rlonce.train.trainer import OptimSettings, Trainer
@@ -108,6 +111,8 @@ class LocalBackend:
         else:
             self.engine = EngineSpec.from_config(cfg, model_dir).build(
                 lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)), version=version)
+        if deterministic(cfg):  # waves of a fixed membership: the run repeats bit for bit
+            self.engine = Lockstep(self.engine)
 
     def executor(self, domain, spec) -> tuple[Executor, None]:
         return LocalExecutor(domain.env_factory, self.engine, spec), None
@@ -120,9 +125,15 @@ class LocalBackend:
     async def publish(self, version: int) -> None:
         self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
         try:
+            faults.point("publish")
             self.engine.load_weights(self.trainer.model.state_dict(), version)
         finally:
             self.engine.resume()
+
+    def trained_logprobs(self) -> list:
+        """Per row of the last ``train``: the trainer's log-probs of its next tokens when its
+        gradient was taken (what the rollout log-probs are compared with; ``rlonce view``)."""
+        return self.trainer.token_logprobs
 
     def pull(self, model) -> dict:
         if model is not self.trainer.model:

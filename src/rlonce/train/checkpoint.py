@@ -19,6 +19,7 @@ import shutil
 import traceback
 from pathlib import Path
 
+from rlonce.core import faults
 from rlonce.errors import RlonceError
 
 STATE_FILE = "trainer_state.pt"
@@ -115,6 +116,7 @@ def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, 
     try:
         lm.model.save_pretrained(tmp)
         lm.tokenizer.save_pretrained(tmp)
+        faults.point("checkpoint.weights")
         torch.save({"run_state": run_state, "rl_trainer": rl_trainer, "rng": rng_state()}, tmp / STATE_FILE)
         if meta is not None:
             (tmp / "provenance.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -129,12 +131,19 @@ def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, 
                                   "lower checkpoint.keep or choose another --out (the partial checkpoint was "
                                   "removed)") from None
         raise
+    faults.point("checkpoint.rename")
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    faults.point("checkpoint.prune")
     for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def exists(out: Path) -> bool:
+    """Whether ``out`` has a complete checkpoint to resume from."""
+    return any((p / STATE_FILE).is_file() for p in (out / "checkpoints").glob("step-*"))
 
 
 def latest(out: Path) -> Path:

@@ -137,10 +137,8 @@ class Trainer:
     """
 
     def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 16384, temperature: float = 1.0):
-        self.model = model
-        self.settings = settings
-        self.micro_batch_tokens = micro_batch_tokens
-        self.temperature = temperature
+        self.model, self.settings = model, settings
+        self.micro_batch_tokens, self.temperature = micro_batch_tokens, temperature
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
@@ -152,6 +150,8 @@ class Trainer:
         self.group = data_parallel_group(model)
         self.reference = None
         """The KL term's frozen reference policy, made at the first step with ``kl_coef`` > 0."""
+        self.token_logprobs: list[torch.Tensor | None] = []
+        """Per row of the last ``rl_step``: the log-probs its gradient was taken at (None: another rank's)."""
 
     def lr_at(self, step: int) -> float:
         s = self.settings
@@ -233,6 +233,7 @@ class Trainer:
         before any update — against the rollout log-probs (``mismatch_metrics``).
         """
         self.model.train()
+        self._seen: dict[int, torch.Tensor] = {}
         aux: dict[str, list[torch.Tensor]] = {}
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         out: dict[str, float] = {}
@@ -256,6 +257,7 @@ class Trainer:
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
         out.update({k: v / len(splits) for k, v in sums.items()})
+        self.token_logprobs = [self._seen.get(id(r)) for r in rows]  # rows keep their positions through correction
         out["lr"] = self.lr_at(self.step - 1)
         out.update(sum_over_ranks(self.group, {"trained_tokens": float(sum(sum(r.loss_mask) for r in rows))}))
         if version is not None:
@@ -279,9 +281,10 @@ class Trainer:
             b = pad_rows([mb[i] for i in idx])
             lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
                                            mask_BT=b.mask_BT, cand_BT=b.cand_BT)
-            if pairs is not None:
-                for j, i in enumerate(idx):
-                    pairs.append(same_version(mb[i], lp_BT[j, : len(mb[i]) - 1].detach(), version))
+            for j, i in enumerate(idx):
+                self._seen[id(mb[i])] = lp_BT[j, : len(mb[i]) - 1].detach()
+                if pairs is not None:
+                    pairs.append(same_version(mb[i], self._seen[id(mb[i])], version))
             w = _slice_weights(w_BT, idx, lp_BT.shape[1])
             x = {k: pad_like(b.mask_BT, [v[i] for i in idx]) for k, v in aux.items()}
             loss, m = loss_fn(lp_BT, x.get("old", b.old_lp_BT), b.adv_BT, b.mask_BT, weights_BT=w * x.get("corr", 1.0))
