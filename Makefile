@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test lint test-slow test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
+.PHONY: quickstart doctor test lint test-slow test-faults test-view test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -65,6 +65,29 @@ lint: venv-dev
 
 test-slow: system-deps venv-dev
 	$(PY) -m pytest -q -m slow
+
+# Crash consistency (docs/faults.md): runs killed with SIGKILL at 13 named places and at random
+# moments, resumed, and compared bit for bit with an uninterrupted run; failure storms; a full disk.
+test-faults: system-deps venv-dev
+	$(PY) -m pytest -q -rs -m faults tests/faults
+
+# The browser test of `rlonce view`: Chromium from apt (Playwright's own browser download is not used)
+# and the [browser] extra (Playwright), then the test in a real headless Chromium.
+$(VENV)/.installed-browser: $(VENV)/.installed-dev
+	$(PIP) -e '.[browser]'
+	@touch $@
+
+test-view: system-deps $(VENV)/.installed-browser
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing system package: chromium"; \
+	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)) \
+	    || { echo "rlonce: could not install chromium with apt-get" >&2; exit 1; }; \
+	  else \
+	    echo "rlonce: missing system package 'chromium'; install it with: sudo apt-get install chromium" >&2; exit 1; \
+	  fi
+	$(PY) -m pytest -q -rs -m slow tests/e2e/test_view.py tests/security/test_view_security.py
 
 # Real agent clients (Claude Code, Codex, opencode, qwen-code from npm; llm and the OpenAI Agents SDK
 # from PyPI), pinned, into .agents/ (~1.2 GB), and their end-to-end test against `rlonce serve`.

@@ -357,3 +357,111 @@ def test_rollouts_keep_outcomes_and_the_untrained_sample(tiny_run):
         assert not cols["untrained_advantages"].any()
         kept += len(meta["untrained"])
     assert kept > 0
+
+
+def test_rollouts_keep_the_trainers_logprob_of_each_trained_token(tiny_run):
+    """``trainer_logprobs``: the local trainer's log-prob of each trained token when its gradient
+    was taken. With one mini-batch a step (sync, lag 0) those are the weights that sampled it, so
+    it equals the rollout log-prob within the engine/trainer numeric gap; NaN off the loss mask."""
+    import numpy as np
+
+    from rlonce.telemetry.rollouts import read_step, stored_steps
+
+    out, cfg, _ = tiny_run
+    assert cfg.rl.minibatches == 1
+    checked = 0
+    for step in stored_steps(out):
+        _, cols = read_step(out, step)
+        t, r, m = cols["trainer_logprobs"], cols["rollout_logprobs"], cols["loss_mask"] == 1
+        assert len(t) == len(r) and np.isnan(t[~m]).all() and np.isfinite(t[m]).all()
+        assert np.abs(t[m] - r[m]).max() < 1e-3, np.abs(t[m] - r[m]).max()
+        checked += int(m.sum())
+    assert checked > 100
+
+def test_view_api_shows_a_sequence_as_its_stored_columns(tiny_run):
+    """`rlonce view`'s API over a real loopback connection: steps, groups, a sequence's context.
+    Its token count, trained-token count, token ids, versions and advantages equal the stored
+    columns; its pieces join to the run tokenizer's text; its turns cover it in order."""
+    import httpx
+    import numpy as np
+
+    from rlonce.gateway.server import ServerThread
+    from rlonce.model.loader import load
+    from rlonce.recipes.view import make_app
+    from rlonce.recipes.view_data import RunView
+    from rlonce.telemetry.rollouts import read_step, stored_steps
+
+    out, _, _ = tiny_run
+    meta, cols = read_step(out, 1)
+    with ServerThread(make_app(RunView(out))) as srv, httpx.Client(base_url=srv.base_url, timeout=120) as http:
+        run = http.get("/api/run").json()
+        step = http.get("/api/steps/1").json()
+        trained = [g for g in step["groups"] if g["kind"] == "trained"]
+        g = trained[0]
+        q = next(q for q in g["sequences"] if q["retained"])
+        row = q["rows"][0]
+        ctx = http.get(f"/api/steps/1/rows/{row}").json()
+        untrained = [(g, q) for g in step["groups"] if g["kind"] == "untrained" for q in g["sequences"] if q["rows"]]
+        spare = http.get(f"/api/steps/1/untrained/{untrained[0][1]['rows'][0]}").json()
+        png = http.get("/api/plots/0.png")
+        missing = [http.get(p).status_code for p in ("/api/steps/99", f"/api/steps/1/rows/{len(meta['rows'])}")]
+    assert [s["step"] for s in run["steps"]] == stored_steps(out) == [1, 2] and len(run["plots"]) == 10
+    assert [g["group_id"] for g in trained] == [g["group_id"] for g in meta["groups"]]
+    a, b = int(cols["row_offsets"][row]), int(cols["row_offsets"][row + 1])
+    mask = cols["loss_mask"][a:b].astype(bool)
+    assert ctx["tokens"] == b - a == len(ctx["pieces"]) and ctx["trained_tokens"] == int(mask.sum()) > 0
+    assert ctx["token_ids"] == cols["token_ids"][a:b].tolist()
+    assert ctx["versions"] == cols["policy_versions"][a:b].tolist()
+    want = meta["groups"][0]["advantages"][meta["rows"][row]["sequence"]]
+    assert q["advantage"] == want and np.allclose(np.array(ctx["advantages"])[mask], want)
+    if "trainer_logprobs" in cols:  # the local trainer's log-probs: null where it computed none (NaN)
+        t = cols["trainer_logprobs"][a:b]
+        assert step["trainer_logprobs"] and [x is None for x in ctx["trainer_logprobs"]] == np.isnan(t).tolist()
+        assert np.allclose([x for x in ctx["trainer_logprobs"] if x is not None], t[~np.isnan(t)])
+    else:
+        assert ctx["trainer_logprobs"] is None and step["trainer_logprobs"] is False
+    lm = load(sorted((out / "checkpoints").glob("step-*"))[-1], weights=False)
+    assert "".join(ctx["pieces"]) == lm.decode(ctx["token_ids"])
+    segs = ctx["segments"]
+    assert segs[0]["role"] == "prompt" and segs[0]["start"] == 0 and segs[-1]["end"] == b - a
+    assert all(x["end"] == y["start"] for x, y in zip(segs, segs[1:]))
+    assert all((min(ctx["versions"][s["start"]:s["end"]]) >= 0) == (s["role"] == "model") for s in segs)
+    ua, ub = (int(x) for x in cols["untrained_row_offsets"][spare["row"]:spare["row"] + 2])
+    assert spare["tokens"] == ub - ua and spare["token_ids"] == cols["untrained_token_ids"][ua:ub].tolist()
+    assert spare["outcome"] == meta["untrained"][meta["untrained_rows"][spare["row"]]]
+    assert png.headers["content-type"] == "image/png" and png.content.startswith(b"\x89PNG")
+    assert missing == [404, 404]
+
+
+def test_view_shows_trainer_logprobs_only_where_the_run_stored_them(tiny_run, tmp_path):
+    """A run with a ``trainer_logprobs`` column (NaN where not computed) gets it per token, NaN as
+    null; a run without it says so (``None``), never a made-up number."""
+    import shutil
+
+    import numpy as np
+
+    from rlonce.recipes.view_data import RunView
+
+    out, _, _ = tiny_run
+    views = {}
+    for name in ("with", "without"):
+        copy = tmp_path / name
+        shutil.copytree(out, copy, ignore=shutil.ignore_patterns("checkpoints", "wandb", "tensorboard"))
+        path = copy / "rollouts" / "step-0001.npz"
+        with np.load(path) as z:
+            cols = {k: z[k] for k in z.files if k != "trainer_logprobs"}
+        if name == "with":
+            trained = cols["loss_mask"] == 1
+            cols["trainer_logprobs"] = np.where(trained, cols["rollout_logprobs"] - 0.25, np.nan).astype(np.float32)
+        np.savez_compressed(path, **cols)
+        views[name] = RunView(copy)
+    ctx, plain = views["with"].context(1, 0), views["without"].context(1, 0)
+    a, b = int(cols["row_offsets"][0]), int(cols["row_offsets"][1])
+    mask = cols["loss_mask"][a:b] == 1
+    gap = np.array([t - r for t, r, m in zip(ctx["trainer_logprobs"], ctx["rollout_logprobs"], mask) if m])
+    assert len(gap) == mask.sum() > 0 and np.allclose(gap, -0.25, atol=1e-5)
+    assert all(t is None for t, m in zip(ctx["trainer_logprobs"], mask) if not m)
+    assert views["with"].step(1)["trainer_logprobs"] and not views["without"].step(1)["trainer_logprobs"]
+    assert plain["trainer_logprobs"] is None and plain["rollout_logprobs"] == ctx["rollout_logprobs"]
+    assert ctx["pieces"][0].startswith("⟨")  # no checkpoint copied: token ids shown, and said
+    assert "no checkpoint" in ctx["tokenizer"]

@@ -320,8 +320,19 @@ def _audit(args) -> int:
     return status
 
 
+def _view(args) -> int:
+    """``rlonce view RUN``: serve the run's debugging page on loopback until Ctrl-C."""
+    from rlonce.recipes.view import serve
+
+    try:
+        serve(Path(args.run), args.host, args.port)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
-    "config": _config_show, "doctor": _doctor, "audit": _audit,
+    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

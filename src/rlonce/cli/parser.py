@@ -209,6 +209,15 @@ def _add_audit(sub) -> None:
     a.add_argument("run", metavar="RUN_DIR", help="the run directory (a train/quickstart --out)")
 
 
+def _add_view(sub) -> None:
+    v = sub.add_parser("view", help="a local web page to debug a run: steps, groups, sequences, tokens, plots")
+    v.add_argument("run", metavar="RUN_DIR", help="the run directory (a train/quickstart --out)")
+    v.add_argument("--port", type=_int(0, 65535), default=8470,
+                   help="port, 0..65535 (default 8470; 0 picks a free one)")
+    v.add_argument("--host", type=_host, default="127.0.0.1",
+                   help="loopback bind address: 127.0.0.1 (default), ::1 or localhost; others are refused")
+
+
 def _add_doctor(sub) -> None:
     d = sub.add_parser("doctor", help="check this machine for what the configured job needs, with the fix for each")
     d.add_argument("--config", help="TOML config file of the job to check for (default: the quickstart job)")
@@ -222,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
     for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config,
-                _add_doctor, _add_audit):
+                _add_doctor, _add_audit, _add_view):
         add(sub)
     return ap
 
