@@ -10,6 +10,7 @@ Verbs:
   config      ``config show [KEY]``: every config key's resolved value, docstring and default
   doctor      check this machine for what the configured job needs, with the command that fixes each gap
   audit       check a run offline: trained tokens, ledgers, groups, advantages, checkpoints
+  view        a web page on loopback to debug a run: steps, groups, sequences, coloured tokens, plots
 
 ``parser`` holds the argument parser, ``commands`` the verbs' handlers; this module catches the
 errors that are the user's to fix and prints each as one line.
