@@ -378,6 +378,26 @@ def test_rollouts_keep_the_trainers_logprob_of_each_trained_token(tiny_run):
         checked += int(m.sum())
     assert checked > 100
 
+def test_stored_outcomes_carry_the_graders_transcript(tiny_run):
+    """Each graded sequence's outcome says in words what its grader saw and decided: toolfind's
+    submitted answer against the expected one, arithmetic's answer against the gold one."""
+    from rlonce.telemetry.rollouts import read_step, stored_steps
+
+    out, _, _ = tiny_run
+    seen = set()
+    for step in stored_steps(out):
+        meta, _ = read_step(out, step)
+        for q in [q for g in meta["groups"] for q in g["sequences"]] + meta["untrained"]:
+            if q["status"] == "infra":
+                assert q["transcript"] == ""
+                continue
+            domain = q["task_id"].split("/")[0]
+            want = {"toolfind": "; expected ", "chain_sum": "; gold "}[domain]
+            assert want in q["transcript"] and q["transcript"].endswith(
+                ("correct", "wrong") if domain == "toolfind" else f"reward {q['reward']:g}"), q["transcript"]
+            seen.add(domain)
+    assert seen == {"toolfind", "chain_sum"}
+
 def test_view_api_shows_a_sequence_as_its_stored_columns(tiny_run):
     """`rlonce view`'s API over a real loopback connection: steps, groups, a sequence's context.
     Its token count, trained-token count, token ids, versions and advantages equal the stored

@@ -153,14 +153,23 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
                 await env.call_tool(name, args)
             if break_testbed:
                 env._tb = lambda: empty
-            return (await env.grade(Sequence(t.task_id, "x"))).reward, env.metrics
+            grade = await env.grade(Sequence(t.task_id, "x"))
+            return grade.reward, {**env.metrics, "transcript": grade.transcript}
         finally:
             await env.cleanup()
 
+    n = len(t.f2p) + len(t.p2p)
     r, m = _run(attempt(lambda env: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
-    assert r == 1.0 and m["tests_passed"] == m["tests_total"] == len(t.f2p) + len(t.p2p)
+    assert r == 1.0 and m["tests_passed"] == m["tests_total"] == n
+    lines = m["transcript"].splitlines()  # the verdict in words: the change, then every test's outcome
+    assert lines[0].startswith("change: 1 file(s), ")
+    assert lines[0].endswith(f"hidden tests in a fresh sandbox: {n}/{n} passed")
+    assert lines[1:] == [f"passed {i}" + (" (fail-to-pass)" if i in t.f2p else "") for i in [*t.f2p, *t.p2p]]
     r, m = _run(attempt(lambda env: []))
     assert r == 0.0 and m["tests_passed"] == len(t.p2p)
+    head = f"change: 0 file(s), 0 diff lines; hidden tests in a fresh sandbox: {len(t.p2p)}/{n} passed"
+    assert m["transcript"].splitlines()[0] == head
+    assert all(not x.startswith("passed") for x in m["transcript"].splitlines()[1:len(t.f2p) + 1])
     from rlonce.envs.code.env import TestbedCorrupted
 
     with pytest.raises(TestbedCorrupted):

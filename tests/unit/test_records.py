@@ -101,3 +101,14 @@ def test_an_infra_failure_is_stored_for_inspection_though_never_trained(tmp_path
     assert meta["untrained_rows"] == [0] and cols["token_ids"].size == 0
     assert cols["untrained_token_ids"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert cols["untrained_advantages"].tolist() == [0.0] * 9
+
+
+def test_the_graders_transcript_travels_with_the_sequence_and_is_bounded():
+    from rlonce.core.records import TRANSCRIPT_CHARS, Grade, sequence_from_dict, sequence_to_dict
+
+    seq = _seq()
+    seq.set_grade(Grade(1.0, passed=True, transcript="x" * (TRANSCRIPT_CHARS + 10)))
+    assert seq.transcript == "x" * TRANSCRIPT_CHARS
+    assert sequence_from_dict(sequence_to_dict(seq)).transcript == seq.transcript  # through a checkpoint
+    seq.set_grade(None)
+    assert seq.transcript == ""

@@ -74,6 +74,10 @@ def _check_candidates(candidates: list[int] | None, n: int, where: str) -> None:
         raise RecordError("candidate-set sizes must be >= 0 (0: the whole vocabulary)")
 
 
+TRANSCRIPT_CHARS = 4000
+"""The longest grader transcript kept: enough for a test report's summary lines."""
+
+
 @dataclass(frozen=True, slots=True)
 class Grade:
     """A grader's verdict on one sequence: its reward and, explicitly, whether it solved the task.
@@ -84,8 +88,12 @@ class Grade:
 
     reward: float
     passed: bool
+    transcript: str = ""
+    """What the grader saw and decided, in words, for the record (``rlonce view``, stored rollouts):
+    the answer against the expected one, the hidden tests' outcomes; at most ``TRANSCRIPT_CHARS``."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "transcript", self.transcript[:TRANSCRIPT_CHARS])
         if not math.isfinite(self.reward):
             raise RecordError(f"a grade's reward must be finite, got {self.reward}")
 
@@ -167,6 +175,8 @@ class Sequence:
     """The grader's verdict (``Grade.passed``): the task was solved. Evaluations, length shaping,
     GRS, GAR and hack zeroing read this flag, never a threshold on ``reward`` (a format bonus is
     reward without a pass)."""
+    transcript: str = ""
+    """The grader's account of its verdict (``Grade.transcript``)."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):
@@ -179,6 +189,7 @@ class Sequence:
     def set_grade(self, grade: Grade | None) -> None:
         """Record the grader's verdict (None: no verdict, e.g. an infrastructure failure)."""
         self.reward, self.passed = (None, False) if grade is None else (grade.reward, grade.passed)
+        self.transcript = "" if grade is None else grade.transcript
 
 
 @dataclass(slots=True)
@@ -275,7 +286,7 @@ def sequence_to_dict(seq: Sequence) -> dict:
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
             "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
-            "hack_confirmed": seq.hack_confirmed, "cause": seq.cause,
+            "hack_confirmed": seq.hack_confirmed, "cause": seq.cause, "transcript": seq.transcript,
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates}
@@ -290,7 +301,8 @@ def sequence_from_dict(d: dict) -> Sequence:
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
                     d["metrics"], d["hack_confirmed"], d.get("cause"),
                     # checkpoints written before the grader's flag existed: the rule they were made under
-                    passed=d.get("passed", d["reward"] is not None and d["reward"] >= 1.0))
+                    passed=d.get("passed", d["reward"] is not None and d["reward"] >= 1.0),
+                    transcript=d.get("transcript", ""))
 
 
 def version_lags(rows: list[TrainingRow], version: int) -> Counter:

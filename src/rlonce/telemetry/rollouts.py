@@ -9,13 +9,13 @@ holds what the rows mean: the policy version the step trained (``train_version``
 staleness bound, per row its group and the sequence it came from, and per group its task, source,
 dispatch step and what the learning signal computed (``Sample.signal``: scores, pass flags, group
 and final advantages) and each sequence's outcome with its grader's breakdown (status, reward, pass,
-confirmed hack, failure and cause, the environment's metrics). A seeded sample of the step's
-untrained sequences (``storage.untrained_fraction``: filtered, rejected, stale or failed) is kept
-too — outcomes under ``untrained``, their contexts as ``untrained_*`` columns. The token columns
-hold every context whole (prompts, tool calls and the sandbox's outputs included, mask 0), so what
-the agent saw and ran is there. Both files are written to temporary names and renamed, the ``.json``
-last: a step is stored once its ``.json`` exists. ``rlonce audit`` reads them. Rows an executor kept
-remote (the Ray executor) are counted (``rows_remote``), not stored.
+confirmed hack, failure and cause, the environment's metrics, the grader's transcript). A seeded
+sample of the step's untrained sequences (``storage.untrained_fraction``: filtered, rejected, stale
+or failed) is kept too — outcomes under ``untrained``, their contexts as ``untrained_*`` columns.
+The token columns hold every context whole (prompts, tool calls and the sandbox's outputs included,
+mask 0), so what the agent saw and ran is there. Both files are written to temporary names and
+renamed, the ``.json`` last: a step is stored once its ``.json`` exists. ``rlonce audit`` reads
+them. Rows an executor kept remote (the Ray executor) are counted (``rows_remote``), not stored.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def outcome(seq) -> dict:
     metrics = {k: v for k, v in seq.metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value, "reward": seq.reward,
             "passed": seq.passed, "hack_confirmed": seq.hack_confirmed, "turns": seq.turns,
-            "failure": seq.failure.value if seq.failure else None, "cause": seq.cause, "metrics": metrics}
+            "failure": seq.failure.value if seq.failure else None, "cause": seq.cause, "metrics": metrics,
+            "transcript": seq.transcript}
 
 
 def write_step(run_dir: Path, step: int, rows, samples, *, train_version: int, staleness: dict[str, int],

@@ -151,20 +151,32 @@ class CodeEnv:
                 changes = await asyncio.to_thread(self.agent_changes, scratch)
             except hostfs.HostileFile:
                 self.metrics["hostile_workspace"] = 1.0  # the agent made its tree unreadable: its failure
-                return Grade(0.0, passed=False)
+                return Grade(0.0, passed=False, transcript="the package tree in the workspace could not be read "
+                                                           "safely (links or special files): reward 0")
             hits, diff = await asyncio.to_thread(self._scan, changes, scratch)
             self.metrics.update({"diff_lines": float(diff.count("\n")), "files_carried": float(len(changes))})
             if hits:
                 sequence.hack_confirmed = True
                 self.metrics["hack_runner_tampering"] = 1.0
-                return Grade(0.0, passed=False)
+                return Grade(0.0, passed=False, transcript="the change adds test-runner tampering: "
+                                                           f"{'; '.join(hits[:5])}: confirmed hack, reward 0")
             outcomes = await self._fresh_run(changes, sequence)
         finally:
             await asyncio.to_thread(hostfs.remove_tree, scratch)
         ids = [*self.task.f2p, *self.task.p2p]
         passed = sum(outcomes.get(i, {}).get("outcome") == "passed" for i in ids)
         self.metrics.update({"tests_passed": float(passed), "tests_total": float(len(ids))})
-        return Grade(1.0, passed=True) if passed == len(ids) else Grade(0.0, passed=False)
+        ok = passed == len(ids)
+        return Grade(float(ok), passed=ok, transcript=self._transcript(changes, diff, outcomes, passed, len(ids)))
+
+    def _transcript(self, changes: dict, diff: str, outcomes: dict, passed: int, total: int) -> str:
+        """The hidden tests' verdict in words: the change's size, then each test's outcome."""
+        head = (f"change: {len(changes)} file(s), {diff.count(chr(10))} diff lines; hidden tests in a fresh "
+                f"sandbox: {passed}/{total} passed" + ("" if outcomes else " (no report: the tests crashed)"))
+        lines = [f"{outcomes.get(i, {}).get('outcome', 'missing')} {i}" + (" (fail-to-pass)" if i in self.task.f2p
+                                                                           else "")
+                 for i in [*self.task.f2p, *self.task.p2p]]
+        return "\n".join([head, *lines])
 
     async def _fresh_run(self, changes: dict[str, bytes | None], sequence: Sequence) -> dict:
         rep = await self._run_hidden(changes)

@@ -34,7 +34,12 @@ class ReasoningEnv:
     async def grade(self, sequence: Sequence) -> Grade:
         r, parts = verify.reward(self.task, sequence.answer or "", self.format_weight)
         self.metrics.update(parts)
-        return Grade(r, passed=parts["correct"] >= 1.0)  # the format bonus is reward, not a pass
+        answer, tagged = verify.extract(sequence.answer or "")
+        said = "no answer found" if answer is None else f"answer {answer[:200]!r}" + (
+            " inside <answer> tags" if tagged else " (no <answer> tags)")
+        return Grade(r, passed=parts["correct"] >= 1.0,  # the format bonus is reward, not a pass
+                     transcript=f"{said}; gold {self.task.answer!r}; the generator's scorer: correctness "
+                                f"{parts['correct']:g}, format {parts['format_ok']:g}; reward {r:g}")
 
     async def cleanup(self) -> None:
         return None

@@ -58,7 +58,9 @@ class ToolfindEnv:
 
     async def grade(self, sequence: Sequence) -> Grade:
         r = verify.score(self.task.answer, sequence.answer)
-        return Grade(r, passed=r >= 1.0)
+        said = "no answer submitted" if sequence.answer is None else f"submitted {sequence.answer[:200]!r}"
+        return Grade(r, passed=r >= 1.0, transcript=f"{said}; expected {self.task.answer!r} (normalised match): "
+                                                    f"{'correct' if r >= 1.0 else 'wrong'}")
 
     async def cleanup(self) -> None:
         if self.sandbox is not None:

@@ -176,7 +176,8 @@ function verdict(o) {
   return el("div", { class: "verdict", id: "verdict" }, el("span", { class: "verdict-head" }, "grader verdict: "),
     `status ${o.status}, reward ${fmt(o.reward)}, passed ${o.passed ? "yes" : "no"}, hack confirmed `,
     `${o.hack_confirmed ? "yes" : "no"}, turns ${o.turns}, failure ${o.failure ?? "none"}`,
-    o.cause ? `, cause: ${o.cause}` : "", el("div", {}, metrics));
+    o.cause ? `, cause: ${o.cause}` : "", el("div", {}, metrics),
+    o.transcript ? el("pre", { class: "transcript" }, o.transcript) : "");
 }
 
 function hover(ev) {
