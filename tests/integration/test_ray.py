@@ -196,6 +196,14 @@ def test_whole_mixed_async_job_on_ray_with_two_data_parallel_trainers(ray_instan
     assert any(r["mismatch_tokens"] for r in trained)
     traj = read_jsonl(sorted((out / "trajectories").glob("step-*.jsonl"))[-1])
     assert traj and all(t["text"] for t in traj if t["turns"])  # tokens fetched from the object store
+    from rlonce.recipes.audit import audit
+    from rlonce.telemetry.rollouts import read_step
+
+    for r in steps:  # every trained row fetched from the object store and stored, as on the local executor
+        meta, cols = read_step(out, r["step"])
+        assert meta["rows_remote"] == 0 and len(meta["rows"]) == len(cols["row_offsets"]) - 1 == r["retained_rows"]
+    verdicts = audit(out)
+    assert all(v.ok for v in verdicts), [v.line() for v in verdicts if not v.ok]
     saved = torch.load(sorted((out / "checkpoints").glob("step-*"))[-1] / "trainer_state.pt", weights_only=False)
     assert set(saved["rl_trainer"]) == {"optimizer_full", "step"}  # unsharded, loadable by any number of ranks
     assert saved["rl_trainer"]["step"] == len(trained)

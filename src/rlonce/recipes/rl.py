@@ -81,8 +81,11 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         shown = res.payloads[0].fetch()[0]
     write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
     trainer_lp = job.backend.trained_logprobs() if hasattr(job.backend, "trained_logprobs") and res.rows else None
+    rows = res.rows
+    if res.payloads and cfg.storage.remote_rows:  # the Ray executor's rows: from the object store
+        rows, trainer_lp = rows + [r for p in res.payloads for r in p.fetch()[1]], None
     rec["rollouts_bytes"] = float(write_step(
-        job.out, step, res.rows, samples, train_version=trained_version, rows_remote=res.row_count - len(res.rows),
+        job.out, step, rows, samples, train_version=trained_version, rows_remote=res.row_count - len(rows),
         staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step),
         trainer_logprobs=trainer_lp))
     return rec

@@ -15,7 +15,8 @@ or failed) is kept too — outcomes under ``untrained``, their contexts as ``unt
 The token columns hold every context whole (prompts, tool calls and the sandbox's outputs included,
 mask 0), so what the agent saw and ran is there. Both files are written to temporary names and
 renamed, the ``.json`` last: a step is stored once its ``.json`` exists. ``rlonce audit`` reads
-them. Rows an executor kept remote (the Ray executor) are counted (``rows_remote``), not stored.
+them. The Ray executor's rows are fetched from the object store and stored too
+(``storage.remote_rows``; off, they are counted as ``rows_remote``, not stored).
 """
 
 from __future__ import annotations
