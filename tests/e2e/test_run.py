@@ -297,6 +297,9 @@ def test_audit_passes_on_the_run_and_names_each_injected_corruption(tiny_run, tm
     verdicts = {v.name: v for v in audit(out)}
     assert all(v.ok for v in verdicts.values()), [v.line() for v in verdicts.values() if not v.ok]
     assert verdicts["tokens"].checked > 100 and verdicts["advantages"].checked > 0
+    size = sum(p.stat().st_size for p in (out / "rollouts").glob("step-*"))  # what storing it all costs
+    assert verdicts["tokens"].note == (f"storage {size / 1e6:.2f} MB, {size / verdicts['tokens'].checked:.1f} B per "
+                                       "trained token")
     assert verdicts["checkpoints"].checked >= 2
 
     def corrupt(name, change):

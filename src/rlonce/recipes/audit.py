@@ -69,7 +69,12 @@ def audit(run_dir: Path) -> list[Verdict]:
     steps = stored_steps(run_dir)
     stored = {s: read_step(run_dir, s) for s in steps}
     ledger = read_jsonl(run_dir / "ledger.jsonl")
-    return [check_tokens(stored), check_dispatch_age(stored), check_ledger_balance(ledger),
+    tokens = check_tokens(stored)
+    size = sum(p.stat().st_size for p in (run_dir / "rollouts").glob("step-*")) if steps else 0
+    if tokens.checked:  # what complete storage costs
+        tokens.note = "; ".join(filter(None, [f"storage {size / 1e6:.2f} MB, {size / tokens.checked:.1f} B per "
+                                              "trained token", tokens.note]))
+    return [tokens, check_dispatch_age(stored), check_ledger_balance(ledger),
             check_ledger_chain(ledger), check_retained(stored, ledger), check_groups_once(stored),
             check_advantages(stored, config), check_checkpoints(run_dir), check_mismatch(run_dir)]
 
