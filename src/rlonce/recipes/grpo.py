@@ -310,7 +310,7 @@ class Job:
             self.save_checkpoint()
         if st.phase == "done" and st.rl_step < cfg.rl.steps:  # a finished run resumed to train on
             st.phase, st.final = "rl", None
-        if st.phase != "done":
+        if st.final is None:  # (a checkpoint from before ``final`` was kept evaluates again)
             asyncio.run(rl_phase(self))
             st.final = self.evaluate("final eval")
             st.phase = "done"
