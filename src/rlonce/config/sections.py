@@ -69,10 +69,11 @@ class RuntimeConfig(Section):
     train_threads: int = Field(2, ge=1, le=1024)
     """Torch threads while training (larger matrices do use two cores)."""
     deterministic: bool = True
-    """Sync mode on the local executor: engine waves of a fixed membership (``rlonce.engine.lockstep``),
-    every sequence sampled from its own seed, the mixer's durations measured in tokens. The run
-    repeats bit for bit (weights, tokens, metrics but time), and a resumed run equals an
-    uninterrupted one; the price is that each turn's wave waits for the slowest tool call."""
+    """Sync mode on the local executor with the torch engine: engine waves of a fixed membership
+    (``rlonce.engine.lockstep``), every sequence sampled from its own seed, the mixer's
+    durations measured in tokens. The run repeats bit for bit (weights, tokens, metrics but
+    time), and a resumed run equals an uninterrupted one; the price is that each turn's wave
+    waits for the slowest tool call."""
 
 
 class EngineConfig(Section):

@@ -66,8 +66,10 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
 
 
 def deterministic(cfg: RunConfig) -> bool:
-    """``runtime.deterministic`` applies: a sync run on the local executor."""
-    return cfg.runtime.deterministic and cfg.rollout.mode == "sync" and cfg.executor == "local"
+    """``runtime.deterministic`` applies: a sync run on the local executor with the torch engine (vLLM's
+    batching and GPU kernels are not repeatable, so lockstep waves would cost without buying anything)."""
+    return (cfg.runtime.deterministic and cfg.rollout.mode == "sync" and cfg.executor == "local"
+            and cfg.engine.backend == "torch")
 
 
 def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, signal: SignalSettings, decode, *,
