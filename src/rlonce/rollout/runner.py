@@ -199,12 +199,13 @@ async def collect(tasks: list, group_size: int, env_factory, engine: Engine, spe
     try:
         if lockstep is None:
             await asyncio.gather(*(one(*x) for x in todo))
-        for r in range(0, len(todo) if lockstep else 0, concurrency):
-            ticket = lockstep.reserve(len(todo[r:r + concurrency]))
-            try:
-                await asyncio.gather(*(one(*x, ticket) for x in todo[r:r + concurrency]))
-            finally:
-                ticket.release()
+        else:
+            for r in range(0, len(todo), concurrency):
+                ticket = lockstep.reserve(len(todo[r:r + concurrency]))
+                try:
+                    await asyncio.gather(*(one(*x, ticket) for x in todo[r:r + concurrency]))
+                finally:
+                    ticket.release()
     finally:
         bar.close()
     for t, x in zip(tasks, samples):
