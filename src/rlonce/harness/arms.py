@@ -67,7 +67,10 @@ def _claude(call: ToolCall) -> ToolCall:
     cmd = call.arguments.get("command", "") if call.name == "bash" else None
     if cmd is None:
         return call
-    words = shlex.split(cmd)
+    try:
+        words = shlex.split(cmd)
+    except ValueError:  # not one shell word list (a heredoc's text, an open quote): plain Bash
+        words = []
     if words[:2] == ["grep", "-r"] and len(words) == 4:
         return ToolCall("Grep", {"pattern": words[2], "path": words[3]})
     if words and words[0] == "ls" and len(words) == 2:
