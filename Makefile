@@ -12,6 +12,8 @@ system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
+	command -v abc2midi >/dev/null 2>&1 || missing="$$missing abcmidi"; \
+	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
 	test -x /usr/bin/python3 || missing="$$missing python3"; \
 	missing="$${missing# }"; \
 	if [ -n "$$missing" ]; then \

@@ -16,6 +16,18 @@ def embedded_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def cyber_pack(tmp_path_factory):
+    """A cyber pack of one shipped target (8 tasks), built with clang and validated (2 reruns)."""
+    from rlonce.envs.cyber.build import build_pack
+    from rlonce.envs.cyber.validate import validate_pack
+
+    out = tmp_path_factory.mktemp("cyber") / "pack"
+    build_pack(out, ["strutil"], progress=False)
+    validate_pack(out, reruns=2, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def lm(embedded_dir):
     import torch
 

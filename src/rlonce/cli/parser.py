@@ -146,9 +146,10 @@ def _add_serve(sub) -> None:
 def _add_tasks(sub) -> None:
     tk = sub.add_parser("tasks", help="build or validate a task pack")
     tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
-    tb = tsub.add_parser("build", help="synthesise tasks from real packages")
-    tb.add_argument("domain", choices=["code"])
+    tb = tsub.add_parser("build", help="synthesise tasks from real packages (code) or the shipped C targets (cyber)")
+    tb.add_argument("domain", choices=["code", "cyber"])
     tb.add_argument("--out", required=True, help="pack directory to write")
+    tb.add_argument("--targets", help="cyber: comma-separated subset of the shipped targets (default: all)")
     tb.add_argument("--per-package", type=_int(1, 100_000), default=40, help="tasks per package, >= 1 (default 40)")
     tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
     tb.add_argument("--seed", type=_int(0, 2**32 - 1), default=0)
@@ -174,9 +175,10 @@ def _add_tasks(sub) -> None:
 
 
 def _add_probe(sub) -> None:
-    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack")
-    pr.add_argument("domain", choices=["code"])
-    pr.add_argument("--pack", required=True)
+    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music: on generated tasks)")
+    pr.add_argument("domain", choices=["code", "cyber", "music"])
+    pr.add_argument("--pack", help="the validated task pack (code, cyber)")
+    pr.add_argument("--tasks", type=_int(1, 100_000), default=50, help="music: held-out tasks to probe (default 50)")
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
     pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
     pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",

@@ -93,11 +93,13 @@ class EngineConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["toolfind", "reasoning", "code"] = "toolfind"
+    name: Literal["toolfind", "reasoning", "code", "music", "cyber"] = "toolfind"
     """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
     single turn: use ``harness.arms = ["single-turn"]``; its scripted expert answers with the gold
-    answer, or set ``sft.demos = 0``) or 'code' (code repair on the validated tasks of a code
-    ``pack``)."""
+    answer, or set ``sft.demos = 0``), 'code' (code repair on the validated tasks of a code
+    ``pack``), 'music' (ABC tunes for generated requests, single turn or with tools; needs the
+    Debian package abcmidi) or 'cyber' (vulnerability reproduction on a ``pack`` from
+    ``rlonce tasks build cyber``; needs clang)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
     """toolfind: share of questions that need two look-ups."""
     datasets: list[str] = Field(["chain_sum"], min_length=1)
@@ -112,7 +114,10 @@ class TaskConfig(Section):
     """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept.
     code (required): a pack from ``rlonce tasks build code`` checked by ``rlonce tasks validate``."""
     heldout_fraction: float = Field(0.2, gt=0, lt=1)
-    """code: share of a validated pack's tasks held out for evaluation (split by task id)."""
+    """code, cyber: share of a validated pack's tasks held out for evaluation (split by task id)."""
+    adherence_weight: float = Field(0.5, ge=0, le=1)
+    """music: reward = (1 - w) x feature score + w x request adherence; 0 is the seed's public
+    scorer exactly (it never checks the request)."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

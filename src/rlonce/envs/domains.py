@@ -33,8 +33,9 @@ class Domain:
     heldout_size: int | None = None
     """Distinct held-out tasks when the held-out stream repeats (a pack); None: endless."""
     expert: Callable | None = None
-    """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours)`` → its
-    assistant turns as text (SFT demonstrations); None when the domain has none."""
+    """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours, single_turn)``
+    → its assistant turns as text (SFT demonstrations; ``single_turn``: for the ``single-turn``
+    arm, else tool calls); None when the domain has none."""
 
     @property
     def has_expert(self) -> bool:
@@ -96,7 +97,7 @@ def _reasoning(task_cfg) -> Domain:
 def _code_task(train: list, heldout: list, split: str, index: int):
     tasks = heldout if split == "heldout" else train
     if not tasks:
-        raise PackError(f"the code pack holds no {'held-out' if split == 'heldout' else 'train'} task; "
+        raise PackError(f"the pack holds no {'held-out' if split == 'heldout' else 'train'} task; "
                         "validate more tasks or change task.heldout_fraction")
     return tasks[index % len(tasks)]
 
@@ -130,6 +131,49 @@ def _code(task_cfg) -> Domain:
                   expert=expert_turns)
 
 
+def _music_task(split: str, index: int):
+    from rlonce.envs.music.tasks import SPLIT_SEEDS, make_task
+
+    return make_task(split if split in SPLIT_SEEDS else "train", index)
+
+
+def _music(task_cfg) -> Domain:
+    from rlonce.envs.music.env import MusicEnv
+    from rlonce.envs.music.expert import expert_turns
+
+    env = partial(MusicEnv, adherence_weight=task_cfg.adherence_weight)
+    return Domain("music", env, _music_task, expert=expert_turns)
+
+
+def _cyber(task_cfg) -> Domain:
+    """Validated tasks of a cyber pack, split by task id like the code domain's."""
+    import dataclasses
+
+    from rlonce.envs.code.validate import record_split, split_tasks
+    from rlonce.envs.cyber.env import CyberEnv
+    from rlonce.envs.cyber.expert import expert_turns
+    from rlonce.envs.cyber.validate import validated_tasks
+
+    pack = task_cfg.pack
+    if not pack or not (Path(pack) / "pack.json").is_file():
+        raise PackError(f"the cyber domain needs `pack` (task.pack, or the source's pack), a built and validated cyber "
+                        f"pack ({pack or 'unset'} is not one): run `rlonce tasks build cyber --out DIR` and "
+                        "`rlonce tasks validate DIR`")
+    if not (Path(pack) / "validation.json").is_file():
+        raise PackError(f"the cyber pack {pack} was never validated: run `rlonce tasks validate {pack}`")
+    tasks = validated_tasks(Path(pack))
+    if not tasks:
+        raise PackError(f"no task of the cyber pack {pack} passed validation; rebuild it with "
+                        "`rlonce tasks build cyber --out DIR` and validate it")
+    split = split_tasks([t.task_id for t in tasks], task_cfg.heldout_fraction)
+    record_split(Path(pack), split)
+    held = set(split["heldout_ids"])
+    train = [t for t in tasks if t.task_id not in held]
+    heldout = [dataclasses.replace(t, split="heldout") for t in tasks if t.task_id in held]
+    return Domain("cyber", CyberEnv, partial(_code_task, train, heldout), heldout_size=len(heldout),
+                  expert=expert_turns)
+
+
 @dataclass(frozen=True)
 class DomainEntry:
     """What the registry knows about a domain before building it (nothing is imported)."""
@@ -139,13 +183,17 @@ class DomainEntry:
     has_expert: bool
     """A scripted expert exists, so SFT demonstrations can be made."""
     single_turn: bool
-    """The task is answered in one reply with no tools (harness arm ``single-turn`` only)."""
+    """The task can be answered in one reply with no tools (harness arm ``single-turn``)."""
+    tools: bool = True
+    """The task can be worked with tools (every other arm); False: ``single-turn`` only."""
 
 
 DOMAINS: dict[str, DomainEntry] = {
     "toolfind": DomainEntry(_toolfind, has_expert=True, single_turn=False),
-    "reasoning": DomainEntry(_reasoning, has_expert=True, single_turn=True),
+    "reasoning": DomainEntry(_reasoning, has_expert=True, single_turn=True, tools=False),
     "code": DomainEntry(_code, has_expert=True, single_turn=False),
+    "music": DomainEntry(_music, has_expert=True, single_turn=True),
+    "cyber": DomainEntry(_cyber, has_expert=True, single_turn=False),
 }
 """Every domain a job can train on, by the name ``task.name`` gives."""
 

@@ -45,7 +45,7 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
         arm = arm_for(spec.arm_seed, 0, task.task_id, list(spec.arms))
         for detour_p in (cfg.sft.detour_p, 0.0):  # the second try: no detours, or again after an outage
             turns = domain.expert(task, rng, fmt, translate=get_arm(arm).translate, detour_p=detour_p,
-                                  max_detours=cfg.sft.max_detours)
+                                  max_detours=cfg.sft.max_detours, single_turn=get_arm(arm).single_turn)
             async with sem:
                 seq = await run_sequence(task, domain.env_factory, ScriptedEngine(turns, encode), spec, arm=arm)
             if seq.status not in (Status.LIMITS, Status.INFRA):

@@ -78,7 +78,7 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
     arms_key = "arms" if cfg.sources else "harness.arms"
     for p in plans:
         entry = DOMAINS[p.options.name]
-        if entry.single_turn and p.arms != ("single-turn",):
+        if not entry.tools and p.arms != ("single-turn",):
             raise ConfigError(f"{where(p)} is single-turn: set {arms_key} = [\"single-turn\"]")
         if not entry.single_turn and "single-turn" in p.arms:
             raise ConfigError(f"{where(p)} needs tools: harness arm 'single-turn' is for single-turn tasks "

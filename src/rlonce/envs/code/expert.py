@@ -91,7 +91,8 @@ def expert_calls(task: CodeTask, rng: random.Random, *, detour_p: float = 0.5, m
     return calls + [submit]
 
 
-def expert_turns(task: CodeTask, rng: random.Random, fmt: ChatFormat, *, translate=None, **kw) -> list[str]:
+def expert_turns(task: CodeTask, rng: random.Random, fmt: ChatFormat, *, translate=None, single_turn: bool = False,
+                 **kw) -> list[str]:
     """The expert's assistant turns as text, one tool call each, ready for a scripted engine.
     ``translate`` maps its calls into a harness arm's own tools (``Arm.translate``)."""
     calls = expert_calls(task, rng, **kw)

@@ -43,7 +43,8 @@ def expert_reply(task: ReasoningTask, rng: random.Random, *, detour_p: float = 0
     return " ".join([*steps, f"<answer>{task.answer}</answer>"])
 
 
-def expert_turns(task: ReasoningTask, rng: random.Random, fmt: ChatFormat, *, translate=None, **kw) -> list[str]:
+def expert_turns(task: ReasoningTask, rng: random.Random, fmt: ChatFormat, *, translate=None, single_turn: bool = False,
+                 **kw) -> list[str]:
     """The expert's one reply as text, ready for a scripted engine (``translate`` is unused: the
     single-turn arm has no tools)."""
     return [fmt.assistant_text(expert_reply(task, rng, **kw), [])]

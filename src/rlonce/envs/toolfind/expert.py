@@ -40,7 +40,8 @@ def expert_calls(task: ToolfindTask, rng: random.Random, *, detour_p: float = 0.
     return calls + [optimal_calls(task)[-1]]
 
 
-def expert_turns(task: ToolfindTask, rng: random.Random, fmt: ChatFormat, *, translate=None, **kw) -> list[str]:
+def expert_turns(task: ToolfindTask, rng: random.Random, fmt: ChatFormat, *, translate=None, single_turn: bool = False,
+                 **kw) -> list[str]:
     """The expert's assistant turns as text, one tool call each, ready for a scripted engine.
     ``translate`` maps its bash calls into a harness arm's own tools (``Arm.translate``)."""
     calls = expert_calls(task, rng, **kw)

@@ -1,0 +1,93 @@
+"""The CLI verbs of the cyber and music domains (``tasks build/validate cyber``, ``probe cyber``,
+``probe music``), kept apart from ``commands`` so each domain's imports stay lazy, and the
+output-folder check every verb shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlonce.errors import UsageError
+
+
+def writable_dir(path: str) -> Path:
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".rlonce-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {p}: {e.strerror or e}; "
+                         "choose another with --out") from None
+    return p
+
+
+def is_cyber_pack(pack: str) -> bool:
+    import json
+
+    f = Path(pack) / "pack.json"
+    try:
+        return f.is_file() and json.loads(f.read_text()).get("domain") == "cyber"
+    except (OSError, ValueError):
+        return False
+
+
+def build_cyber(args) -> int:
+    from rlonce.envs.cyber.build import build_pack, require_clang, target_names
+
+    require_clang()
+    names = args.targets.split(",") if args.targets else target_names()
+    unknown = [n for n in names if n not in target_names()]
+    if unknown:
+        raise UsageError(f"unknown target(s) {', '.join(unknown)}; shipped targets: {', '.join(target_names())}")
+    out = writable_dir(args.out)
+    tasks = build_pack(out, names, progress=not args.quiet)
+    print(f"wrote {len(tasks)} tasks from {len(names)} targets to {out}; next: rlonce tasks validate {out}")
+    return 0
+
+
+def validate_cyber(args) -> int:
+    import json
+
+    from rlonce.envs.cyber.validate import validate_pack
+
+    report = validate_pack(Path(args.pack), reruns=args.reruns, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "validated_ids"}))
+    else:
+        print(f"{report['validated']} of {report['tasks']} tasks validated over {len(report['targets'])} targets and "
+              f"{len(report['types'])} vulnerability types ({', '.join(report['types'])}); dropped: "
+              f"{report['dropped'] or 'none'}; report in {Path(args.pack) / 'validation.json'}")
+    return 0
+
+
+def probe_cyber(args) -> int:
+    import json
+
+    from rlonce.envs.cyber.probe import ROUTES, format_report, probe_pack
+    from rlonce.envs.cyber.validate import validated_tasks
+
+    routes = args.routes.split(",") if args.routes else None
+    unknown = [r for r in routes or [] if r not in ROUTES]
+    if unknown:
+        raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    tasks = validated_tasks(Path(args.pack))
+    if args.limit:
+        tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
+    if not tasks:
+        raise UsageError(f"{args.pack} has no validated tasks to probe")
+    report = probe_pack(tasks, routes=routes, progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def probe_music(args) -> int:
+    import json
+
+    from rlonce.envs.music.abc import require_abc2midi
+    from rlonce.envs.music.probe import format_report, probe_music
+
+    require_abc2midi()
+    report = probe_music(args.tasks, progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,99 @@
+"""``rlonce tasks build cyber``: compile the targets with the sanitizers and write a task pack.
+
+The targets ship with rlonce (``rlonce/envs/cyber/targets/``: original C programs written for
+the project, each with planted bugs and a manifest of reference PoCs). Each is built once with
+clang, AddressSanitizer and UndefinedBehaviorSanitizer (``FLAGS``: no optimisation, debug
+information and frame pointers, so the report's frames are the source's functions). Then every
+bug's reference PoC runs through the oracle: the task's description and target (type, function,
+file) are what that report says. A bug whose report disagrees with its manifest is left out and
+named in ``build.json`` (the manifest is wrong, or the compiler changed the program).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from rlonce.envs.cyber.oracle import run_input
+from rlonce.errors import PackError, RlonceError
+
+TARGETS = Path(__file__).with_name("targets")
+FLAGS = ["-std=c11", "-g", "-O0", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+         "-fno-sanitize-recover=undefined"]
+
+
+class ClangMissing(RlonceError):
+    pass
+
+
+def require_clang() -> str:
+    path = shutil.which("clang")
+    if path is None:
+        raise ClangMissing("clang is not installed; install the Debian package: apt-get install clang")
+    return path
+
+
+def target_names() -> list[str]:
+    return sorted(p.name for p in TARGETS.iterdir() if (p / "bugs.json").is_file())
+
+
+def compile_target(src: Path, out: Path) -> None:
+    r = subprocess.run([require_clang(), *FLAGS, "-o", str(out), str(src)], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise PackError(f"clang could not build {src.name}: {r.stderr.strip()[-400:]}")
+
+
+async def _describe(pack: Path, name: str, bug: dict) -> tuple[dict | None, str]:
+    run = await run_input(pack / "bin" / name, bytes.fromhex(bug["poc_hex"]))
+    rep = run.report
+    top = rep.top_frame({f"{name}.c"}) if rep else None
+    if rep is None or top is None:
+        return None, "the reference PoC produced no sanitizer report in the target's source"
+    if (rep.kind, top.function) != (bug["type"], bug["function"]):
+        return None, f"the reference PoC reports {rep.kind} in {top.function}, the manifest says " \
+                     f"{bug['type']} in {bug['function']}"
+    return {"task_id": f"cyber/{bug['id']}", "source": "cyber", "target": name, "bug_id": bug["id"],
+            "kind": rep.kind, "function": top.function, "file": top.file, "sanitizer": rep.sanitizer}, ""
+
+
+def build_pack(out: Path, names: list[str] | None = None, *, progress: bool = True) -> list[dict]:
+    """Build ``names`` (default: every shipped target) into the pack ``out``; the tasks written."""
+    clang = require_clang()
+    out = Path(out)
+    names = names or target_names()
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    hashes = {}
+    for name in tqdm(names, desc="compiling targets", unit="target", disable=not progress, leave=False):
+        dest = out / "targets" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in (f"{name}.c", "bugs.json"):
+            shutil.copyfile(TARGETS / name / f, dest / f)
+        compile_target(dest / f"{name}.c", out / "bin" / name)
+        hashes[name] = hashlib.sha256((dest / f"{name}.c").read_bytes()).hexdigest()
+    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    (out / "pack.json").write_text(json.dumps({"domain": "cyber", "clang": version, "flags": FLAGS,
+                                               "targets": hashes}, indent=2) + "\n")
+    jobs = [(name, bug) for name in names for bug in json.loads((out / "targets" / name / "bugs.json").read_text())]
+
+    async def all_() -> list[tuple[dict | None, str]]:
+        sem = asyncio.Semaphore(2)
+
+        async def one(name, bug):
+            async with sem:
+                return await _describe(out, name, bug)
+
+        return await asyncio.gather(*(one(n, b) for n, b in jobs))
+
+    results = asyncio.run(all_())
+    tasks = [t for t, _ in results if t is not None]
+    dropped = {f"cyber/{b['id']}": why for (_, b), (t, why) in zip(jobs, results) if t is None}
+    (out / "tasks.json").write_text(json.dumps(tasks, indent=1) + "\n")
+    (out / "build.json").write_text(json.dumps({"tasks": len(tasks), "dropped": dropped}, indent=2) + "\n")
+    return tasks

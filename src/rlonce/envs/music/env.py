@@ -1,0 +1,129 @@
+"""Music environment: a request, an ABC tune back, a compiler-and-features grader.
+
+Two ways to answer. Single turn (harness arm ``single-turn``): the reply is the answer, as in
+the public Music recipe. With tools (any other arm): a bubblewrap workspace where ``abc2midi``
+runs (the agent may convert its tune to check it), and ``submit`` with the tune's text or the
+path of the ``.abc`` file it wrote (read from the host without following links).
+
+Grading (``rlonce.envs.music.abc``, ``score``, ``adherence``): extract, gate, convert in a fresh
+sandbox, gate again, then ``reward = (1 − a) · feature score + a · adherence``. A gated tune
+earns 0. A missing abc2midi is infrastructure (``Abc2MidiMissing``), never a 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rlonce.core.records import Grade, Sequence
+from rlonce.envs.base import function_tool
+from rlonce.envs.music import abc as abcmod
+from rlonce.envs.music import adherence as adh
+from rlonce.envs.music.features import read_midi
+from rlonce.envs.music.score import feature_score, reward
+from rlonce.envs.music.tasks import MusicTask
+from rlonce.envs.toolfind.env import BASH_TOOL, format_exec
+from rlonce.sandbox import hostfs
+from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+
+SYSTEM_PROMPT = ("You write tunes in ABC notation. With tools, you may check a file with `abc2midi FILE -o out.mid` "
+                 "and submit the tune or the file's path.")
+SUBMIT_TOOL = function_tool("submit", "Submit the tune: its ABC text or the path of the .abc file.",
+                            {"answer": {"type": "string"}}, ["answer"])
+ADHERENCE_WEIGHT = 0.5
+PASS_THRESHOLD = 0.6
+
+
+def _is_path(answer: str) -> bool:
+    a = answer.strip()
+    return bool(a) and "\n" not in a and "X:" not in a and len(a) < 256
+
+
+class MusicEnv:
+    def __init__(self, task: MusicTask, *, adherence_weight: float = ADHERENCE_WEIGHT,
+                 pass_threshold: float = PASS_THRESHOLD, limits: Limits | None = None):
+        self.task = task
+        self.adherence_weight = adherence_weight
+        self.pass_threshold = pass_threshold
+        self.limits = limits or Limits(cpu_seconds=60, wall_seconds=60.0, output_bytes=8192)
+        self.sandbox: BwrapSandbox | None = None
+        self.metrics: dict[str, float] = {}
+
+    async def setup(self) -> None:
+        abcmod.require_abc2midi()
+
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def user_prompt(self) -> str:
+        return self.task.prompt
+
+    def tools(self) -> list[dict]:
+        return [BASH_TOOL, SUBMIT_TOOL]
+
+    async def call_tool(self, name: str, arguments: dict) -> str:
+        if name != "bash":
+            raise KeyError(name)
+        command = arguments.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return "[error: bash needs a non-empty 'command' string]"
+        if self.sandbox is None:  # made on first use: the single-turn arm never needs one
+            self.sandbox = BwrapSandbox(self.limits)
+        r = await self.sandbox.exec(command)
+        return format_exec(r.exit_code, r.output, r.timed_out)
+
+    def _answer_text(self, answer: str) -> tuple[str | None, str]:
+        """The text to grade, and how it was found."""
+        if self.sandbox is not None and _is_path(answer):
+            try:
+                data = hostfs.read_file(self.sandbox.workspace, answer.strip(), abcmod.MAX_ABC_CHARS * 4)
+                return data.decode("utf-8", "replace"), f"read from {answer.strip()!r}"
+            except (hostfs.HostileFile, OSError) as e:
+                return None, f"could not read {answer.strip()!r}: {e}"
+        return answer, "from the answer"
+
+    async def grade(self, sequence: Sequence) -> Grade:
+        text, how = self._answer_text(sequence.answer or "")
+        return await grade_text(self.task, text, self.adherence_weight, self.pass_threshold, self.metrics, how)
+
+    async def cleanup(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+async def grade_text(task: MusicTask, text: str | None, adherence_weight: float, pass_threshold: float,
+                     metrics: dict[str, float], how: str = "") -> Grade:
+    """Grade ``text`` for ``task``; fills ``metrics`` (``music_score``, ``adherence``, one
+    ``adh_<item>`` each, the group scores, ``gated``)."""
+    req = task.request
+    abc = abcmod.extract(text) if text is not None else None
+    gate = abcmod.static_gate(abc)
+    conv = score = None
+    if gate is None:
+        conv = await abcmod.convert(abc)
+        gate = conv.gate(req.bars)
+    if gate is None:
+        try:
+            score = await asyncio.to_thread(read_midi, conv.midi)
+        except Exception:  # noqa: BLE001 - abc2midi wrote something no MIDI reader accepts
+            gate = "compile_error"
+    if gate is None and len(score.notes) < abcmod.MIN_NOTES:
+        gate = "no_notes"
+    if gate is None and score.seconds > abcmod.MAX_SECONDS:
+        gate = "too_long_midi"
+    metrics["gated"] = float(gate is not None)
+    if gate is not None:
+        metrics.update(music_score=0.0, adherence=0.0)
+        log = f"; abc2midi said: {conv.log.strip()[-600:]}" if conv is not None else ""
+        return Grade(0.0, passed=False, transcript=f"tune {how}: rejected by the gate {gate!r}{log}")
+    fs, parts = await asyncio.to_thread(feature_score, score)
+    items = adh.check(req, abc, score)
+    a = adh.adherence(items)
+    r = reward(fs, a, adherence_weight)
+    metrics.update(music_score=fs, adherence=a, **{f"adh_{k}": float(v) for k, v in items.items()},
+                   **{k: v for k, v in parts.items() if k.startswith("group_") or k in ("base", "dist_s")})
+    said = ", ".join(f"{k} {'met' if v else 'missed'}" for k, v in items.items())
+    return Grade(float(r), passed=r >= pass_threshold,
+                 transcript=f"tune {how}: {len(score.notes)} notes, {adh.bar_count(score)} bars; "
+                            f"feature score {fs:.3f} "
+                            f"(base {parts['base']:.3f}, dist_s {parts['dist_s']:.3f}); adherence {a:.3f} ({said}); "
+                            f"reward (1 - {adherence_weight:g}) x {fs:.3f} + {adherence_weight:g} x {a:.3f} = {r:.4f}")

@@ -1,0 +1,100 @@
+"""The cyber domain through the real loop: clang-built targets, the sanitizer oracle in real
+bubblewrap sandboxes, the scripted expert under several arms, the CLI verbs."""
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from rlonce import cli
+from rlonce.config import load_config
+from rlonce.core.records import Sequence, Status
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
+from rlonce.envs.cyber.env import CyberEnv
+from rlonce.envs.cyber.expert import expert_turns, function_lines
+from rlonce.envs.cyber.validate import validated_tasks
+from rlonce.envs.domains import domain_for
+from rlonce.harness.arms import get_arm
+from rlonce.harness.loop import HarnessLimits
+from rlonce.model.chat import get_format
+from rlonce.rollout.runner import RolloutSpec, run_sequence
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_the_pack_validates_every_bug_and_describes_it_from_its_report(cyber_pack):
+    report = json.loads((cyber_pack / "validation.json").read_text())
+    assert report["validated"] == report["tasks"] == 8 and report["dropped"] == {}
+    tasks = validated_tasks(cyber_pack)
+    assert len({t.kind for t in tasks}) >= 4
+    for t in tasks:
+        # the description names type, function and file, never the input or the maintainer's summary
+        assert t.kind in t.description and t.function in t.description and t.file in t.description
+        assert t.reference_poc().hex() not in t.description
+    manifest = (cyber_pack / "targets" / "strutil" / "bugs.json").read_text()
+    assert all(json.loads(manifest)[i]["summary"] not in t.description for i, t in enumerate(tasks))
+
+
+@pytest.mark.parametrize("arm", ["mini-bash", "mini-claude-code", "mini-codex"])
+def test_the_expert_reproduces_bugs_through_each_arm(lm, cyber_pack, arm):
+    domain = domain_for(load_config(None, ["task.name=cyber", f"task.pack={cyber_pack}"]).task)
+    spec = RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=900),
+                       HarnessLimits(max_turns=20), arms=(arm,), max_context=8192)
+    for i in range(2):
+        task = domain.task("train", i)
+        turns = expert_turns(task, random.Random(i), get_format("hermes"), translate=get_arm(arm).translate,
+                             detour_p=0.5)
+        seq = asyncio.run(run_sequence(task, domain.env_factory, ScriptedEngine(turns, lm.encode), spec, arm=arm))
+        assert seq.status is Status.SUBMITTED and seq.reward == 1.0, (seq.cause, seq.transcript)
+        assert "match" in seq.transcript and seq.metrics["run_target_calls"] >= 1
+
+
+def test_run_target_shows_the_report_and_the_grader_reruns_the_pristine_binary(cyber_pack):
+    task = validated_tasks(cyber_pack)[0]
+
+    async def go():
+        env = CyberEnv(task)
+        await env.setup()
+        try:
+            src = await env.call_tool("bash", {"command": f"wc -l src/{task.file}"})
+            poc = task.reference_poc()
+            env.sandbox.put_file("poc.bin", poc)
+            shown = await env.call_tool("bash", {"command": "run-target poc.bin"})
+            direct = await env.call_tool("bash", {"command": f"/opt/target/{task.target} poc.bin"})
+            seq = Sequence(task.task_id, "t")
+            seq.answer = "poc.bin"
+            good = await env.grade(seq)
+            env.sandbox.put_file("empty.bin", b"")
+            seq.answer = "empty.bin"
+            bad = await env.grade(seq)
+            return src, shown, direct, good, bad
+        finally:
+            await env.cleanup()
+
+    src, shown, direct, good, bad = asyncio.run(go())
+    assert src.split()[0].isdigit() and "[sanitizer report]" in shown and task.kind.split("-")[0] in shown
+    assert "[sanitizer report]" not in direct  # the agent's own sandbox: the address-space cap stops ASan
+    assert good.reward == 1.0 and good.passed and bad.reward == 0.0 and not bad.passed
+    lo, hi = function_lines(task.source_file.read_text(), task.function)
+    assert lo < hi and task.function in task.source_file.read_text().splitlines()[lo - 1]
+
+
+def test_cli_build_validate_probe_and_a_missing_clang(tmp_path, capsys, monkeypatch, cyber_pack):
+    assert cli.main(["tasks", "build", "cyber", "--out", str(tmp_path / "p"), "--targets", "calcvm", "--quiet"]) == 0
+    assert "wrote 8 tasks from 1 targets" in capsys.readouterr().out
+    assert cli.main(["tasks", "build", "cyber", "--out", str(tmp_path / "q"), "--targets", "nope"]) == 2
+    assert "unknown target(s) nope" in capsys.readouterr().err
+    assert cli.main(["probe", "cyber", "--pack", str(cyber_pack), "--limit", "2", "--routes",
+                     "other_bug_poc,fake_report_as_input", "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["control_ok"] and report["holes"] == [] and report["rewarded"]["reference_poc"] == 2
+    assert cli.main(["probe", "cyber"]) == 2
+    assert "needs --pack" in capsys.readouterr().err
+    from rlonce.envs.cyber import build
+
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    assert cli.main(["tasks", "build", "cyber", "--out", str(tmp_path / "r")]) != 0
+    err = capsys.readouterr().err
+    assert "apt-get install clang" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,66 @@
+"""The music domain through the real loop: the scripted expert under the single-turn arm and a tool
+arm (abc2midi in a real bubblewrap sandbox), the gateway, the grader; the probes; the CLI."""
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from rlonce import cli
+from rlonce.config import load_config
+from rlonce.core.records import Status
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.scripted import ScriptedEngine
+from rlonce.envs.domains import domain_for
+from rlonce.envs.music.expert import expert_turns
+from rlonce.harness.arms import get_arm
+from rlonce.harness.loop import HarnessLimits
+from rlonce.model.chat import get_format
+from rlonce.rollout.runner import RolloutSpec, run_sequence
+from rlonce.rollout.sources import check_sources
+
+pytestmark = pytest.mark.sandbox
+MUSIC = ["task.name=music", "harness.arms=[single-turn]"]
+
+
+def _spec(lm, arm):
+    return RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=900),
+                       HarnessLimits(max_turns=6), arms=(arm,), max_context=4096)
+
+
+@pytest.mark.parametrize("arm", ["single-turn", "mini-bash", "mini-claude-code"])
+def test_the_expert_is_graded_through_each_kind_of_arm(lm, arm):
+    domain = domain_for(load_config(None, MUSIC).task)
+    rewards = []
+    for i in range(3):
+        task = domain.task("heldout", i)
+        turns = expert_turns(task, random.Random(i), get_format("hermes"), translate=get_arm(arm).translate,
+                             detour_p=0.0, single_turn=get_arm(arm).single_turn)
+        seq = asyncio.run(run_sequence(task, domain.env_factory, ScriptedEngine(turns, lm.encode), _spec(lm, arm),
+                                       arm=arm))
+        assert seq.status is Status.SUBMITTED, seq.cause
+        assert seq.metrics["adherence"] == 1.0 and seq.metrics["gated"] == 0.0
+        assert "adherence 1.000" in seq.transcript
+        rewards.append(seq.reward)
+    # no flaws: every request item met, and the feature score of a corpus-style tune
+    assert all(0.5 + 0.5 * 0.8 <= r <= 1.0 for r in rewards)
+
+
+def test_music_takes_both_kinds_of_arm_and_has_an_expert():
+    check_sources(load_config(None, ["task.name=music", "harness.arms=[single-turn]"]))
+    check_sources(load_config(None, ["task.name=music", "harness.arms=[mini-bash,mini-codex]"]))
+    dom = domain_for(load_config(None, ["task.name=music", "task.adherence_weight=0"]).task)
+    assert dom.has_expert and dom.env_factory.keywords["adherence_weight"] == 0.0
+    assert dom.task("train", 3) == dom.task("train", 3) and dom.task("train", 3) != dom.task("heldout", 3)
+
+
+def test_every_probe_route_scores_below_the_experts_median(capsys):
+    assert cli.main(["probe", "music", "--tasks", "8", "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["holes"] == [] and report["expert_median"] > 0.8
+    for name in ("empty", "headers_only", "minimal", "second_tune_in_block", "good_tune_after_junk_block", "huge",
+                 "symlink_answer"):
+        assert report["routes"][name]["max"] == 0.0, name  # gated, or nothing to read
+    for name in ("repeated_note", "copied_reference", "random_notes"):
+        assert 0.0 < report["routes"][name]["max"] < report["expert_median"], name
