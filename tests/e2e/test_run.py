@@ -33,20 +33,22 @@ def test_run_directory_is_complete(tiny_run):
     out, cfg, summary = tiny_run
     for name in ("config.json", "metrics.jsonl", "ledger.jsonl", "summary.json", "report.html"):
         assert (out / name).is_file(), name
-    for key in ("baseline_success", "final_success", "heldout_tasks", "wall_seconds"):
+    for key in ("baseline_success", "final_success", "baseline_reward", "final_reward", "heldout_tasks",
+                "wall_seconds"):
         assert key in summary
     assert summary["heldout_tasks"] == cfg.eval.heldout_tasks + 4  # toolfind's 8 and arith's own 4
     assert {k: v["heldout_tasks"] for k, v in summary["sources"].items()} == {"toolfind": 8, "arith": 4}
     assert set(summary["final_success_per_arm"]) == {"toolfind/mini-bash", "arith/single-turn"}
     assert json.loads((out / "summary.json").read_text()) == summary
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 10  # 8 curves + retained share and success per source
+    assert html.count("data:image/png;base64,") == 11  # 9 curves + retained share and success per source
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)
     assert [(r["src/toolfind/target_share"], r["src/arith/target_share"]) for r in steps] == [(0.75, 0.25)] * 2
     evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] == 0 or r.get("final")]
     assert len(evals) == 2
+    assert [r["heldout_reward"] for r in evals] == [summary["baseline_reward"], summary["final_reward"]]
     for r, key in zip(evals, ("baseline_success", "final_success")):
         assert {k: r[f"src/{k}/heldout_success"] for k in ("toolfind", "arith")} == {
             k: v[key] for k, v in summary["sources"].items()}
@@ -428,7 +430,7 @@ def test_view_api_shows_a_sequence_as_its_stored_columns(tiny_run):
         spare = http.get(f"/api/steps/1/untrained/{untrained[0][1]['rows'][0]}").json()
         png = http.get("/api/plots/0.png")
         missing = [http.get(p).status_code for p in ("/api/steps/99", f"/api/steps/1/rows/{len(meta['rows'])}")]
-    assert [s["step"] for s in run["steps"]] == stored_steps(out) == [1, 2] and len(run["plots"]) == 10
+    assert [s["step"] for s in run["steps"]] == stored_steps(out) == [1, 2] and len(run["plots"]) == 11
     assert [g["group_id"] for g in trained] == [g["group_id"] for g in meta["groups"]]
     a, b = int(cols["row_offsets"][row]), int(cols["row_offsets"][row + 1])
     mask = cols["loss_mask"][a:b].astype(bool)

@@ -90,4 +90,4 @@ def test_a_reasoning_run_logs_the_train_inference_mismatch(tmp_path):
         assert r["mismatch_tokens"] > 0 and 0 <= r["mismatch_kl"] < 1e-4 and r["mismatch_corr"] > 0.999
     for e in read_jsonl(out / "ledger.jsonl"):
         assert e["dispatched"] == 4 and e["retained"] == 4 and e["source"] == "reasoning"
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 8
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 9

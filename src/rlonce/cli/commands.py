@@ -48,7 +48,9 @@ def _run(cfg, resume: bool, args) -> int:
     from rlonce.recipes.grpo import run
 
     summary = run(cfg, resume=resume, progress=not args.quiet, accept_changes=getattr(args, "accept_changes", False))
-    print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f} "
+    reward = ("" if summary.get("baseline_reward") is None else
+              f" (mean reward {summary['baseline_reward']:.3f} -> {summary['final_reward']:.3f})")
+    print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f}{reward} "
           f"on {summary['heldout_tasks']} held-out tasks in {summary['wall_seconds']:.0f}s; run directory {cfg.out}")
     if len(summary["sources"]) > 1:
         for label, src in summary["sources"].items():

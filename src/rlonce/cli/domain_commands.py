@@ -88,6 +88,6 @@ def probe_music(args) -> int:
     from rlonce.envs.music.probe import format_report, probe_music
 
     require_abc2midi()
-    report = probe_music(args.tasks, progress=not args.quiet and not args.json)
+    report = probe_music(args.tasks, progress=not args.quiet and not args.json, adherence_weight=args.adherence_weight)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

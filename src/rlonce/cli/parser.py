@@ -179,6 +179,8 @@ def _add_probe(sub) -> None:
     pr.add_argument("domain", choices=["code", "cyber", "music"])
     pr.add_argument("--pack", help="the validated task pack (code, cyber)")
     pr.add_argument("--tasks", type=_int(1, 100_000), default=50, help="music: held-out tasks to probe (default 50)")
+    pr.add_argument("--adherence-weight", type=_float(0, 1, open_low=False), default=0.5,
+                    help="music: the grader's task.adherence_weight (default 0.5; 0 is the seed's public scorer)")
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
     pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
     pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",

@@ -118,6 +118,8 @@ class TaskConfig(Section):
     adherence_weight: float = Field(0.5, ge=0, le=1)
     """music: reward = (1 - w) x feature score + w x request adherence; 0 is the seed's public
     scorer exactly (it never checks the request)."""
+    max_bars: int = Field(24, ge=8, le=24)
+    """music: the longest tune a request asks for (requests draw 8, 12, 16 or 24 bars up to it)."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

@@ -131,10 +131,10 @@ def _code(task_cfg) -> Domain:
                   expert=expert_turns)
 
 
-def _music_task(split: str, index: int):
-    from rlonce.envs.music.tasks import SPLIT_SEEDS, make_task
+def _music_task(max_bars: int, split: str, index: int):
+    from rlonce.envs.music.tasks import make_task
 
-    return make_task(split if split in SPLIT_SEEDS else "train", index)
+    return make_task(split, index, max_bars=max_bars)
 
 
 def _music(task_cfg) -> Domain:
@@ -142,7 +142,7 @@ def _music(task_cfg) -> Domain:
     from rlonce.envs.music.expert import expert_turns
 
     env = partial(MusicEnv, adherence_weight=task_cfg.adherence_weight)
-    return Domain("music", env, _music_task, expert=expert_turns)
+    return Domain("music", env, partial(_music_task, task_cfg.max_bars), expert=expert_turns)
 
 
 def _cyber(task_cfg) -> Domain:

@@ -21,9 +21,10 @@ EVAL_SEED = 12345
 async def heldout_success(domain: Domain, engine: Engine, spec: RolloutSpec, n: int, desc: str, *,
                           concurrency: int = 128, progress: bool = True) -> dict:
     """Held-out success: the first ``n`` held-out tasks under every arm of ``spec``, one seeded
-    attempt each; ``success`` is the mean over arms; infrastructure failures are left out."""
+    attempt each; ``success`` (the passed share) and ``reward`` (the mean reward: a graded
+    domain's score) are means over arms; infrastructure failures are left out."""
     tasks = [domain.task("heldout", i) for i in range(n)]
-    per_arm, scored_n, infra = {}, 0, 0
+    per_arm, rewards, scored_n, infra = {}, {}, 0, 0
     for arm in spec.arms:
         label = desc if len(spec.arms) == 1 else f"{desc} {arm}"
         samples = await collect(tasks, 1, domain.env_factory, engine, spec, arm=arm, desc=label,
@@ -31,8 +32,10 @@ async def heldout_success(domain: Domain, engine: Engine, spec: RolloutSpec, n: 
         seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
         per_arm[arm] = sum(s.passed for s in scored) / max(len(scored), 1)
+        rewards[arm] = sum(s.reward or 0.0 for s in scored) / max(len(scored), 1)
         scored_n, infra = scored_n + len(scored), infra + len(seqs) - len(scored)
     return {"success": sum(per_arm.values()) / len(per_arm), "per_arm": per_arm,
+            "reward": sum(rewards.values()) / len(rewards),
             "tasks": scored_n // len(per_arm), "infra_failed": infra}
 
 

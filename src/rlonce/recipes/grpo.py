@@ -59,6 +59,8 @@ class RunState:
     """Tasks drawn from the sources' train streams so far (all sources)."""
     version: int = 0
     baseline_success: float | None = None
+    baseline_reward: float | None = None
+    """Mean held-out reward of the baseline evaluation (a graded domain's score)."""
     baseline_per_arm: dict | None = None
     baseline_per_source: dict | None = None
     wall_seconds_before: float = 0.0
@@ -240,6 +242,7 @@ class Job:
         if len(per_source) == 1:
             return {**next(iter(per_source.values())), "per_source": per_source}
         return {"success": sum(self.sources[k].plan.share * v["success"] for k, v in per_source.items()),
+                "reward": sum(self.sources[k].plan.share * v["reward"] for k, v in per_source.items()),
                 "per_arm": {f"{k}/{a}": x for k, v in per_source.items() for a, x in v["per_arm"].items()},
                 "tasks": sum(v["tasks"] for v in per_source.values()),
                 "infra_failed": sum(v["infra_failed"] for v in per_source.values()), "per_source": per_source}
@@ -302,9 +305,10 @@ class Job:
         if st.baseline_success is None:
             ev = self.evaluate("baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
+            st.baseline_reward = ev["reward"]
             st.baseline_per_source = {k: v["success"] for k, v in ev["per_source"].items()}
-            self.metrics.write({"step": 0, "heldout_success": ev["success"], "version": st.version,
-                                **per_source_success(ev)})
+            self.metrics.write({"step": 0, "heldout_success": ev["success"], "heldout_reward": ev["reward"],
+                                "version": st.version, **per_source_success(ev)})
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks"
                       + "".join(f"; {k} {v:.3f}" for k, v in st.baseline_per_source.items() if len(self.sources) > 1))
             self.save_checkpoint()
@@ -316,13 +320,16 @@ class Job:
             st.phase = "done"
             self.save_checkpoint()  # then the records: a run killed past here resumes to write them once
         final = st.final
-        self.metrics.write({"step": st.rl_step, "heldout_success": final["success"], "version": st.version,
-                            "final": True, **per_source_success(final)})
+        self.metrics.write({"step": st.rl_step, "heldout_success": final["success"],
+                            "heldout_reward": final.get("reward"), "version": st.version, "final": True,
+                            **per_source_success(final)})
         wall = self._elapsed()
         summary = {
             "baseline_success": st.baseline_success,
             "final_success": final["success"],
             "improvement": final["success"] - st.baseline_success,
+            "baseline_reward": st.baseline_reward,
+            "final_reward": final.get("reward"),
             "heldout_tasks": final["tasks"],
             "heldout_infra_failed": final["infra_failed"],
             "rl_steps": st.rl_step,

@@ -113,7 +113,7 @@ async def rl_phase(job) -> None:
             rec = await rl_step(job, orch)
             if cfg.eval.every and rec["step"] % cfg.eval.every == 0 and rec["step"] < cfg.rl.steps:
                 ev = await job.evaluate_async(f"eval {rec['step']}", during=True)
-                rec.update({"heldout_success": ev["success"], **per_source_success(ev)})
+                rec.update({"heldout_success": ev["success"], "heldout_reward": ev["reward"], **per_source_success(ev)})
             job.metrics.write(rec)
             bar.update(1)
             bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", len=f"{rec['response_tokens_mean']:.0f}",

@@ -27,11 +27,11 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
                          n: int | None = None, progress: bool = True) -> list[Sequence]:
     """``n`` (default ``cfg.sft.demos``) sequences of the scripted expert (each under its task's
     step-0 arm), with room for its detours (64 turns) within the source's token budgets. A
-    demonstration whose detours overrun a budget is played again without detours, one that failed
-    in the infrastructure is played again; one that still overruns or fails so is left out,
-    counted in a warning (the task does not fit the model's budgets; an outage is not the
-    expert's). Every other must succeed: the expert is exact, so a failure means the task generator or the
-    sandbox is broken."""
+    demonstration whose detours overrun a budget (or, in a graded domain, whose flaws cost its
+    pass) is played again without detours, one that failed in the infrastructure is played again;
+    one that still overruns or fails so is left out, counted in a warning (the task does not fit
+    the model's budgets; an outage is not the expert's). Every other must succeed: the expert
+    without detours is exact, so a failure means the task generator or the sandbox is broken."""
     if domain.expert is None:
         raise ConfigError(f"task {domain.name!r} has no scripted expert for SFT: set sft.demos = 0")
     rng = random.Random(cfg.runtime.seed)
@@ -48,8 +48,8 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
                                   max_detours=cfg.sft.max_detours, single_turn=get_arm(arm).single_turn)
             async with sem:
                 seq = await run_sequence(task, domain.env_factory, ScriptedEngine(turns, encode), spec, arm=arm)
-            if seq.status not in (Status.LIMITS, Status.INFRA):
-                break
+            if seq.status not in (Status.LIMITS, Status.INFRA) and (seq.passed or detour_p == 0.0):
+                break  # (a graded domain's flaws can cost a pass: the flawless replay must pass)
         bar.update(1)
         return seq
 

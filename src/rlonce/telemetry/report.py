@@ -13,6 +13,7 @@ from rlonce.telemetry.metrics import read_jsonl
 PLOTS = [
     ("reward", "Training reward (mean over the step's sequences)", "reward_mean"),
     ("heldout", "Held-out success (ends: all held-out tasks; between: a subset)", "heldout_success"),
+    ("heldout_reward", "Held-out mean reward (a graded domain's score)", "heldout_reward"),
     ("entropy", "Policy entropy (nats / trained token)", "entropy"),
     ("length", "Response length (model tokens / sequence)", "response_tokens_mean"),
     ("step_time", "Step time (s): rollout and train", ("rollout_seconds", "train_seconds")),

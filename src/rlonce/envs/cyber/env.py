@@ -27,9 +27,8 @@ from rlonce.envs.toolfind.env import BASH_TOOL, format_exec
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 
-SYSTEM_PROMPT = ("You reproduce a known vulnerability in a C program. Read its source in src/ with bash, write an "
-                 "input file that triggers the reported bug, check it with `run-target FILE`, then call submit "
-                 "with the file's path.")
+SYSTEM_PROMPT = ("Reproduce the reported bug of a C program: read src/, write an input file, check it with "
+                 "`run-target FILE` (the sanitizer build's report), submit the file's path.")
 SUBMIT_TOOL = function_tool("submit", "Submit the path of the PoC input file.", {"answer": {"type": "string"}},
                             ["answer"])
 RUN_TARGET = re.compile(r"\s*run-target\s+(\S+)\s*")

@@ -34,8 +34,10 @@ def function_lines(source: str, function: str) -> tuple[int, int]:
 
 
 def printf_command(data: bytes, path: str = POC) -> str:
-    """A shell command writing ``data`` to ``path`` exactly (every byte as an octal escape)."""
-    return "printf '" + "".join(f"\\{b:03o}" for b in data) + f"' > {path}"
+    """A shell command writing ``data`` to ``path`` exactly: printable bytes as themselves, the rest
+    (and the quote, backslash and percent sign) as octal escapes."""
+    text = "".join(chr(b) if 0x20 <= b < 0x7f and chr(b) not in "'\\%" else f"\\{b:03o}" for b in data)
+    return f"printf '{text}' > {path}"
 
 
 def optimal_calls(task: CyberTask) -> list[ToolCall]:

@@ -78,14 +78,14 @@ def check(req: Request, abc: str, score: Score) -> dict[str, bool]:
     """Each item of ``ITEMS``: met or not."""
     mel = melody(score)
     programs = [n.program for n in mel]
-    return {
+    return {k: bool(v) for k, v in {
         "key": key_field(abc) == req.key and in_key(score, req.key) >= IN_KEY,
         "meter": f"{score.meter[0]}/{score.meter[1]}" == req.meter,
         "tempo": abs(score.tempo_qpm - req.tempo) <= 1.0,
         "instrument": bool(programs) and max(set(programs), key=programs.count) == req.program,
         "bars": bar_count(score) == req.bars,
         "form": bar_count(score) == req.bars and form_holds(score, req.form),
-    }
+    }.items()}
 
 
 def adherence(items: dict[str, bool]) -> float:

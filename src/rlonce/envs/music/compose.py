@@ -61,9 +61,11 @@ class Request:
         return self.bars // len(self.form)
 
 
-def random_request(rng: random.Random) -> Request:
+def random_request(rng: random.Random, max_bars: int = 24) -> Request:
+    """A request of at most ``max_bars`` bars (at least 8: every form fits)."""
     form = rng.choice(FORMS)
-    bars = rng.choice((8, 16, 16, 24)) if len(form) == 4 else rng.choice((8, 12, 16))
+    lengths = (8, 16, 16, 24) if len(form) == 4 else (8, 12, 16)
+    bars = rng.choice([b for b in lengths if b <= max_bars] or [8])
     return Request(rng.choice(list(KEYS)), rng.choice(list(METERS)), bars, rng.randrange(60, 164, 4),
                    rng.choice(list(INSTRUMENTS)), form)
 

@@ -30,7 +30,9 @@ SYSTEM_PROMPT = ("You write tunes in ABC notation. With tools, you may check a f
 SUBMIT_TOOL = function_tool("submit", "Submit the tune: its ABC text or the path of the .abc file.",
                             {"answer": {"type": "string"}}, ["answer"])
 ADHERENCE_WEIGHT = 0.5
-PASS_THRESHOLD = 0.6
+PASS_SCORE = PASS_ADHERENCE = 0.5
+"""``passed``: the tune cleared the gates, its feature score is at least ``PASS_SCORE`` and (when
+adherence counts) it meets at least ``PASS_ADHERENCE`` of the request."""
 
 
 def _is_path(answer: str) -> bool:
@@ -39,11 +41,9 @@ def _is_path(answer: str) -> bool:
 
 
 class MusicEnv:
-    def __init__(self, task: MusicTask, *, adherence_weight: float = ADHERENCE_WEIGHT,
-                 pass_threshold: float = PASS_THRESHOLD, limits: Limits | None = None):
+    def __init__(self, task: MusicTask, *, adherence_weight: float = ADHERENCE_WEIGHT, limits: Limits | None = None):
         self.task = task
         self.adherence_weight = adherence_weight
-        self.pass_threshold = pass_threshold
         self.limits = limits or Limits(cpu_seconds=60, wall_seconds=60.0, output_bytes=8192)
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
@@ -83,15 +83,15 @@ class MusicEnv:
 
     async def grade(self, sequence: Sequence) -> Grade:
         text, how = self._answer_text(sequence.answer or "")
-        return await grade_text(self.task, text, self.adherence_weight, self.pass_threshold, self.metrics, how)
+        return await grade_text(self.task, text, self.adherence_weight, self.metrics, how)
 
     async def cleanup(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
 
 
-async def grade_text(task: MusicTask, text: str | None, adherence_weight: float, pass_threshold: float,
-                     metrics: dict[str, float], how: str = "") -> Grade:
+async def grade_text(task: MusicTask, text: str | None, adherence_weight: float, metrics: dict[str, float],
+                     how: str = "") -> Grade:
     """Grade ``text`` for ``task``; fills ``metrics`` (``music_score``, ``adherence``, one
     ``adh_<item>`` each, the group scores, ``gated``)."""
     req = task.request
@@ -118,11 +118,12 @@ async def grade_text(task: MusicTask, text: str | None, adherence_weight: float,
     fs, parts = await asyncio.to_thread(feature_score, score)
     items = adh.check(req, abc, score)
     a = adh.adherence(items)
-    r = reward(fs, a, adherence_weight)
-    metrics.update(music_score=fs, adherence=a, **{f"adh_{k}": float(v) for k, v in items.items()},
-                   **{k: v for k, v in parts.items() if k.startswith("group_") or k in ("base", "dist_s")})
+    r = float(reward(fs, a, adherence_weight))
+    metrics.update(music_score=float(fs), adherence=float(a), **{f"adh_{k}": float(v) for k, v in items.items()},
+                   **{k: float(v) for k, v in parts.items() if k.startswith("group_") or k in ("base", "dist_s")})
     said = ", ".join(f"{k} {'met' if v else 'missed'}" for k, v in items.items())
-    return Grade(float(r), passed=r >= pass_threshold,
+    passed = fs >= PASS_SCORE and (adherence_weight == 0 or a >= PASS_ADHERENCE)
+    return Grade(r, passed=bool(passed),
                  transcript=f"tune {how}: {len(score.notes)} notes, {adh.bar_count(score)} bars; "
                             f"feature score {fs:.3f} "
                             f"(base {parts['base']:.3f}, dist_s {parts['dist_s']:.3f}); adherence {a:.3f} ({said}); "

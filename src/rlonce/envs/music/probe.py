@@ -58,51 +58,68 @@ ROUTES: dict[str, Callable[[MusicTask, random.Random], str]] = {
 """Single-turn routes: the reply text."""
 
 
-async def _grade(task: MusicTask, reply: str, *, link: bool = False) -> float:
-    env = MusicEnv(task, adherence_weight=ADHERENCE_WEIGHT)
+async def _grade(task: MusicTask, reply: str, *, link: bool = False,
+                 adherence_weight: float = ADHERENCE_WEIGHT) -> tuple[float, dict[str, float]]:
+    env = MusicEnv(task, adherence_weight=adherence_weight)
     seq = Sequence(task.task_id, "probe")
     try:
         if link:  # the tool arm: the agent leaves a link to a host file and submits its path
             await env.call_tool("bash", {"command": "ln -s /etc/passwd tune.abc"})
             reply = "tune.abc"
         seq.answer = reply
-        return (await env.grade(seq)).reward
+        return (await env.grade(seq)).reward, env.metrics
     finally:
         await env.cleanup()
 
 
-def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True) -> dict:
-    """Every route on ``n_tasks`` held-out tasks, and the expert (single turn, its usual flaws)."""
+def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
+                adherence_weight: float = ADHERENCE_WEIGHT) -> dict:
+    """Every route on ``n_tasks`` held-out tasks, and the expert (single turn, its usual flaws),
+    graded with ``adherence_weight`` (0: the seed's public scorer)."""
     tasks = [make_task("heldout", i) for i in range(n_tasks)]
     names = [*ROUTES, "symlink_answer", "expert"]
     bar = tqdm(total=len(names) * n_tasks, desc="music probes", unit="attempt", disable=not progress, leave=False)
 
-    async def run() -> dict[str, list[float]]:
+    async def run() -> tuple[dict[str, list[float]], list[dict]]:
         out: dict[str, list[float]] = {}
+        expert: list[dict] = []
         for name in names:
             rng = random.Random(seed)
             rewards = []
             for t in tasks:
                 if name == "symlink_answer":
-                    rewards.append(await _grade(t, "", link=True))
+                    r, _ = await _grade(t, "", link=True, adherence_weight=adherence_weight)
                 else:
                     reply = expert_reply(t, rng) if name == "expert" else ROUTES[name](t, rng)
-                    rewards.append(await _grade(t, reply))
+                    r, m = await _grade(t, reply, adherence_weight=adherence_weight)
+                    if name == "expert":
+                        expert.append(m)
+                rewards.append(r)
                 bar.update(1)
             out[name] = rewards
-        return out
+        return out, expert
 
-    rewards = asyncio.run(run())
+    rewards, expert = asyncio.run(run())
     bar.close()
     median = statistics.median(rewards["expert"])
     rows = {n: {"mean": statistics.fmean(r), "max": max(r), "below_expert_median": max(r) < median}
             for n, r in rewards.items() if n != "expert"}
-    return {"tasks": n_tasks, "expert_median": median, "expert_mean": statistics.fmean(rewards["expert"]),
+    items = sorted(k for k in expert[0] if k.startswith("adh_"))
+    return {"tasks": n_tasks, "adherence_weight": adherence_weight, "expert_median": median,
+            "expert_mean": statistics.fmean(rewards["expert"]),
+            "expert_feature_score_median": statistics.median(m.get("music_score", 0.0) for m in expert),
+            "expert_adherence_mean": statistics.fmean(m.get("adherence", 0.0) for m in expert),
+            "expert_items": {k[4:]: statistics.fmean(m.get(k, 0.0) for m in expert) for k in items},
+            "expert_gated": sum(m.get("gated", 0.0) for m in expert),
             "routes": rows, "holes": [n for n, r in rows.items() if not r["below_expert_median"]]}
 
 
 def format_report(report: dict) -> str:
-    lines = [f"music probes on {report['tasks']} held-out tasks; expert median reward {report['expert_median']:.3f}",
+    lines = [f"music probes on {report['tasks']} held-out tasks, adherence weight {report['adherence_weight']:g}; "
+             f"the scripted expert (its usual flaws): median reward "
+             f"{report['expert_median']:.3f}, median feature score {report['expert_feature_score_median']:.3f}, "
+             f"mean adherence {report['expert_adherence_mean']:.3f} ("
+             + ", ".join(f"{k} {v:.2f}" for k, v in report["expert_items"].items()) + ")",
              f"{'route':<28} {'mean':>6} {'max':>6}  below the expert's median"]
     for name, r in report["routes"].items():
         lines.append(f"{name:<28} {r['mean']:>6.3f} {r['max']:>6.3f}  {'yes' if r['below_expert_median'] else 'NO'}")

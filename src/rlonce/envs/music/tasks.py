@@ -31,8 +31,8 @@ class MusicTask:
                 "Answer with one fenced ```abc block starting with X:.")
 
 
-def make_task(split: str, index: int, source: str = "music") -> MusicTask:
+def make_task(split: str, index: int, source: str = "music", max_bars: int = 24) -> MusicTask:
     if split not in SPLIT_SEEDS:
         raise ValueError(f"unknown split {split!r}; known: {sorted(SPLIT_SEEDS)}")
     rng = random.Random(f"{SPLIT_SEEDS[split]}:{index}")
-    return MusicTask(f"music/{split}/{index}", source, random_request(rng))
+    return MusicTask(f"music/{split}/{index}", source, random_request(rng, max_bars))
