@@ -64,3 +64,41 @@ def test_the_mounted_binary_and_the_pack_are_out_of_reach(cyber_pack):
     assert "rc=0" not in outs[0] and "Read-only" in outs[0]
     assert "No such file" in outs[1]  # the pack (manifest, reference PoCs) is not mounted
     assert outs[2].strip() != "0"  # not root inside
+
+
+HOG = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(int argc, char **argv) {
+  FILE *f = fopen(argv[1], "rb"); int c = f ? fgetc(f) : -1;
+  if (c == 'h') for (volatile unsigned long i = 0;; i++) {}
+  if (c == 'm') { for (int i = 0; i < 64; i++) { char *p = malloc(200u << 20); if (p) memset(p, 1, 200u << 20); } }
+  if (c == 'a') abort();
+  if (c == 'k') raise(SIGKILL);
+  if (c == 'b') { char *p = malloc(1ul << 40); printf("%p\n", (void *)p); }
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("what,kind", [("h", None), ("m", "out-of-memory"), ("a", "ABRT"), ("k", None),
+                                       ("b", "allocation-size-too-big")])
+def test_time_memory_and_signals_end_in_no_match_within_the_limits(tmp_path, what, kind):
+    """An input that makes the program hang, eat memory or die by a signal: the run ends within its
+    limits, and whatever it reports is not a planted bug's type."""
+    import subprocess
+
+    from rlonce.envs.cyber.build import FLAGS, require_clang
+    from rlonce.envs.cyber.oracle import run_input
+
+    src = tmp_path / "hog.c"
+    src.write_text(HOG)
+    subprocess.run([require_clang(), *FLAGS, "-o", str(tmp_path / "hog"), str(src)], check=True, capture_output=True)
+    t0 = time.perf_counter()
+    run = asyncio.run(run_input(tmp_path / "hog", what.encode(), seconds=3.0))
+    assert time.perf_counter() - t0 < 15
+    assert (run.report.kind if run.report else None) == kind, run.report_text[:300]
+    if what == "h":
+        assert run.timed_out

@@ -10,7 +10,8 @@ AddressSanitizer: ``ERROR: AddressSanitizer: <type>`` (``heap-buffer-overflow``,
 ``stack-buffer-overflow``, ``global-buffer-overflow``, ``heap-use-after-free``, ``SEGV``,
 ``stack-overflow``, ``double-free`` from "attempting double-free", ``bad-free`` from "attempting
 free on address which was not malloc()-ed", ``out-of-memory``, ``allocation-size-too-big``, a
-deadly signal such as ``ABRT`` …). UndefinedBehaviorSanitizer: ``file:line:col: runtime error:
+deadly signal such as ``ABRT`` …; "hard rss limit exhausted", which has no ``ERROR:``, is
+``out-of-memory``). UndefinedBehaviorSanitizer: ``file:line:col: runtime error:
 <message>``, named by ``UBSAN_KINDS``.
 """
 
@@ -20,14 +21,14 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-ASAN = re.compile(r"ERROR: AddressSanitizer: (attempting double-free|attempting free on address which was not "
+ASAN = re.compile(r"(?:ERROR: )?AddressSanitizer: (attempting double-free|attempting free on address which was not "
                   r"malloc\(\)-ed|requested allocation size|hard rss limit exhausted|out of memory|"
                   r"allocator is out of memory|[A-Za-z][\w-]*)")
 ASAN_NAMES = {"attempting double-free": "double-free",
               "attempting free on address which was not malloc()-ed": "bad-free",
               "requested allocation size": "allocation-size-too-big", "hard rss limit exhausted": "out-of-memory",
               "out of memory": "out-of-memory", "allocator is out of memory": "out-of-memory"}
-DEADLY = re.compile(r"ERROR: AddressSanitizer: (?:DEADLYSIGNAL|(\w+) on unknown address)")
+DEADLY = re.compile(r"(?:ERROR: )?AddressSanitizer: (?:DEADLYSIGNAL|(\w+) on unknown address)")
 UBSAN = re.compile(r"^(?P<file>[^\s:]+):(?P<line>\d+):(?P<col>\d+): runtime error: (?P<msg>.*)$", re.M)
 UBSAN_KINDS = (
     ("signed integer overflow", "signed-integer-overflow"),
