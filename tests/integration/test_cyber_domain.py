@@ -98,3 +98,16 @@ def test_cli_build_validate_probe_and_a_missing_clang(tmp_path, capsys, monkeypa
     assert cli.main(["tasks", "build", "cyber", "--out", str(tmp_path / "r")]) != 0
     err = capsys.readouterr().err
     assert "apt-get install clang" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_cyber_job_runs_end_to_end_on_a_validated_pack(tmp_path, cyber_pack):
+    """``rlonce train`` on cyber (SFT from the expert, baseline, one GRPO step, final evaluation on
+    the pack's held-out bugs, each once)."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "configs/cyber.toml", "--out", str(out), "--quiet", f"task.pack={cyber_pack}",
+                     "sft.demos=8", "sft.epochs=1", "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2",
+                     "eval.heldout_tasks=100", "eval.every=0"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    split = json.loads((cyber_pack / "validation.json").read_text())["split"]
+    assert summary["task"] == "cyber" and summary["heldout_tasks"] == len(split["heldout_ids"])
+    assert summary["heldout_infra_failed"] == 0

@@ -40,7 +40,7 @@ def test_the_expert_is_graded_through_each_kind_of_arm(lm, arm):
         seq = asyncio.run(run_sequence(task, domain.env_factory, ScriptedEngine(turns, lm.encode), _spec(lm, arm),
                                        arm=arm))
         assert seq.status is Status.SUBMITTED, seq.cause
-        assert seq.metrics["adherence"] == 1.0 and seq.metrics["gated"] == 0.0
+        assert seq.metrics["grade/adherence"] == 1.0 and seq.metrics["grade/gated"] == 0.0
         assert "adherence 1.000" in seq.transcript
         rewards.append(seq.reward)
     # no flaws: every request item met, and the feature score of a corpus-style tune
@@ -64,3 +64,20 @@ def test_every_probe_route_scores_below_the_experts_median(capsys):
         assert report["routes"][name]["max"] == 0.0, name  # gated, or nothing to read
     for name in ("repeated_note", "copied_reference", "random_notes"):
         assert 0.0 < report["routes"][name]["max"] < report["expert_median"], name
+
+
+def test_a_music_job_trains_and_its_grader_metrics_reach_the_step_record(tmp_path):
+    """``rlonce train`` on music end to end (SFT from the expert, baseline, one GRPO step, final):
+    the grader's own measurements are averaged into metrics.jsonl, held-out mean reward beside success."""
+    from rlonce.telemetry.metrics import read_jsonl
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--out", str(out), "--quiet", "task.name=music", "task.max_bars=8",
+                     "harness.arms=[single-turn]", "harness.max_tokens_per_turn=300", "sft.demos=16",
+                     "sft.epochs=1", "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2", "eval.heldout_tasks=2",
+                     "eval.every=0"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "music" and 0.0 <= summary["final_reward"] <= 1.0
+    step = next(r for r in read_jsonl(out / "metrics.jsonl") if r.get("step") == 1 and "reward_mean" in r)
+    for key in ("grade/gated", "grade/music_score", "grade/adherence"):
+        assert 0.0 <= step[key] <= 1.0, key

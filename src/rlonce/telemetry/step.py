@@ -80,6 +80,15 @@ def _mean(values, n: int) -> float:
     return sum(values) / max(n, 1)
 
 
+def grade_metrics(scored) -> dict[str, float]:
+    """A grader's own measurements (``grade/<name>`` in ``Sequence.metrics``: the music feature
+    score and adherence items, the cyber oracle's report counts, …), each averaged over the
+    scored sequences that have it."""
+    keys = sorted({k for s in scored for k in s.metrics if k.startswith("grade/")})
+    return {k: _mean([s.metrics[k] for s in scored if k in s.metrics], sum(k in s.metrics for s in scored))
+            for k in keys}
+
+
 def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dict:
     seqs, lags = x.finished, x.lag_counts
     scored = [s for s in seqs if not s.infra_failed]
@@ -116,6 +125,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "replayed_groups": float(x.replayed),
         "reissued_groups": float(x.reissued),
         **per_arm,
+        **grade_metrics(scored),
         **source_metrics(x),
         **signal_metrics,
         **train_metrics,

@@ -92,8 +92,9 @@ class MusicEnv:
 
 async def grade_text(task: MusicTask, text: str | None, adherence_weight: float, metrics: dict[str, float],
                      how: str = "") -> Grade:
-    """Grade ``text`` for ``task``; fills ``metrics`` (``music_score``, ``adherence``, one
-    ``adh_<item>`` each, the group scores, ``gated``)."""
+    """Grade ``text`` for ``task``; fills ``metrics`` under ``grade/`` (``music_score``,
+    ``adherence``, one ``adh_<item>`` each, the group scores, ``gated``): each is averaged into the
+    step's metrics."""
     req = task.request
     abc = abcmod.extract(text) if text is not None else None
     gate = abcmod.static_gate(abc)
@@ -110,17 +111,19 @@ async def grade_text(task: MusicTask, text: str | None, adherence_weight: float,
         gate = "no_notes"
     if gate is None and score.seconds > abcmod.MAX_SECONDS:
         gate = "too_long_midi"
-    metrics["gated"] = float(gate is not None)
+    metrics["grade/gated"] = float(gate is not None)
     if gate is not None:
-        metrics.update(music_score=0.0, adherence=0.0)
+        metrics.update({"grade/music_score": 0.0, "grade/adherence": 0.0})
         log = f"; abc2midi said: {conv.log.strip()[-600:]}" if conv is not None else ""
         return Grade(0.0, passed=False, transcript=f"tune {how}: rejected by the gate {gate!r}{log}")
     fs, parts = await asyncio.to_thread(feature_score, score)
     items = adh.check(req, abc, score)
     a = adh.adherence(items)
     r = float(reward(fs, a, adherence_weight))
-    metrics.update(music_score=float(fs), adherence=float(a), **{f"adh_{k}": float(v) for k, v in items.items()},
-                   **{k: float(v) for k, v in parts.items() if k.startswith("group_") or k in ("base", "dist_s")})
+    metrics.update({"grade/music_score": float(fs), "grade/adherence": float(a),
+                    **{f"grade/adh_{k}": float(v) for k, v in items.items()},
+                    **{f"grade/{k}": float(v) for k, v in parts.items()
+                       if k.startswith("group_") or k in ("base", "dist_s")}})
     said = ", ".join(f"{k} {'met' if v else 'missed'}" for k, v in items.items())
     passed = fs >= PASS_SCORE and (adherence_weight == 0 or a >= PASS_ADHERENCE)
     return Grade(r, passed=bool(passed),

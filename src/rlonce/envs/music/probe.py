@@ -104,13 +104,13 @@ def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
     median = statistics.median(rewards["expert"])
     rows = {n: {"mean": statistics.fmean(r), "max": max(r), "below_expert_median": max(r) < median}
             for n, r in rewards.items() if n != "expert"}
-    items = sorted(k for k in expert[0] if k.startswith("adh_"))
+    items = sorted(k for k in expert[0] if k.startswith("grade/adh_"))
     return {"tasks": n_tasks, "adherence_weight": adherence_weight, "expert_median": median,
             "expert_mean": statistics.fmean(rewards["expert"]),
-            "expert_feature_score_median": statistics.median(m.get("music_score", 0.0) for m in expert),
-            "expert_adherence_mean": statistics.fmean(m.get("adherence", 0.0) for m in expert),
-            "expert_items": {k[4:]: statistics.fmean(m.get(k, 0.0) for m in expert) for k in items},
-            "expert_gated": sum(m.get("gated", 0.0) for m in expert),
+            "expert_feature_score_median": statistics.median(m.get("grade/music_score", 0.0) for m in expert),
+            "expert_adherence_mean": statistics.fmean(m.get("grade/adherence", 0.0) for m in expert),
+            "expert_items": {k[len("grade/adh_"):]: statistics.fmean(m.get(k, 0.0) for m in expert) for k in items},
+            "expert_gated": sum(m.get("grade/gated", 0.0) for m in expert),
             "routes": rows, "holes": [n for n, r in rows.items() if not r["below_expert_median"]]}
 
 
