@@ -50,12 +50,17 @@ def no_internal_errors():
     assert not found, f"rlonce recorded internal errors: {found}"
 
 
+TOOLS = {"bwrap": ("sandbox", "bubblewrap"), "abc2midi": ("abcmidi", "abcmidi"), "clang": ("clang", "clang")}
+"""Executable → (the marker of the tests that need it, its Debian package)."""
+
+
 def pytest_collection_modifyitems(config, items):
-    if shutil.which("bwrap") is None:
-        skip = pytest.mark.skip(reason="bubblewrap is not installed (apt-get install bubblewrap)")
-        for item in items:
-            if "sandbox" in item.keywords:
-                item.add_marker(skip)
+    for tool, (marker, package) in TOOLS.items():
+        if shutil.which(tool) is None:
+            skip = pytest.mark.skip(reason=f"{tool} is not installed (apt-get install {package})")
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip)
 
 
 def gen_many(engine, prompts, sampling):

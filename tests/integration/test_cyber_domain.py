@@ -21,7 +21,7 @@ from rlonce.harness.loop import HarnessLimits
 from rlonce.model.chat import get_format
 from rlonce.rollout.runner import RolloutSpec, run_sequence
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.clang]
 
 
 def test_the_pack_validates_every_bug_and_describes_it_from_its_report(cyber_pack):

@@ -20,7 +20,7 @@ from rlonce.model.chat import get_format
 from rlonce.rollout.runner import RolloutSpec, run_sequence
 from rlonce.rollout.sources import check_sources
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.abcmidi]
 MUSIC = ["task.name=music", "harness.arms=[single-turn]"]
 
 

@@ -11,7 +11,7 @@ from rlonce.envs.cyber.env import CyberEnv
 from rlonce.envs.cyber.probe import CONTROL, ROUTES, run_route
 from rlonce.envs.cyber.validate import validated_tasks
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.clang]
 
 
 @pytest.mark.parametrize("route", [CONTROL, *ROUTES])

@@ -10,7 +10,7 @@ from rlonce.envs.music import abc
 from rlonce.envs.music.env import MusicEnv
 from rlonce.envs.music.tasks import make_task
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.abcmidi]
 
 
 def _grade(commands, answer):

@@ -114,6 +114,7 @@ REQ = Request("G", "3/4", 8, 96, "violin", "AABB")
 
 
 @pytest.mark.sandbox
+@pytest.mark.abcmidi
 def test_a_composed_tune_meets_its_request_and_a_spoiled_one_does_not():
     import asyncio
 
@@ -137,6 +138,7 @@ def test_a_composed_tune_meets_its_request_and_a_spoiled_one_does_not():
 
 
 @pytest.mark.sandbox
+@pytest.mark.abcmidi
 def test_abc2midi_errors_and_bar_warnings_are_read_from_its_log():
     import asyncio
 
@@ -164,6 +166,7 @@ def test_a_missing_abc2midi_is_infrastructure(monkeypatch):
     assert seq.status is Status.INFRA and seq.failure is FailureCategory.GRADER_UNAVAILABLE
 
 
+@pytest.mark.abcmidi
 def test_reference_is_the_corpus_generator_output():
     """The shipped statistics are what the generator gives (a small corpus checks the pipeline;
     the full rebuild is ``python -m rlonce.envs.music.reference``)."""
