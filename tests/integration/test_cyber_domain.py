@@ -2,6 +2,7 @@
 bubblewrap sandboxes, the scripted expert under several arms, the CLI verbs."""
 
 import asyncio
+import dataclasses
 import json
 import random
 
@@ -111,3 +112,33 @@ def test_a_cyber_job_runs_end_to_end_on_a_validated_pack(tmp_path, cyber_pack):
     split = json.loads((cyber_pack / "validation.json").read_text())["split"]
     assert summary["task"] == "cyber" and summary["heldout_tasks"] == len(split["heldout_ids"])
     assert summary["heldout_infra_failed"] == 0
+
+
+def test_a_target_that_cannot_run_is_infrastructure_not_a_zero(tmp_path, cyber_pack):
+    from rlonce.core.records import FailureCategory
+    from rlonce.envs.base import grade_or_infra
+    from rlonce.envs.cyber.oracle import HarnessBroken, run_input
+
+    with pytest.raises(HarnessBroken, match="rebuild the pack"):
+        asyncio.run(run_input(tmp_path / "missing", b"x"))
+    not_exec = tmp_path / "strutil"
+    not_exec.write_bytes(b"\x7fELF garbage")
+    not_exec.chmod(0o644)
+    with pytest.raises(HarnessBroken, match="did not start"):
+        asyncio.run(run_input(not_exec, b"x"))
+    task = validated_tasks(cyber_pack)[0]
+
+    async def go():
+        env = CyberEnv(task)
+        await env.setup()
+        try:
+            env.sandbox.put_file("poc.bin", task.reference_poc())
+            env.task = dataclasses.replace(task, pack_dir=str(tmp_path))  # the binary is gone
+            seq = Sequence(task.task_id, "t")
+            seq.answer = "poc.bin"
+            return seq, await grade_or_infra(env, seq)
+        finally:
+            await env.cleanup()
+
+    seq, grade = asyncio.run(go())
+    assert grade is None and seq.status is Status.INFRA and seq.failure is FailureCategory.TESTBED_CORRUPTED
