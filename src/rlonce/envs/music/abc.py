@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlonce.envs.base import GradingError
 from rlonce.errors import RlonceError
@@ -110,7 +110,6 @@ class Conversion:
     errors: int = 0
     bar_warnings: int = 0
     timed_out: bool = False
-    notes: list = field(default_factory=list)
 
     def gate(self, bars: int) -> str | None:
         if self.midi is None or self.errors or self.timed_out:

@@ -24,15 +24,14 @@ NOTE = re.compile(r"(?<![\"A-Za-z#b])([A-Ga-g][,']*\d*)")
 
 
 def _body_edit(text: str, rng: random.Random, flaw: str) -> str:
-    head, *body = text.rstrip("\n").split("\n")
     lines = text.rstrip("\n").split("\n")
-    first = next(i for i, ln in enumerate(lines) if ln.startswith("%%") or ln.startswith("K:")) + 1
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("K:")) + 1
     while first < len(lines) and lines[first].startswith("%%"):
         first += 1
     i = rng.randrange(first, len(lines))
     bars = lines[i].split("|")
     if flaw == "extra_bar":
-        lines[-1] = lines[-1][:-2] + "|" + lines[-1].split("|")[-3] + "|]"
+        lines[-1] = lines[-1][:-2] + "|" + lines[-1].split("|")[-2] + "|]"  # the last bar, twice
     elif flaw == "accidental":
         b = rng.randrange(len(bars) - 1)
         bars[b] = NOTE.sub(lambda m: "^" + m.group(1), bars[b], count=1)

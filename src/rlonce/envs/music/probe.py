@@ -19,7 +19,7 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from rlonce.core.records import Sequence
-from rlonce.envs.music.compose import header, note_text
+from rlonce.envs.music.compose import METERS, header, note_text
 from rlonce.envs.music.env import ADHERENCE_WEIGHT, MusicEnv
 from rlonce.envs.music.expert import expert_reply, expert_tune
 from rlonce.envs.music.reference import corpus
@@ -32,8 +32,6 @@ def _fenced(abc: str) -> str:
 
 def _filled(task: MusicTask, note: Callable[[random.Random], str], rng: random.Random) -> str:
     """The requested header, then ``bars`` bars filled with eighth notes from ``note``."""
-    from rlonce.envs.music.compose import METERS
-
     r = task.request
     bars = ["".join(note(rng) for _ in range(METERS[r.meter])) for _ in range(r.bars)]
     rows = ["|".join(bars[i:i + 4]) + "|" for i in range(0, len(bars), 4)]
