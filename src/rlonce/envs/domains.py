@@ -102,33 +102,39 @@ def _code_task(train: list, heldout: list, split: str, index: int):
     return tasks[index % len(tasks)]
 
 
-def _code(task_cfg) -> Domain:
-    """Validated tasks of a code pack, split by task id (``validate.split_tasks``; the split is
-    written to the pack's validation.json). ``sft`` draws from the train tasks too."""
+def _pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, expert) -> Domain:
+    """A domain over the validated tasks of a built pack (code, cyber), split by task id
+    (``code.validate.split_tasks``; the split is written to the pack's validation.json). ``sft``
+    draws from the train tasks too."""
     import dataclasses
 
-    from rlonce.envs.code.env import CodeEnv
-    from rlonce.envs.code.expert import expert_turns
-    from rlonce.envs.code.validate import HELDOUT_FRACTION, record_split, split_tasks, validated_tasks
+    from rlonce.envs.code.validate import record_split, split_tasks
 
     pack = task_cfg.pack
     if not pack or not (Path(pack) / "pack.json").is_file():
-        raise PackError(f"the code domain needs `pack` (task.pack, or the source's pack), a built and validated code "
-                        f"pack ({pack or 'unset'} is not one): "
-                        "run `rlonce tasks build code --out DIR` and `rlonce tasks validate DIR`")
+        raise PackError(f"the {name} domain needs `pack` (task.pack, or the source's pack), a built and validated "
+                        f"{name} pack ({pack or 'unset'} is not one): "
+                        f"run `rlonce tasks build {name} --out DIR` and `rlonce tasks validate DIR`")
     if not (Path(pack) / "validation.json").is_file():
-        raise PackError(f"the code pack {pack} was never validated: run `rlonce tasks validate {pack}`")
+        raise PackError(f"the {name} pack {pack} was never validated: run `rlonce tasks validate {pack}`")
     tasks = validated_tasks(Path(pack))
     if not tasks:
-        raise PackError(f"no task of the code pack {pack} passed validation; build a larger pack "
-                        "with `rlonce tasks build code --out DIR` and validate it")
-    split = split_tasks([t.task_id for t in tasks], getattr(task_cfg, "heldout_fraction", HELDOUT_FRACTION))
+        raise PackError(f"no task of the {name} pack {pack} passed validation; build a larger pack "
+                        f"with `rlonce tasks build {name} --out DIR` and validate it")
+    split = split_tasks([t.task_id for t in tasks], task_cfg.heldout_fraction)
     record_split(Path(pack), split)
     held = set(split["heldout_ids"])
     train = [t for t in tasks if t.task_id not in held]
     heldout = [dataclasses.replace(t, split="heldout") for t in tasks if t.task_id in held]
-    return Domain("code", CodeEnv, partial(_code_task, train, heldout), heldout_size=len(heldout),
-                  expert=expert_turns)
+    return Domain(name, env_factory, partial(_code_task, train, heldout), heldout_size=len(heldout), expert=expert)
+
+
+def _code(task_cfg) -> Domain:
+    from rlonce.envs.code.env import CodeEnv
+    from rlonce.envs.code.expert import expert_turns
+    from rlonce.envs.code.validate import validated_tasks
+
+    return _pack_domain("code", task_cfg, validated_tasks, CodeEnv, expert_turns)
 
 
 def _music_task(max_bars: int, split: str, index: int):
@@ -146,32 +152,11 @@ def _music(task_cfg) -> Domain:
 
 
 def _cyber(task_cfg) -> Domain:
-    """Validated tasks of a cyber pack, split by task id like the code domain's."""
-    import dataclasses
-
-    from rlonce.envs.code.validate import record_split, split_tasks
     from rlonce.envs.cyber.env import CyberEnv
     from rlonce.envs.cyber.expert import expert_turns
     from rlonce.envs.cyber.validate import validated_tasks
 
-    pack = task_cfg.pack
-    if not pack or not (Path(pack) / "pack.json").is_file():
-        raise PackError(f"the cyber domain needs `pack` (task.pack, or the source's pack), a built and validated cyber "
-                        f"pack ({pack or 'unset'} is not one): run `rlonce tasks build cyber --out DIR` and "
-                        "`rlonce tasks validate DIR`")
-    if not (Path(pack) / "validation.json").is_file():
-        raise PackError(f"the cyber pack {pack} was never validated: run `rlonce tasks validate {pack}`")
-    tasks = validated_tasks(Path(pack))
-    if not tasks:
-        raise PackError(f"no task of the cyber pack {pack} passed validation; rebuild it with "
-                        "`rlonce tasks build cyber --out DIR` and validate it")
-    split = split_tasks([t.task_id for t in tasks], task_cfg.heldout_fraction)
-    record_split(Path(pack), split)
-    held = set(split["heldout_ids"])
-    train = [t for t in tasks if t.task_id not in held]
-    heldout = [dataclasses.replace(t, split="heldout") for t in tasks if t.task_id in held]
-    return Domain("cyber", CyberEnv, partial(_code_task, train, heldout), heldout_size=len(heldout),
-                  expert=expert_turns)
+    return _pack_domain("cyber", task_cfg, validated_tasks, CyberEnv, expert_turns)
 
 
 @dataclass(frozen=True)

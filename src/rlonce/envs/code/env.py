@@ -38,7 +38,7 @@ from rlonce.envs.code.interceptor import DENIAL, Interceptor
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, materialize
 from rlonce.envs.code.testbed import guards_for, make_sandbox, package_dirs, run_reports
-from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, format_exec
+from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, format_exec, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 from rlonce.sandbox.fileops import editor_command
@@ -108,11 +108,8 @@ class CodeEnv:
         if self.interceptor.check(name, arguments) is not None:  # counted; reported at clean-up
             return DENIAL
         if name == "bash":
-            command = arguments.get("command")
-            if not isinstance(command, str) or not command.strip():
-                return "[error: bash needs a non-empty 'command' string]"
-            r = await self.sandbox.exec(command)
-            return format_exec(r.exit_code, r.output, r.timed_out)
+            command = bash_command(arguments)
+            return BASH_USAGE if command is None else await run_bash(self.sandbox, command)
         if name == "str_replace_editor":
             r = await self.sandbox.exec(editor_command(arguments))
             return format_exec(r.exit_code, r.output, r.timed_out)

@@ -23,7 +23,7 @@ from rlonce.envs.base import function_tool
 from rlonce.envs.cyber.oracle import MAX_POC_BYTES, TARGET_DIR, Run, run_input
 from rlonce.envs.cyber.tasks import CyberTask
 from rlonce.envs.cyber.validate import matches
-from rlonce.envs.toolfind.env import BASH_TOOL, format_exec
+from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 
@@ -73,9 +73,9 @@ class CyberEnv:
     async def call_tool(self, name: str, arguments: dict) -> str:
         if name != "bash":
             raise KeyError(name)
-        command = arguments.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return "[error: bash needs a non-empty 'command' string]"
+        command = bash_command(arguments)
+        if command is None:
+            return BASH_USAGE
         assert self.sandbox is not None, "setup() was not called"
         m = RUN_TARGET.fullmatch(command)
         if m:
@@ -85,8 +85,7 @@ class CyberEnv:
             except (hostfs.HostileFile, OSError) as e:
                 return f"[error: cannot read {m.group(1)!r}: {e}]"
             return _report_view(await run_input(self.task.binary, data))
-        r = await self.sandbox.exec(command)
-        return format_exec(r.exit_code, r.output, r.timed_out)
+        return await run_bash(self.sandbox, command)
 
     async def grade(self, sequence: Sequence) -> Grade:
         path = (sequence.answer or "").strip()

@@ -21,7 +21,7 @@ from rlonce.envs.music import adherence as adh
 from rlonce.envs.music.features import read_midi
 from rlonce.envs.music.score import feature_score, reward
 from rlonce.envs.music.tasks import MusicTask
-from rlonce.envs.toolfind.env import BASH_TOOL, format_exec
+from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 
@@ -63,13 +63,12 @@ class MusicEnv:
     async def call_tool(self, name: str, arguments: dict) -> str:
         if name != "bash":
             raise KeyError(name)
-        command = arguments.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return "[error: bash needs a non-empty 'command' string]"
+        command = bash_command(arguments)
+        if command is None:
+            return BASH_USAGE
         if self.sandbox is None:  # made on first use: the single-turn arm never needs one
             self.sandbox = BwrapSandbox(self.limits)
-        r = await self.sandbox.exec(command)
-        return format_exec(r.exit_code, r.output, r.timed_out)
+        return await run_bash(self.sandbox, command)
 
     def _answer_text(self, answer: str) -> tuple[str | None, str]:
         """The text to grade, and how it was found."""

@@ -25,6 +25,22 @@ def format_exec(exit_code: int, output: str, timed_out: bool) -> str:
     return text if text else "[no output]"
 
 
+BASH_USAGE = "[error: bash needs a non-empty 'command' string]"
+
+
+def bash_command(arguments: dict) -> str | None:
+    """The ``command`` of a bash call, or None when it is not a non-empty string (the caller
+    answers ``BASH_USAGE``)."""
+    command = arguments.get("command")
+    return command if isinstance(command, str) and command.strip() else None
+
+
+async def run_bash(sandbox, command: str) -> str:
+    """Run ``command`` in ``sandbox``; what the agent sees of it (``format_exec``)."""
+    r = await sandbox.exec(command)
+    return format_exec(r.exit_code, r.output, r.timed_out)
+
+
 class ToolfindEnv:
     def __init__(self, task: ToolfindTask, limits: Limits | None = None):
         self.task = task
@@ -49,12 +65,11 @@ class ToolfindEnv:
     async def call_tool(self, name: str, arguments: dict) -> str:
         if name != "bash":
             raise KeyError(name)
-        command = arguments.get("command")
-        if not isinstance(command, str) or not command.strip():
-            return "[error: bash needs a non-empty 'command' string]"
+        command = bash_command(arguments)
+        if command is None:
+            return BASH_USAGE
         assert self.sandbox is not None, "setup() was not called"
-        r = await self.sandbox.exec(command)
-        return format_exec(r.exit_code, r.output, r.timed_out)
+        return await run_bash(self.sandbox, command)
 
     async def grade(self, sequence: Sequence) -> Grade:
         r = verify.score(self.task.answer, sequence.answer)
