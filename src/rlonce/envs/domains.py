@@ -108,7 +108,7 @@ def _pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, ex
     draws from the train tasks too."""
     import dataclasses
 
-    from rlonce.envs.code.validate import record_split, split_tasks
+    from rlonce.envs.code.validate import HELDOUT_FRACTION, record_split, split_tasks
 
     pack = task_cfg.pack
     if not pack or not (Path(pack) / "pack.json").is_file():
@@ -121,7 +121,7 @@ def _pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, ex
     if not tasks:
         raise PackError(f"no task of the {name} pack {pack} passed validation; build a larger pack "
                         f"with `rlonce tasks build {name} --out DIR` and validate it")
-    split = split_tasks([t.task_id for t in tasks], task_cfg.heldout_fraction)
+    split = split_tasks([t.task_id for t in tasks], getattr(task_cfg, "heldout_fraction", HELDOUT_FRACTION))
     record_split(Path(pack), split)
     held = set(split["heldout_ids"])
     train = [t for t in tasks if t.task_id not in held]
