@@ -81,3 +81,32 @@ def test_a_music_job_trains_and_its_grader_metrics_reach_the_step_record(tmp_pat
     step = next(r for r in read_jsonl(out / "metrics.jsonl") if r.get("step") == 1 and "reward_mean" in r)
     for key in ("grade/gated", "grade/music_score", "grade/adherence"):
         assert 0.0 <= step[key] <= 1.0, key
+
+
+@pytest.mark.clang
+def test_music_and_cyber_plug_into_a_mixed_run_as_sources(tmp_path, cyber_pack):
+    from rlonce.envs.domains import domain_for
+
+    cfg_file = tmp_path / "mix.toml"
+    cfg_file.write_text(f"""
+[[sources]]
+name = "toolfind"
+share = 2
+
+[[sources]]
+name = "music"
+arms = ["single-turn"]
+max_bars = 8
+share = 1
+
+[[sources]]
+name = "cyber"
+pack = "{cyber_pack}"
+share = 1
+staleness = 8
+""")
+    plans = check_sources(load_config(str(cfg_file), ["rollout.mode=async"]))
+    assert [(p.label, p.arms, p.share) for p in plans] == [
+        ("toolfind", ("mini-bash",), 0.5), ("music", ("single-turn",), 0.25), ("cyber", ("mini-bash",), 0.25)]
+    assert [p.staleness for p in plans][2] == 8 and all(p.sft_demos > 0 for p in plans)
+    assert domain_for(plans[1].options).task("heldout", 0).request.bars == 8
