@@ -52,7 +52,7 @@ def test_the_seeds_combined_score(base, dist, expected):
 def _scale_run() -> Score:
     """C D E F, one quarter each, in one 4/4 bar, one part."""
     notes = tuple(Note(p, float(i), float(i + 1), 0) for i, p in enumerate((60, 62, 64, 65)))
-    return Score(notes, 4.0, (4, 4), 120.0, (0,))
+    return Score(notes, 4.0, (4, 4), 120.0)
 
 
 def test_features_of_a_hand_built_score():

@@ -79,7 +79,6 @@ class Score:
     bar_quarters: float
     meter: tuple[int, int]
     tempo_qpm: float
-    programs: tuple[int, ...]
 
     @property
     def quarters(self) -> float:
@@ -104,8 +103,7 @@ def read_midi(data: bytes) -> Score:
     notes = tuple(sorted((Note(n.pitch, round(n.start * q, 4), round(n.end * q, 4), inst.program, k)
                           for k, inst in enumerate(pm.instruments) if not inst.is_drum for n in inst.notes),
                          key=lambda n: (n.start, -n.pitch)))
-    programs = tuple(sorted({inst.program for inst in pm.instruments if inst.notes and not inst.is_drum}))
-    return Score(notes, meter[0] * 4.0 / meter[1], meter, qpm, programs)
+    return Score(notes, meter[0] * 4.0 / meter[1], meter, qpm)
 
 
 def melody(score: Score) -> list[Note]:
