@@ -76,6 +76,8 @@ def _check_candidates(candidates: list[int] | None, n: int, where: str) -> None:
 
 TRANSCRIPT_CHARS = 4000
 """The longest grader transcript kept: enough for a test report's summary lines."""
+ARTIFACT_CHARS = 16_000
+"""The longest artifact kept (``Grade.artifact``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,13 @@ class Grade:
     transcript: str = ""
     """What the grader saw and decided, in words, for the record (``rlonce view``, stored rollouts):
     the answer against the expected one, the hidden tests' outcomes; at most ``TRANSCRIPT_CHARS``."""
+    artifact: str = ""
+    """What the attempt produced, for model graders to read (the code domain's diff); at most
+    ``ARTIFACT_CHARS``. Empty: graders read the submitted answer."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transcript", self.transcript[:TRANSCRIPT_CHARS])
+        object.__setattr__(self, "artifact", self.artifact[:ARTIFACT_CHARS])
         if not math.isfinite(self.reward):
             raise RecordError(f"a grade's reward must be finite, got {self.reward}")
 
@@ -177,6 +183,8 @@ class Sequence:
     reward without a pass)."""
     transcript: str = ""
     """The grader's account of its verdict (``Grade.transcript``)."""
+    artifact: str = ""
+    """What the attempt produced (``Grade.artifact``), for model graders."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):
@@ -190,6 +198,7 @@ class Sequence:
         """Record the grader's verdict (None: no verdict, e.g. an infrastructure failure)."""
         self.reward, self.passed = (None, False) if grade is None else (grade.reward, grade.passed)
         self.transcript = "" if grade is None else grade.transcript
+        self.artifact = "" if grade is None else grade.artifact
 
 
 @dataclass(slots=True)
@@ -287,7 +296,7 @@ def sequence_to_dict(seq: Sequence) -> dict:
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
             "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
             "hack_confirmed": seq.hack_confirmed, "cause": seq.cause, "transcript": seq.transcript,
-            "contexts": [{"label": c.label, "segments": [
+            "artifact": seq.artifact, "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates}
                 for s in c.segments]} for c in seq.contexts]}
@@ -302,7 +311,7 @@ def sequence_from_dict(d: dict) -> Sequence:
                     d["metrics"], d["hack_confirmed"], d.get("cause"),
                     # checkpoints written before the grader's flag existed: the rule they were made under
                     passed=d.get("passed", d["reward"] is not None and d["reward"] >= 1.0),
-                    transcript=d.get("transcript", ""))
+                    transcript=d.get("transcript", ""), artifact=d.get("artifact", ""))
 
 
 def version_lags(rows: list[TrainingRow], version: int) -> Counter:

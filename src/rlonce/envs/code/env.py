@@ -164,7 +164,8 @@ class CodeEnv:
         passed = sum(outcomes.get(i, {}).get("outcome") == "passed" for i in ids)
         self.metrics.update({"tests_passed": float(passed), "tests_total": float(len(ids))})
         ok = passed == len(ids)
-        return Grade(float(ok), passed=ok, transcript=self._transcript(changes, diff, outcomes, passed, len(ids)))
+        return Grade(float(ok), passed=ok, transcript=self._transcript(changes, diff, outcomes, passed, len(ids)),
+                     artifact=diff)
 
     def _transcript(self, changes: dict, diff: str, outcomes: dict, passed: int, total: int) -> str:
         """The hidden tests' verdict in words: the change's size, then each test's outcome."""
