@@ -12,8 +12,8 @@ from pathlib import Path
 import rlonce
 
 SRC = Path(rlonce.__file__).resolve().parent
-LAYERS = ["core", "algo", "model", "engine", "sandbox", "envs", "gateway", "harness", "rollout", "train", "dist",
-          "recipes", "cli"]
+LAYERS = ["core", "algo", "model", "engine", "sandbox", "envs", "gateway", "harness", "grading", "rollout", "train",
+          "dist", "recipes", "cli"]
 CORE = {"", "core", "errors", "config", "telemetry"}
 """Top-level names at the bottom layer ("" is the package itself)."""
 

@@ -10,6 +10,7 @@ signal), ``run`` (``RunConfig``); reading and checking in ``load``; the config a
 ``reference``. Import from here.
 """
 
+from rlonce.config.grading import GradingConfig, JudgeConfig
 from rlonce.config.load import (
     _explain,
     _field_at,
@@ -69,7 +70,8 @@ from rlonce.config.sources import SourceConfig
 __all__ = [
     "MAX_PARALLEL", "MAX_STEPS", "MAX_TOKENS", "OPTIMIZERS", "PENALTY_PARAMS", "_VARIANTS", "AlgoConfig", "ArmName",
     "CISPOObjective", "CheckpointConfig", "ConfigError", "EngineConfig", "EvalConfig", "FourBoundObjective",
-    "HarnessConfig", "LengthConfig", "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
+    "GradingConfig", "HarnessConfig", "JudgeConfig", "LengthConfig",
+    "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
     "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "SourceConfig",
     "StorageConfig", "TaskConfig", "TimeoutsConfig", "TrackerConfig", "UnifiedObjective", "_explain", "_field_at",
     "_numeric", "_parse_value", "_plain",

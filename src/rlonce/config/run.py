@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rlonce.config.grading import GradingConfig
 from rlonce.config.objectives import AlgoConfig
 from rlonce.config.sections import (
     MAX_PARALLEL,
@@ -150,6 +151,9 @@ class RunConfig(Section):
                 and self.ray.engine_gpus < self.engine.tensor_parallel_size):
             raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
                              f"({self.engine.tensor_parallel_size})")
+        if self.grading.enabled and self.executor == "ray":
+            raise ValueError("[grading] runs beside the local executor only: set executor = 'local' or "
+                             "grading.judge.kind = 'none'")
         if self.algo.kl_coef > 0 and self.executor == "ray" and self.ray.trainer_workers > 1:
             raise ValueError("algo.kl_coef > 0 keeps the reference policy in one trainer process: set "
                              "ray.trainer_workers = 1")
@@ -182,6 +186,8 @@ class RunConfig(Section):
     """Wall-clock limits of each sequence: trajectory, setup, reward, model request, agent idle."""
     algo: AlgoConfig = AlgoConfig()
     """The learning signal: objective, aggregation, reward shaping, penalties."""
+    grading: GradingConfig = GradingConfig()
+    """Model graders: the judge, GRS and GAR inputs, the hack audit (docs/grading.md)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluations before, during and after RL."""
     checkpoint: CheckpointConfig = CheckpointConfig()

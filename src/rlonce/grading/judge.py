@@ -1,0 +1,245 @@
+"""Judges: a model asked for a structured verdict, behind an endpoint or a script.
+
+A judge takes a prompt and a pydantic schema and returns a ``Verdict``: the validated object, or
+none with the reason in one word (``FAILURES``). It never raises for what the endpoint does —
+down, slow, an error status, text that is not JSON, JSON that is not the schema — because a
+judge that fails must cost the run a fallback, never a step and never a model failure (DESIGN.md,
+"Grader"). Every call is appended to a JSON-lines record (prompt, reply, verdict, outcome,
+latency, tokens; never a key), answers are cached by (model, prompt, sample) and at most
+``concurrency`` calls are in flight.
+
+``EndpointJudge`` speaks the OpenAI Chat Completions protocol (``{base_url}/chat/completions``,
+the OpenAI SDK's convention: ``base_url`` ends in ``/v1``) or Anthropic's Messages protocol
+(``{base_url}/v1/messages``, the Anthropic SDK's); the key is read from an environment variable
+named in the config. ``{call}`` in ``base_url`` becomes a fresh id per call — ``rlonce serve``
+names a session by its path, so concurrent calls need one each. ``ScriptedJudge`` answers from a
+Python function: the deterministic judge of tests and CPU runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from rlonce.errors import RlonceError
+
+FAILURES = ("down", "timeout", "http_error", "non_json", "invalid")
+"""Why a call gave no verdict: the endpoint refused connections, did not answer in time, answered
+with an error status, answered with no JSON object, or with one that is not the schema."""
+RECORD_CHARS = 20_000
+"""Prompt and reply characters kept per call in the record."""
+SYSTEM = ("You are a careful grader. Read the material, then answer with exactly one JSON object that "
+          "follows the requested schema. Write nothing before or after the JSON object.")
+
+
+class JudgeFailed(RlonceError):
+    """A call gave no usable reply; ``category`` is one of ``FAILURES``."""
+
+    def __init__(self, category: str, message: str):
+        super().__init__(message)
+        self.category = category
+
+
+@dataclass
+class Verdict:
+    value: BaseModel | None
+    outcome: str
+    """'ok' or one of ``FAILURES``."""
+    seconds: float = 0.0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def parse_verdict(text: str, schema: type[BaseModel]) -> BaseModel:
+    """The first JSON object in ``text`` that validates as ``schema`` (models wrap JSON in prose and
+    code fences); ``JudgeFailed('non_json')`` when there is no JSON object, ``'invalid'`` when
+    none validates."""
+    decoder, seen, error = json.JSONDecoder(), False, ""
+    i = text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):  # a reply nested past the parser's depth is no verdict
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            seen = True
+            try:
+                return schema.model_validate(obj)
+            except ValidationError as e:
+                error = str(e).splitlines()[0] if str(e) else "schema mismatch"
+        i = text.find("{", end)
+    if not seen:
+        raise JudgeFailed("non_json", f"no JSON object in the reply ({len(text)} chars)")
+    raise JudgeFailed("invalid", f"no JSON object in the reply is a {schema.__name__}: {error}")
+
+
+class Judge:
+    """What every judge shares: cache, concurrency limit, retries, the record, the counts."""
+
+    def __init__(self, name: str, model: str, *, retries: int = 1, timeout: float = 60.0, concurrency: int = 4,
+                 record: Path | None = None):
+        self.name, self.model = name, model
+        self.retries, self.timeout = retries, timeout
+        self.limit = asyncio.Semaphore(concurrency)
+        self.record = record
+        self.cache: dict[str, Verdict] = {}
+        self.counts: Counter = Counter()
+        """calls, cached, ok and each failure, tokens_in, tokens_out, seconds (since ``take_counts``)."""
+
+    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+        """The model's reply text to ``prompt`` (a question of ``kind``) and its (input, output)
+        token counts; raises ``JudgeFailed`` with the transport's category."""
+        raise NotImplementedError
+
+    async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
+                  files: dict[str, str] | None = None) -> Verdict:
+        """A verdict of ``schema`` on ``prompt``; ``sample`` > 0 asks again as an independent draw
+        (the agreement check), cached under its own key. ``task`` and ``files`` are the workspace
+        an agentic grader works in (``rlonce.grading.agentic``); a plain judge sees the prompt only."""
+        key = hashlib.sha256(f"{self.model}\0{schema.__name__}\0{sample}\0{prompt}".encode()).hexdigest()
+        if key in self.cache:
+            self.counts["cached"] += 1
+            hit = self.cache[key]
+            return Verdict(hit.value, hit.outcome, cached=True)
+        async with self.limit:
+            v, text = await self._attempts(prompt, schema, sample, kind)
+        self.counts.update({"calls": 1, v.outcome: 1, "tokens_in": v.tokens_in, "tokens_out": v.tokens_out})
+        self.counts["seconds"] += v.seconds
+        if v.ok:
+            self.cache[key] = v
+        self._write(kind, prompt, text, v, sample)
+        return v
+
+    async def _attempts(self, prompt: str, schema: type[BaseModel], sample: int, kind: str) -> tuple[Verdict, str]:
+        t0, outcome, text, tin, tout = time.perf_counter(), "down", "", 0, 0
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
+            try:
+                text, a, b = await asyncio.wait_for(self.complete(prompt, sample * 1000 + attempt, kind),
+                                                     self.timeout)
+                tin, tout = tin + a, tout + b
+                value = parse_verdict(text, schema)
+                return Verdict(value, "ok", time.perf_counter() - t0, tin, tout), text
+            except asyncio.TimeoutError:
+                outcome = "timeout"
+            except JudgeFailed as e:
+                outcome, text = e.category, text or str(e)
+        return Verdict(None, outcome, time.perf_counter() - t0, tin, tout), text
+
+    def _write(self, kind: str, prompt: str, text: str, v: Verdict, sample: int) -> None:
+        if self.record is None:
+            return
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        line = {"time": time.time(), "judge": self.name, "model": self.model, "kind": kind, "sample": sample,
+                "outcome": v.outcome, "seconds": round(v.seconds, 4), "tokens_in": v.tokens_in,
+                "tokens_out": v.tokens_out, "verdict": v.value.model_dump() if v.value is not None else None,
+                "prompt": prompt[:RECORD_CHARS], "reply": text[:RECORD_CHARS]}
+        with self.record.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def take_counts(self) -> dict[str, float]:
+        """The counts since the last call, as ``judge_*`` metrics; then zero them."""
+        out = {f"judge_{k}": float(v) for k, v in self.counts.items()}
+        self.counts = Counter()
+        return out
+
+
+class ScriptedJudge(Judge):
+    """Answers with ``script(kind, prompt, sample)``: text, parsed like any model's reply.
+    Deterministic, for tests and for runs that exercise the grading path without a model."""
+
+    def __init__(self, script: Callable[[str, str, int], str | Awaitable[str]], **kw):
+        super().__init__(kw.pop("name", "scripted"), kw.pop("model", "scripted"), **kw)
+        self.script = script
+
+    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+        out = self.script(kind, prompt, sample)
+        text = await out if asyncio.iscoroutine(out) else out
+        return text, len(prompt.split()), len(text.split())
+
+
+class EndpointJudge(Judge):
+    """A model behind an OpenAI-compatible or Anthropic endpoint."""
+
+    def __init__(self, base_url: str, model: str, *, protocol: str = "openai", api_key_env: str = "",
+                 max_tokens: int = 512, temperature: float = 0.0, **kw):
+        if protocol not in ("openai", "anthropic"):
+            raise ValueError(f"unknown judge protocol {protocol!r}: use 'openai' or 'anthropic'")
+        super().__init__(kw.pop("name", model), model, **kw)
+        self.base_url, self.protocol = base_url.rstrip("/"), protocol
+        self.api_key_env, self.max_tokens, self.temperature = api_key_env, max_tokens, temperature
+
+    def _key(self) -> str:
+        if not self.api_key_env:
+            return "rlonce-judge"
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise JudgeFailed("down", f"the judge's key variable {self.api_key_env} is not set in the environment")
+        return key
+
+    def _url(self, protocol: str) -> str:
+        base = self.base_url.replace("{call}", uuid.uuid4().hex)
+        return base + ("/v1/messages" if protocol == "anthropic-messages" else "/chat/completions")
+
+    async def send(self, protocol: str, body: dict) -> dict:
+        """One request of wire protocol ``protocol`` ('openai-chat' or 'anthropic-messages') with
+        this judge's model and key: the reply body. What an agentic grader's client sends through."""
+        import httpx
+
+        key = self._key()
+        headers = ({"x-api-key": key, "anthropic-version": "2023-06-01"} if protocol == "anthropic-messages"
+                   else {"authorization": f"Bearer {key}"})
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout) as c:
+                r = await c.post(self._url(protocol), json={**body, "model": self.model}, headers=headers)
+        except httpx.TimeoutException as e:
+            raise JudgeFailed("timeout", f"the judge at {self.base_url} did not answer: {e!r}") from None
+        except httpx.HTTPError as e:
+            raise JudgeFailed("down", f"the judge at {self.base_url} is unreachable: {e!r}") from None
+        if r.status_code >= 400:
+            raise JudgeFailed("http_error", f"the judge answered {r.status_code}: {r.text[:200]}")
+        try:
+            out = r.json()
+        except ValueError:
+            raise JudgeFailed("http_error", f"the judge's reply body is not JSON: {r.text[:200]!r}") from None
+        if not isinstance(out, dict):
+            raise JudgeFailed("http_error", "the judge's reply body is not a JSON object")
+        return out
+
+    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+        if self.protocol == "anthropic":
+            body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "system": SYSTEM,
+                    "messages": [{"role": "user", "content": prompt}]}
+            out = await self.send("anthropic-messages", body)
+            try:
+                text = "".join(b.get("text", "") for b in out["content"] if b.get("type") == "text")
+                usage = out.get("usage") or {}
+                return text, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                raise JudgeFailed("http_error", "the reply is not an Anthropic message") from None
+        body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "seed": sample,
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]}
+        out = await self.send("openai-chat", body)
+        try:
+            text = out["choices"][0]["message"].get("content") or ""
+            usage = out.get("usage") or {}
+            return text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            raise JudgeFailed("http_error", "the reply is not a chat completion") from None
