@@ -126,6 +126,10 @@ def _tasks(args) -> int:
         return 0
     from rlonce.cli import domain_commands as dc
 
+    if args.action == "audit":
+        from rlonce.cli.grade_commands import tasks_audit
+
+        return tasks_audit(args)
     if args.action == "build" and args.domain == "cyber":
         return dc.build_cyber(args)
     if args.action == "validate" and dc.is_cyber_pack(args.pack):
@@ -329,6 +333,12 @@ def _audit(args) -> int:
     return status
 
 
+def _grade(args) -> int:
+    from rlonce.cli.grade_commands import grade
+
+    return grade(args)
+
+
 def _view(args) -> int:
     """``rlonce view RUN``: serve the run's debugging page on loopback until Ctrl-C."""
     from rlonce.recipes.view import serve
@@ -342,6 +352,6 @@ def _view(args) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
-    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view,
+    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view, "grade": _grade,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

@@ -144,7 +144,7 @@ def _add_serve(sub) -> None:
 
 
 def _add_tasks(sub) -> None:
-    tk = sub.add_parser("tasks", help="build or validate a task pack")
+    tk = sub.add_parser("tasks", help="build, validate or audit a task pack")
     tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
     tb = tsub.add_parser("build", help="synthesise tasks from real packages (code) or the shipped C targets (cyber)")
     tb.add_argument("domain", choices=["code", "cyber"])
@@ -172,6 +172,41 @@ def _add_tasks(sub) -> None:
     tv.add_argument("--reruns", type=_int(1, 1000), default=8, help="runs per state for the stability gate (default 8)")
     tv.add_argument("--json", action="store_true", help="print the report as one JSON object")
     _quiet(tv)
+    ta = tsub.add_parser("audit", help="four graded attempts per task, then an auditor flags possible false "
+                         "positives and negatives (DIR/audit.json; flagged tasks are not trained on until cleared)")
+    ta.add_argument("pack", help="a validated code pack directory")
+    ta.add_argument("--agent", choices=["scripted"], default="scripted",
+                    help="who makes the attempts: the scripted agents (expert x2, no-op, test deletion; default)")
+    _grader_flags(ta)
+
+
+def _grader_flags(p: argparse.ArgumentParser) -> None:
+    """What ``tasks audit`` and ``grade synthesize-rubrics`` share: the judge, task count, output."""
+    p.add_argument("--tasks", type=_int(1, 1_000_000), help="only the first N validated tasks (default: all)")
+    p.add_argument("--judge", "--judge-url", dest="judge", default="scripted", metavar="scripted|URL",
+                   help="'scripted' (the rule judge; default) or the judge endpoint's base URL (OpenAI: ending in "
+                        "/v1; Anthropic: before /v1/messages)")
+    p.add_argument("--judge-model", default="judge", help="model name sent to the judge endpoint (default judge)")
+    p.add_argument("--judge-protocol", choices=["openai", "anthropic"], default="openai")
+    p.add_argument("--judge-key-env", default="", metavar="VAR",
+                   help="environment variable holding the judge's key (default: a placeholder key)")
+    p.add_argument("--judge-timeout", type=_float(0, 86_400), default=120.0, help="seconds per judge call")
+    p.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)  # the bar shows unless --quiet
+    _quiet(p)
+
+
+def _add_grade(sub) -> None:
+    g = sub.add_parser("grade", help="offline model grading of a pack: rubric synthesis for GRS")
+    gsub = g.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sr = gsub.add_parser("synthesize-rubrics", help="rollouts on each task; where they pass often enough, a judge "
+                         "writes solution and behaviour rubrics (DIR/rubrics.json)")
+    sr.add_argument("--pack", required=True, help="a validated code pack directory")
+    sr.add_argument("--rollouts", type=_int(1, 64), default=4, help="rollouts per task (default 4)")
+    sr.add_argument("--min-pass-rate", type=_float(0, 1, open_low=False), default=0.5,
+                    help="tasks whose rollouts pass at least this often get rubrics, in [0, 1] (default 0.5)")
+    _grader_flags(sr)
 
 
 def _add_probe(sub) -> None:
@@ -234,7 +269,7 @@ def _add_doctor(sub) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_config,
+    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_grade, _add_config,
                 _add_doctor, _add_audit, _add_view):
         add(sub)
     return ap

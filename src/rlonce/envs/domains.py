@@ -8,6 +8,7 @@ so a new domain is one ``Domain`` away from the whole loop. Splits: ``sft`` (dem
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -18,6 +19,7 @@ from rlonce.errors import PackError
 
 SFT_TASK_OFFSET = 0
 RL_TASK_OFFSET = 1_000_000
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +38,9 @@ class Domain:
     """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours, single_turn)``
     → its assistant turns as text (SFT demonstrations; ``single_turn``: for the ``single-turn``
     arm, else tool calls); None when the domain has none."""
+    audit_excluded: int = 0
+    """Train tasks of a pack left out because ``rlonce tasks audit`` flagged them and no one cleared
+    them (``audit_flagged``)."""
 
     @property
     def has_expert(self) -> bool:
@@ -102,10 +107,35 @@ def _code_task(train: list, heldout: list, split: str, index: int):
     return tasks[index % len(tasks)]
 
 
+def read_json_object(path: Path, remedy: str) -> dict:
+    """The JSON object in ``path`` ({} when there is no such file); a ``PackError`` saying ``remedy``
+    when it cannot be read or is not an object."""
+    if not path.is_file():
+        return {}
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PackError(f"cannot read {path} ({e}); {remedy}") from None
+    if not isinstance(obj, dict):
+        raise PackError(f"{path} is not a JSON object; {remedy}")
+    return obj
+
+
+def audit_flagged(pack: Path) -> set[str]:
+    """Ids ``rlonce tasks audit`` flagged (``DIR/audit.json``) that are not listed in ``DIR/cleared.txt``
+    (one id a line, ``#`` starts a comment). The file names are ``rlonce.grading.audit``'s."""
+    entries = read_json_object(pack / "audit.json", f"rerun `rlonce tasks audit {pack}` or delete it")
+    flagged = {i for i, e in entries.items() if isinstance(e, dict) and e.get("flags")}
+    c = pack / "cleared.txt"
+    cleared = {ln.split("#", 1)[0].strip() for ln in c.read_text().splitlines()} if c.is_file() else set()
+    return flagged - cleared
+
+
 def _pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, expert) -> Domain:
     """A domain over the validated tasks of a built pack (code, cyber), split by task id
     (``code.validate.split_tasks``; the split is written to the pack's validation.json). ``sft``
-    draws from the train tasks too."""
+    draws from the train tasks too. Train tasks the audit flagged and no one cleared are left out
+    (``audit_flagged``); the split is made before, so clearing a task never moves another."""
     import dataclasses
 
     from rlonce.envs.code.validate import HELDOUT_FRACTION, record_split, split_tasks
@@ -124,9 +154,17 @@ def _pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, ex
     split = split_tasks([t.task_id for t in tasks], getattr(task_cfg, "heldout_fraction", HELDOUT_FRACTION))
     record_split(Path(pack), split)
     held = set(split["heldout_ids"])
-    train = [t for t in tasks if t.task_id not in held]
+    excluded = audit_flagged(Path(pack)) - held
+    train = [t for t in tasks if t.task_id not in held and t.task_id not in excluded]
+    dropped = sum(t.task_id in excluded for t in tasks)
+    if dropped:
+        log.warning("%d task(s) excluded by the audit; clear them in %s", dropped, Path(pack) / "cleared.txt")
+    if not train and dropped:
+        raise PackError(f"every train task of {pack} is flagged by `rlonce tasks audit`: review "
+                        f"{Path(pack) / 'audit.json'} and list the ids you clear in {Path(pack) / 'cleared.txt'}")
     heldout = [dataclasses.replace(t, split="heldout") for t in tasks if t.task_id in held]
-    return Domain(name, env_factory, partial(_code_task, train, heldout), heldout_size=len(heldout), expert=expert)
+    return Domain(name, env_factory, partial(_code_task, train, heldout), heldout_size=len(heldout), expert=expert,
+                  audit_excluded=dropped)
 
 
 def _code(task_cfg) -> Domain:

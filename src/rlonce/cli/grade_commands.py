@@ -1,0 +1,72 @@
+"""The CLI verbs of offline model grading on a pack: ``tasks audit DIR`` (rollout auditing for
+task quality, ``rlonce.grading.audit``) and ``grade synthesize-rubrics --pack DIR`` (GRS rubric
+synthesis, ``rlonce.grading.rubrics``). A judge that fails is counted, never fatal: both finish
+with exit status 0 and report the failures by category."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlonce.errors import UsageError
+
+
+def _judge(args, record: Path):
+    """The judge ``--judge`` names: the scripted rule judge, or a model at an endpoint URL."""
+    from pydantic import ValidationError
+
+    from rlonce.config.grading import JudgeConfig
+    from rlonce.grading.build import build_judge
+
+    try:
+        if args.judge == "scripted":
+            cfg = JudgeConfig(kind="scripted")
+        else:
+            cfg = JudgeConfig(kind="endpoint", base_url=args.judge, model=args.judge_model,
+                              protocol=args.judge_protocol, api_key_env=args.judge_key_env,
+                              timeout_s=args.judge_timeout)
+    except ValidationError as e:
+        msg = e.errors()[0].get("msg", str(e)).removeprefix("Value error, ")
+        raise UsageError(f"--judge: {msg}") from None
+    return build_judge(cfg, record, name="auditor")
+
+
+def _code_pack(pack: str, verb: str) -> Path:
+    from rlonce.cli.domain_commands import is_cyber_pack
+
+    p = Path(pack)
+    if not p.exists():
+        raise UsageError(f"{verb}: {p} does not exist; pass a code pack built with `rlonce tasks build code --out DIR` "
+                         "and validated with `rlonce tasks validate DIR`")
+    if is_cyber_pack(pack):
+        raise UsageError(f"{verb}: {p} is a cyber pack; only code packs can be audited for now")
+    return p
+
+
+def tasks_audit(args) -> int:
+    """``rlonce tasks audit DIR``: audit.json, the audit section of validation.json, a table."""
+    from rlonce.grading.audit import RECORD, audit_pack, format_audit
+
+    pack = _code_pack(args.pack, "tasks audit")
+    judge = _judge(args, pack / RECORD)
+    report = audit_pack(pack, judge, limit=args.tasks, concurrency=args.concurrency,
+                        progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_audit(report))
+    return 0
+
+
+def synthesize_rubrics(args) -> int:
+    """``rlonce grade synthesize-rubrics --pack DIR``: rubrics.json and a summary line."""
+    from rlonce.grading.rubrics import format_rubrics, synthesize_rubrics
+
+    pack = _code_pack(args.pack, "grade synthesize-rubrics")
+    judge = _judge(args, pack / "rubrics" / "calls.jsonl")
+    report = synthesize_rubrics(pack, judge, limit=args.tasks, rollouts=args.rollouts,
+                                min_pass_rate=args.min_pass_rate, concurrency=args.concurrency,
+                                progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_rubrics(report))
+    return 0
+
+
+def grade(args) -> int:
+    return {"synthesize-rubrics": synthesize_rubrics}[args.action](args)

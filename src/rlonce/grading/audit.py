@@ -1,0 +1,256 @@
+"""Rollout auditing for task quality: four graded attempts per task, then an auditor reads them.
+
+Seed 001 (rollout auditing): a task whose tests pass a wrong change teaches reward hacking, one
+whose tests fail a right change teaches nothing but noise. ``rlonce tasks audit DIR`` makes four
+attempts at each validated task of a code pack and gives the auditor — a judge, ``rlonce.grading
+.judge`` — the problem statement, the hidden tests, the reference patch and the four attempts with
+their outcomes. The auditor states what a correct solution requires and flags a possible false
+positive (an attempt passed without doing that: the tests are too weak) or false negative (an
+attempt did it and failed: the tests are wrong or too strict). Verdicts go to ``DIR/audit.json``
+and an ``audit`` section of ``DIR/validation.json``; the training domain leaves flagged train tasks
+out until a person lists their ids in ``DIR/cleared.txt`` (``rlonce.envs.domains``).
+
+The attempts are real rollouts: tool calls through a ``CodeEnv`` in a sandbox, the carried change
+graded in a fresh sandbox, the graded diff shown to the auditor. The agents are scripted (a model
+agent at an endpoint is not wired here): the expert under two seeds (its detours differ, its fix
+does not), doing nothing, and deleting or skipping the tests — a sound task passes the first two
+and fails the others. What this does not catch: a weakness none of the four attempts exercises,
+and whatever the auditor misses (the scripted auditor's rules are in ``rlonce.grading.scripted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from rlonce.core.records import Sequence
+from rlonce.envs.base import GradingError
+from rlonce.envs.code.env import CodeEnv
+from rlonce.envs.code.expert import expert_calls
+from rlonce.envs.code.routes import ROUTES, Call
+from rlonce.envs.code.tasks import CodeTask
+from rlonce.envs.code.validate import validated_tasks
+from rlonce.envs.domains import read_json_object
+from rlonce.errors import PackError
+from rlonce.grading.judge import Judge
+from rlonce.grading.verdicts import TaskAudit, audit_prompt
+
+FLAGS = ("false_positive", "false_negative")
+AUDIT_FILE, CLEARED_FILE, RECORD = "audit.json", "cleared.txt", "audit/calls.jsonl"
+CALL_CHARS = 300
+"""Characters of each tool call's arguments shown to the auditor."""
+
+Agent = tuple[str, Callable[[CodeTask], list[Call]]]
+"""A scripted agent: its name and the tool calls it makes on a task."""
+
+
+def expert_agent(seed: int) -> Agent:
+    """The scripted expert under ``seed`` (its detours), without its final ``submit``."""
+    def calls(task: CodeTask) -> list[Call]:
+        return [(c.name, c.arguments) for c in expert_calls(task, random.Random(seed)) if c.name != "submit"]
+    return f"expert (seed {seed})", calls
+
+
+AUDIT_AGENTS: tuple[Agent, ...] = (expert_agent(0), expert_agent(1), ("no-op", lambda task: []),
+                                   ("delete_or_skip_tests", ROUTES["delete_or_skip_tests"]))
+"""The four attempts of an audit, in order."""
+
+
+@dataclass
+class Attempt:
+    index: int
+    agent: str
+    calls: list[Call]
+    passed: bool
+    infra: bool
+    """Grading could not give a verdict (``GradingError``): not shown to a judge as a failure."""
+    hack: bool
+    diff: str
+    """The change the grader carried and ran, as a unified diff."""
+    transcript: str = ""
+    """The grader's verdict in words: each hidden test's outcome."""
+
+    @property
+    def outcome(self) -> str:
+        return "not graded" if self.infra else "passed" if self.passed else "failed"
+
+    def body(self) -> str:
+        """What a judge reads of the attempt: the graded change, then the calls one per line."""
+        calls = "\n".join(f"$ {name} {json.dumps(args)[:CALL_CHARS]}" for name, args in self.calls)
+        return (f"Change carried to the grader:\n{self.diff or '(no change to the library code)'}\n"
+                f"Tool calls ({self.agent}):\n{calls or '(none)'}\nGrader:\n{self.transcript or '(no verdict)'}")
+
+    def summary(self) -> dict:
+        return {"agent": self.agent, "passed": self.passed, "infra": self.infra, "hack": self.hack,
+                "diff_lines": self.diff.count("\n")}
+
+
+async def run_attempt(task: CodeTask, index: int, agent: Agent) -> Attempt:
+    """One attempt: ``agent``'s calls in a fresh ``CodeEnv``, then its grade."""
+    name, make = agent
+    calls = make(task)
+    env, seq = CodeEnv(task), Sequence(task.task_id, "audit")
+    try:
+        await env.setup()
+        for tool, args in calls:
+            await env.call_tool(tool, args)
+        try:
+            grade = await env.grade(seq)
+            passed, infra, diff, transcript = grade.passed, False, grade.artifact, grade.transcript
+        except GradingError as e:
+            passed, infra, diff, transcript = False, True, "", f"not graded: {e}"
+    finally:
+        await env.cleanup()
+    return Attempt(index, name, calls, passed, infra, seq.hack_confirmed, diff, transcript)
+
+
+async def run_attempts(task: CodeTask, agents: list[Agent] | tuple[Agent, ...],
+                       sem: asyncio.Semaphore) -> list[Attempt]:
+    async def one(i: int, agent: Agent) -> Attempt:
+        async with sem:
+            return await run_attempt(task, i, agent)
+
+    return list(await asyncio.gather(*(one(i, a) for i, a in enumerate(agents))))
+
+
+def tests_text(task: CodeTask) -> str:
+    """The hidden tests as the auditor reads them: the test ids, then each hidden file."""
+    files = "\n".join(f"### {path}\n{text}" for path, text in sorted(task.hidden_files.items()))
+    return f"fail-to-pass: {', '.join(task.f2p)}\npass-to-pass: {', '.join(task.p2p) or '(none)'}\n{files}"
+
+
+async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore) -> dict:
+    """The audit entry of one task: its attempts and the auditor's verdict (no verdict, and no
+    flag, when an attempt could not be graded or the judge gave none: ``outcome`` says why)."""
+    attempts = await run_attempts(task, AUDIT_AGENTS, sem)
+    entry = {"flags": [], "requires": "", "notes": "", "outcome": "ok",
+             "attempts": [a.summary() for a in attempts]}
+    if any(a.infra for a in attempts):
+        return {**entry, "outcome": "attempt_infra"}
+    prompt = audit_prompt(task.problem, tests_text(task), task.fix_diff(),
+                          [(a.index, a.outcome, a.body()) for a in attempts])
+    v = await judge.ask(prompt, TaskAudit, kind="audit")
+    if not v.ok:
+        return {**entry, "outcome": v.outcome}
+    audit: TaskAudit = v.value  # type: ignore[assignment]
+    return {**entry, "flags": [f for f in FLAGS if getattr(audit, f)], "requires": audit.requires,
+            "notes": audit.notes}
+
+
+def pack_tasks(pack: Path, limit: int | None) -> list[CodeTask]:
+    """The validated tasks of a code pack (the first ``limit``); PackError, one line, otherwise."""
+    pack = Path(pack)
+    if not pack.is_dir():
+        raise PackError(f"{pack} is not a directory; pass a code pack built with `rlonce tasks build code --out DIR`")
+    tasks = validated_tasks(pack)
+    if not (pack / "validation.json").is_file():
+        raise PackError(f"the pack {pack} was never validated: run `rlonce tasks validate {pack}` first")
+    if not tasks:
+        raise PackError(f"no task of the pack {pack} passed validation; build a larger pack")
+    return tasks[:limit] if limit else tasks
+
+
+def run_tasks(tasks: list[CodeTask], job: Callable, *, concurrency: int, progress: bool, desc: str) -> dict[str, dict]:
+    """``job(task, sem)`` for every task, ``concurrency`` attempts in flight: task id → its result."""
+    out: dict[str, dict] = {}
+    bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
+
+    async def main():
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(t: CodeTask):
+            out[t.task_id] = await job(t, sem)
+            bar.update(1)
+
+        await asyncio.gather(*(one(t) for t in tasks))
+
+    try:
+        asyncio.run(main())
+    finally:
+        bar.close()
+    return {t.task_id: out[t.task_id] for t in tasks}
+
+
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    return read_json_object(path, "delete it or rerun the command that wrote it")
+
+
+def record_audit(pack: Path, entries: dict[str, dict]) -> dict:
+    """Put the audit section (over every audited task) into the pack's validation.json."""
+    flagged = {i: e["flags"] for i, e in sorted(entries.items()) if e.get("flags")}
+    section = {"file": AUDIT_FILE, "cleared_file": CLEARED_FILE, "audited": len(entries),
+               "false_positive": sum("false_positive" in f for f in flagged.values()),
+               "false_negative": sum("false_negative" in f for f in flagged.values()),
+               "flagged": flagged,
+               "rule": f"a flagged train task is left out of training until its id is a line of {CLEARED_FILE}"}
+    path = Path(pack) / "validation.json"
+    write_json(path, {**read_json(path), "audit": section})
+    return section
+
+
+def failures(entries: dict[str, dict]) -> dict[str, int]:
+    """Tasks without a verdict, by why: a judge failure category or ``attempt_infra``."""
+    return dict(sorted(Counter(e["outcome"] for e in entries.values() if e["outcome"] != "ok").items()))
+
+
+def audit_pack(pack: Path, judge: Judge, *, limit: int | None = None, concurrency: int = 2,
+               progress: bool = True) -> dict:
+    """Audit the validated tasks of ``pack`` (the first ``limit``); merge the verdicts into
+    ``audit.json`` and the validation report. The summary of this run."""
+    pack = Path(pack)
+    tasks = pack_tasks(pack, limit)
+
+    async def job(t: CodeTask, sem: asyncio.Semaphore) -> dict:
+        return await audit_task(t, judge, sem)
+
+    entries = run_tasks(tasks, job, concurrency=concurrency, progress=progress, desc="audit")
+    merged = {**read_json(pack / AUDIT_FILE), **entries}
+    write_json(pack / AUDIT_FILE, merged)
+    section = record_audit(pack, merged)
+    cleared = cleared_ids(pack)
+    return {"pack": str(pack), "judge": judge.model, "audited": len(entries),
+            "false_positive": sum("false_positive" in e["flags"] for e in entries.values()),
+            "false_negative": sum("false_negative" in e["flags"] for e in entries.values()),
+            "flagged": [i for i, e in entries.items() if e["flags"]],
+            "uncleared": sorted(i for i in section["flagged"] if i not in cleared),
+            "failures": failures(entries), "tasks": entries}
+
+
+def cleared_ids(pack: Path) -> set[str]:
+    """The ids a person listed in ``cleared.txt``: one a line, ``#`` starts a comment."""
+    f = Path(pack) / CLEARED_FILE
+    if not f.is_file():
+        return set()
+    return {ln.split("#", 1)[0].strip() for ln in f.read_text().splitlines()} - {""}
+
+
+def format_audit(report: dict) -> str:
+    lines = [f"Task audit of {report['audited']} tasks (auditor {report['judge']}, {len(AUDIT_AGENTS)} attempts "
+             "each)", "", f"{'task':36} {'passed':>7}  {'flags':28} outcome"]
+    for tid, e in report["tasks"].items():
+        passed = sum(a["passed"] for a in e["attempts"])
+        flags = ", ".join(e["flags"]) or "-"
+        lines.append(f"{tid[:36]:36} {passed:3}/{len(e['attempts']):<3}  {flags:28} {e['outcome']}")
+    fails = ", ".join(f"{k} {v}" for k, v in report["failures"].items()) or "none"
+    pack = report["pack"]
+    lines += ["", f"audited {report['audited']}; flagged false positive {report['false_positive']}, false negative "
+              f"{report['false_negative']}; no verdict: {fails}",
+              f"verdicts in {Path(pack) / AUDIT_FILE} and the audit section of {Path(pack) / 'validation.json'}; "
+              f"{len(report['uncleared'])} flagged task(s) left out of training until listed in "
+              f"{Path(pack) / CLEARED_FILE}"]
+    return "\n".join(lines)
