@@ -28,6 +28,25 @@ def cyber_pack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def code_pack(tmp_path_factory):
+    """A code pack of 6 tasks on the shipped test package ``minicalc``, validated (2 reruns). Tests
+    that write into a pack (audits, rubrics) work on a copy (``shutil.copytree``)."""
+    from pathlib import Path
+
+    from rlonce.envs.code.build import build_pack
+    from rlonce.envs.code.packages import PackageSpec
+    from rlonce.envs.code.validate import validate_pack
+
+    mini = Path(__file__).resolve().parent / "data" / "minipkg"
+    spec = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(mini),
+                       test_timeout=30.0)
+    out = tmp_path_factory.mktemp("codepack") / "pack"
+    build_pack(out, [spec], 6, seed=3, progress=False)
+    validate_pack(out, reruns=2, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def lm(embedded_dir):
     import torch
 

@@ -38,11 +38,12 @@ from rlonce.recipes.evaluate import heldout_success, outside_success
 from rlonce.recipes.rl import rl_phase
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
+from rlonce.rollout.graded import Grading, grading_totals
 from rlonce.rollout.orchestrator import Judge, Orchestrator
 from rlonce.rollout.sources import SourceExecutor, build_sources, check_sources
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry import rollouts
-from rlonce.telemetry.metrics import JsonlWriter
+from rlonce.telemetry.metrics import JsonlWriter, read_jsonl
 from rlonce.telemetry.report import write_report
 from rlonce.telemetry.step import per_source_success
 from rlonce.telemetry.trackers import TrackedMetrics, Trackers
@@ -86,6 +87,7 @@ class Job:
         """The optimizer state a resumed run continues from (handed to the trainer backend)."""
         self.resumed_from: Path | None = None
         self.backend: TrainerBackend | None = None
+        self.grading: Grading | None = None
         self.engine = None
         self.config_json = cfg.model_dump(mode="json")
         self.provenance: dict = {}
@@ -116,6 +118,7 @@ class Job:
         if self.controller is not None and self.state.bounds:
             self.controller.load_state_dict(self.state.bounds)
         self.optim = optim_settings(cfg.rl)
+        self.grading = Grading(cfg, self.sources, self.lm.decode, self.out) if cfg.grading.enabled else None
 
     def ensure_engine(self, engine_factory=None) -> None:
         """Start the trainer backend ``executor`` names (``rlonce.dist.backends``) from the current
@@ -261,6 +264,8 @@ class Job:
         executors, pool_cap = {}, None
         for label, src in self.sources.items():
             executors[label], pool_cap = self.backend.executor(src.domain, src.spec)
+            if self.grading is not None:  # model graders grade each finished group before it is judged
+                executors[label] = self.grading.wrap(label, executors[label])
         one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
         executor = next(iter(executors.values())) if one else SourceExecutor(executors)
         return build_orchestrator(self.cfg, self.sources, executor, self.signal, self.lm.decode,
@@ -340,12 +345,15 @@ class Job:
             "sources": {k: {"domain": v.plan.options.name, "share": v.plan.share, "arms": list(v.plan.arms),
                             "baseline_success": (st.baseline_per_source or {}).get(k),
                             "final_success": final["per_source"][k]["success"],
-                            "heldout_tasks": final["per_source"][k]["tasks"]} for k, v in self.sources.items()},
+                            "heldout_tasks": final["per_source"][k]["tasks"],
+                            "audit_excluded": v.domain.audit_excluded} for k, v in self.sources.items()},
             "executor": cfg.executor,
             "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
             "final_success_per_arm": final["per_arm"],
             "baseline_success_per_arm": st.baseline_per_arm,
         }
+        if self.grading is not None:
+            summary["grading"] = grading_totals(read_jsonl(self.out / "metrics.jsonl"))
         faults.point("summary")
         checkpoint.write_json(self.out / "summary.json", summary)
         write_report(self.out)

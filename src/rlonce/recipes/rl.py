@@ -73,6 +73,9 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
         orch.s.staleness, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
         Counter(x.source for x in samples)), res.metrics, train_m)
+    if job.grading is not None:
+        rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),
+                                            float(sum(len(r.token_ids) for r in res.rows))))
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())
     faults.point("record.ledger")

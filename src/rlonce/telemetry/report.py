@@ -36,6 +36,22 @@ def source_plots(rows: list[dict]) -> list[tuple]:
             ("source_success", "Training success per source", tuple(f"src/{n}/success_rate" for n in labels))]
 
 
+def grading_plots(rows: list[dict]) -> list[tuple]:
+    """A run with model graders (``[grading]``): hack rate per source and audit coverage, judge
+    failure and fallback rates with agreement κ, and the cost shares of rollout, grading, training."""
+    if not any(k.startswith("grading/") for r in rows for k in r):
+        return []
+    hack = tuple(sorted({k for r in rows for k in r if k.startswith("grading/hack_rate")}))
+    return [("grading_hack", "Hack audit: confirmed / audited, and audit coverage",
+             (*hack, "grading/audit_coverage")),
+            ("grading_judge", "Judge: failure and parse-failure rate, GAR/GRS fallback rate, agreement κ",
+             ("judge_failure_rate", "judge_parse_failure_rate", "grading/gar_fallback_rate",
+              "grading/grs_fallback_rate", "grading/kappa")),
+            ("grading_cost", "Cost: share of step wall time and of tokens",
+             ("cost/rollout_time_share", "cost/grading_time_share", "cost/train_time_share",
+              "cost/grading_token_share"))]
+
+
 def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
     import matplotlib
 
@@ -73,7 +89,7 @@ def write_report(run_dir: Path) -> Path:
     figs = "".join(
         f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline)}" alt="{html.escape(title)}">'
         f"<figcaption>{html.escape(title)}</figcaption></figure>"
-        for _, title, key in PLOTS + source_plots(rows)
+        for _, title, key in PLOTS + source_plots(rows) + grading_plots(rows)
     )
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
                     for k, v in summary.items())
