@@ -490,3 +490,28 @@ def test_view_shows_trainer_logprobs_only_where_the_run_stored_them(tiny_run, tm
     assert plain["trainer_logprobs"] is None and plain["rollout_logprobs"] == ctx["rollout_logprobs"]
     assert ctx["pieces"][0].startswith("⟨")  # no checkpoint copied: token ids shown, and said
     assert "no checkpoint" in ctx["tokenizer"]
+
+
+def test_a_run_with_model_graders_reports_what_they_did(tmp_path):
+    """`[grading]` in `rlonce train`: the scripted judge audits a share of the sequences (each
+    audited one judged twice) and compares passing attempts of mixed groups; every call is in
+    RUN/grading/calls.jsonl, the step records count calls, audits and cost shares, the summary
+    totals them and the report plots them."""
+    out = tmp_path / "graded"
+    cfg = load_config(REPO / "configs" / "tiny.toml", [
+        f"out={out}", "rl.steps=1", "sft.demos=32", "sft.epochs=1", "eval.heldout_tasks=4", "eval.every=0",
+        "grading.judge.kind=scripted", "algo.gar=true", "grading.audit_fraction=0.5", "grading.agreement_fraction=1"])
+    summary = run(cfg, progress=False)
+    rec = next(r for r in read_jsonl(out / "metrics.jsonl") if r.get("reward_mean") is not None)
+    calls = [json.loads(x) for x in (out / "grading" / "calls.jsonl").read_text().splitlines()]
+    assert rec["judge_calls"] == len(calls) > 0 and rec["judge_ok"] == len(calls)
+    assert rec["grading/audited"] == rec["grading/audited/toolfind"] > 0
+    assert rec["grading/audit_coverage"] == rec["grading/audited"] / rec["grading/audit_eligible"]
+    assert rec["grading/agreement_ff"] + rec.get("grading/agreement_tt", 0) == rec["grading/audited"]
+    assert {c["kind"] for c in calls} <= {"hack", "gar"} and sum(c["kind"] == "hack" for c in calls) == \
+        2 * rec["grading/audited"]
+    assert rec.get("grading/gar_groups", 0) == sum(c["kind"] == "gar" for c in calls)
+    shares = [rec[f"cost/{k}_time_share"] for k in ("rollout", "grading", "train")]
+    assert abs(sum(shares) - 1) < 1e-9 and all(0 <= x <= 1 for x in shares)
+    assert summary["grading"]["judge_calls"] == len(calls) and summary["grading"]["grading/hack_rate"] == 0.0
+    assert "Hack audit" in (out / "report.html").read_text()
