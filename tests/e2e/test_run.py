@@ -493,25 +493,31 @@ def test_view_shows_trainer_logprobs_only_where_the_run_stored_them(tiny_run, tm
 
 
 def test_a_run_with_model_graders_reports_what_they_did(tmp_path):
-    """`[grading]` in `rlonce train`: the scripted judge audits a share of the sequences (each
-    audited one judged twice) and compares passing attempts of mixed groups; every call is in
-    RUN/grading/calls.jsonl, the step records count calls, audits and cost shares, the summary
-    totals them and the report plots them."""
+    """`[grading]` in `rlonce train`: the scripted judge audits a share of the sequences and
+    compares passing attempts of mixed groups; every call is in RUN/grading/calls.jsonl, the step
+    records count calls, audits and cost shares, the summary totals them and the report plots
+    them. The agreement judge is an endpoint that is down: the run goes on, each of its calls is
+    counted as 'down' and no agreement pair is made of it."""
     out = tmp_path / "graded"
     cfg = load_config(REPO / "configs" / "tiny.toml", [
         f"out={out}", "rl.steps=1", "sft.demos=32", "sft.epochs=1", "eval.heldout_tasks=4", "eval.every=0",
-        "grading.judge.kind=scripted", "algo.gar=true", "grading.audit_fraction=0.5", "grading.agreement_fraction=1"])
+        "grading.judge.kind=scripted", "algo.gar=true", "grading.audit_fraction=0.5", "grading.agreement_fraction=1",
+        "grading.agreement_judge.kind=endpoint", "grading.agreement_judge.base_url=http://127.0.0.1:9/v1",
+        "grading.agreement_judge.retries=0"])
     summary = run(cfg, progress=False)
     rec = next(r for r in read_jsonl(out / "metrics.jsonl") if r.get("reward_mean") is not None)
     calls = [json.loads(x) for x in (out / "grading" / "calls.jsonl").read_text().splitlines()]
-    assert rec["judge_calls"] == len(calls) > 0 and rec["judge_ok"] == len(calls)
+    assert rec["judge_calls"] + rec["agreement_judge_calls"] == len(calls) and rec["judge_ok"] == rec["judge_calls"] > 0
     assert rec["grading/audited"] == rec["grading/audited/toolfind"] > 0
     assert rec["grading/audit_coverage"] == rec["grading/audited"] / rec["grading/audit_eligible"]
-    assert rec["grading/agreement_ff"] + rec.get("grading/agreement_tt", 0) == rec["grading/audited"]
-    assert {c["kind"] for c in calls} <= {"hack", "gar"} and sum(c["kind"] == "hack" for c in calls) == \
-        2 * rec["grading/audited"]
-    assert rec.get("grading/gar_groups", 0) == sum(c["kind"] == "gar" for c in calls)
+    assert rec["grading/agreement_fallback_down"] == rec["agreement_judge_down"] == rec["grading/audited"]
+    assert not any(k.startswith("grading/agreement_") and k[-3:] in ("_tt", "_tf", "_ft", "_ff") for k in rec)
+    mine = [c for c in calls if c["judge"] == "judge"]
+    assert {c["kind"] for c in mine} <= {"hack", "gar"} and sum(c["kind"] == "hack" for c in mine) == \
+        rec["grading/audited"]
+    assert rec.get("grading/gar_groups", 0) == sum(c["kind"] == "gar" for c in mine)
+    assert [c["outcome"] for c in calls if c["judge"] == "agreement"] == ["down"] * int(rec["grading/audited"])
     shares = [rec[f"cost/{k}_time_share"] for k in ("rollout", "grading", "train")]
     assert abs(sum(shares) - 1) < 1e-9 and all(0 <= x <= 1 for x in shares)
-    assert summary["grading"]["judge_calls"] == len(calls) and summary["grading"]["grading/hack_rate"] == 0.0
+    assert summary["grading"]["judge_calls"] == rec["judge_calls"] and summary["grading"]["grading/hack_rate"] == 0.0
     assert "Hack audit" in (out / "report.html").read_text()

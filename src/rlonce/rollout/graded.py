@@ -165,12 +165,11 @@ def _cost(clock: Counter, grading_s: float, rollout_s: float, train_s: float, ro
 def grading_totals(rows: list[dict]) -> dict[str, float]:
     """The run's grading in numbers (``summary.json``'s ``grading``): judge calls and each outcome,
     audits and confirmed hacks, fallbacks, κ over every pair, and the mean cost shares."""
+    derived = ("grading/hack_rate", "grading/kappa", "grading/agreement_rate", "grading/audit_coverage")
     total: Counter = Counter()
     for r in rows:
-        total.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and (
-            k.startswith("judge_") and not k.endswith("_rate") or k.startswith("grading/") and not any(
-                k.startswith(f"grading/{x}") for x in ("hack_rate", "kappa", "agreement_rate", "audit_coverage"))
-            and not k.endswith("_rate"))})
+        total.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not k.endswith("_rate")
+                      and k.startswith(("judge_", "agreement_judge_", "grading/")) and not k.startswith(derived)})
     out = dict(total)
     pairs = {p: total.get(f"grading/agreement_{p}", 0.0) for p in ("tt", "tf", "ft", "ff")}
     out["kappa"] = kappa(pairs)
