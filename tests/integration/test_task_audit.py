@@ -150,3 +150,65 @@ def test_a_missing_or_unvalidated_pack_is_one_line(pack, tmp_path, capsys):
     assert len(err) == 4 and all(line.startswith("rlonce: error: ") for line in err)
     assert "does not exist" in err[0] and "is not a task pack" in err[1]
     assert "rlonce tasks validate" in err[2] and "not an http(s) URL" in err[3]
+
+
+class _AgentModel:
+    """A scripted model behind a real HTTP server on loopback, speaking Chat Completions: it
+    looks at the package with bash, then submits without changing anything."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                seen.append(body)
+                turn = sum(m["role"] == "assistant" for m in body["messages"])
+                call = ({"name": "bash", "arguments": json.dumps({"command": "ls minicalc"})} if turn == 0 else
+                        {"name": "submit", "arguments": json.dumps({"answer": "looked, changed nothing"})})
+                msg = {"role": "assistant", "content": None,
+                       "tool_calls": [{"id": f"c{turn}", "type": "function", "function": call}]}
+                data = json.dumps({"choices": [{"message": msg, "finish_reason": "tool_calls"}],
+                                   "usage": {"prompt_tokens": 50, "completion_tokens": 5}}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+def test_a_model_at_an_endpoint_makes_the_four_attempts_through_the_harness(pack, capsys):
+    model = _AgentModel()
+    try:
+        assert main(["tasks", "audit", str(pack), "--tasks", "1", "--agent", model.url, "--agent-model", "m",
+                     "--quiet", "--json"]) == 0
+    finally:
+        model.server.shutdown()
+    report = json.loads(capsys.readouterr().out)
+    (entry,) = report["tasks"].values()
+    assert report["agent"] == f"m at {model.url}" and entry["outcome"] == "ok"
+    # the first task lost its fail-to-pass test: looking and changing nothing passes, and the auditor says so
+    assert [a["passed"] for a in entry["attempts"]] == [True] * 4 and entry["flags"] == ["false_positive"]
+    assert len(model.seen) == 8 and {b["model"] for b in model.seen} == {"m"}  # two turns per attempt
+    # the observation of its bash call went back to it: the tool ran in the attempt's sandbox
+    second = [b for b in model.seen if any(m["role"] == "assistant" for m in b["messages"])]
+    assert len(second) == 4 and all("__init__.py" in json.dumps(b["messages"][-1]) for b in second)
+
+
+def test_an_agent_endpoint_that_is_down_is_infrastructure_not_a_failed_attempt(pack, capsys):
+    assert main(["tasks", "audit", str(pack), "--tasks", "1", "--agent", "http://127.0.0.1:9/v1", "--quiet",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (entry,) = report["tasks"].values()
+    assert entry["outcome"] == "attempt_infra" and not entry["flags"] and report["failures"] == {"attempt_infra": 1}
+    assert main(["tasks", "audit", str(pack), "--agent", "ftp://x", "--quiet"]) == 2

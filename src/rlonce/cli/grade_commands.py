@@ -31,6 +31,20 @@ def _judge(args, record: Path):
     return build_judge(cfg, record, name="auditor")
 
 
+def _agent(args):
+    """``--agent``: None for the scripted agents, else a model agent at that endpoint."""
+    if args.agent == "scripted":
+        return None
+    if not args.agent.startswith(("http://", "https://")):
+        raise UsageError(f"--agent: {args.agent!r} is neither 'scripted' nor an http(s) URL; give e.g. "
+                         "'http://127.0.0.1:8000/sessions/{call}/v1' for `rlonce serve`")
+    from rlonce.grading.audit import ModelAgent
+    from rlonce.grading.judge import EndpointJudge
+
+    endpoint = EndpointJudge(args.agent, args.agent_model, timeout=args.judge_timeout)
+    return ModelAgent(f"{args.agent_model} at {args.agent}", endpoint.send)
+
+
 def _code_pack(pack: str, verb: str) -> Path:
     from rlonce.cli.domain_commands import is_cyber_pack
 
@@ -50,7 +64,7 @@ def tasks_audit(args) -> int:
     pack = _code_pack(args.pack, "tasks audit")
     judge = _judge(args, pack / RECORD)
     report = audit_pack(pack, judge, limit=args.tasks, concurrency=args.concurrency,
-                        progress=not args.quiet and not args.json)
+                        progress=not args.quiet and not args.json, agent=_agent(args))
     print(json.dumps(report) if args.json else format_audit(report))
     return 0
 

@@ -175,8 +175,11 @@ def _add_tasks(sub) -> None:
     ta = tsub.add_parser("audit", help="four graded attempts per task, then an auditor flags possible false "
                          "positives and negatives (DIR/audit.json; flagged tasks are not trained on until cleared)")
     ta.add_argument("pack", help="a validated code pack directory")
-    ta.add_argument("--agent", choices=["scripted"], default="scripted",
-                    help="who makes the attempts: the scripted agents (expert x2, no-op, test deletion; default)")
+    ta.add_argument("--agent", default="scripted", metavar="scripted|URL",
+                    help="who makes the attempts: 'scripted' (expert x2, no-op, test deletion; default), or the base "
+                         "URL of a model endpoint (OpenAI protocol, ending in /v1) that makes all four through the "
+                         "mini-bash harness")
+    ta.add_argument("--agent-model", default="policy", help="model name sent to the agent endpoint (default policy)")
     _grader_flags(ta)
 
 

@@ -40,8 +40,12 @@ from rlonce.envs.code.tasks import CodeTask
 from rlonce.envs.code.validate import validated_tasks
 from rlonce.envs.domains import read_json_object
 from rlonce.errors import PackError
-from rlonce.grading.judge import Judge
+from rlonce.grading.judge import Judge, JudgeFailed
 from rlonce.grading.verdicts import TaskAudit, audit_prompt
+from rlonce.harness.arms import get_arm
+from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
+from rlonce.harness.clients import CLIENTS
+from rlonce.harness.loop import HarnessLimits, run_episode
 
 FLAGS = ("false_positive", "false_negative")
 AUDIT_FILE, CLEARED_FILE, RECORD = "audit.json", "cleared.txt", "audit/calls.jsonl"
@@ -50,6 +54,44 @@ CALL_CHARS = 300
 
 Agent = tuple[str, Callable[[CodeTask], list[Call]]]
 """A scripted agent: its name and the tool calls it makes on a task."""
+MODEL_TURNS, MODEL_OBS_CHARS, MODEL_CONTEXT = 8, 2000, 8192
+"""A model agent's limits: turns, observation characters, context tokens."""
+
+
+@dataclass(frozen=True)
+class ModelAgent:
+    """A model at an endpoint working on the task through the ``mini-bash`` harness arm: the same
+    loop and wire-protocol client as the policy's rollouts, its tool calls run in the attempt's
+    ``CodeEnv``. ``send`` is the endpoint's transport (``EndpointJudge.send``)."""
+
+    name: str
+    send: Callable
+    timeout: float = 600.0
+
+    async def act(self, env: CodeEnv) -> list[Call]:
+        """Run one episode in ``env``; the tool calls it made. An endpoint that fails is
+        infrastructure (``GradingError``), never an attempt that failed."""
+        arm, calls = get_arm("mini-bash"), []
+        tools = arm.toolset(env)
+        run = env.call_tool
+
+        async def logged(name: str, args: dict) -> str:
+            calls.append((name, args))
+            return await run(name, args)
+
+        env.call_tool = logged  # type: ignore[method-assign]
+        client = CLIENTS[arm.protocol](self.send, arm.system_prompt(env), env.user_prompt(),
+                                       [t.schema for t in tools.values()])
+        limits = HarnessLimits(max_turns=MODEL_TURNS, max_obs_chars=MODEL_OBS_CHARS)
+        try:
+            await asyncio.wait_for(run_episode(arm, env, client, None, limits, MODEL_CONTEXT), self.timeout)
+        except (Submitted, LimitsExceeded, FormatError):
+            pass
+        except (JudgeFailed, asyncio.TimeoutError) as e:
+            raise GradingError(f"the agent's endpoint failed: {e or 'timeout'}") from None
+        except (KeyError, IndexError, TypeError, ValueError) as e:  # a reply that is not a chat completion
+            raise GradingError(f"the agent's endpoint answered no usable chat completion: {e!r}") from None
+        return calls
 
 
 def expert_agent(seed: int) -> Agent:
@@ -93,16 +135,19 @@ class Attempt:
                 "diff_lines": self.diff.count("\n")}
 
 
-async def run_attempt(task: CodeTask, index: int, agent: Agent) -> Attempt:
+async def run_attempt(task: CodeTask, index: int, agent: Agent | ModelAgent) -> Attempt:
     """One attempt: ``agent``'s calls in a fresh ``CodeEnv``, then its grade."""
-    name, make = agent
-    calls = make(task)
     env, seq = CodeEnv(task), Sequence(task.task_id, "audit")
+    name, calls = agent.name if isinstance(agent, ModelAgent) else agent[0], []
     try:
         await env.setup()
-        for tool, args in calls:
-            await env.call_tool(tool, args)
         try:
+            if isinstance(agent, ModelAgent):
+                calls = await agent.act(env)
+            else:
+                calls = agent[1](task)
+                for tool, args in calls:
+                    await env.call_tool(tool, args)
             grade = await env.grade(seq)
             passed, infra, diff, transcript = grade.passed, False, grade.artifact, grade.transcript
         except GradingError as e:
@@ -127,10 +172,10 @@ def tests_text(task: CodeTask) -> str:
     return f"fail-to-pass: {', '.join(task.f2p)}\npass-to-pass: {', '.join(task.p2p) or '(none)'}\n{files}"
 
 
-async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore) -> dict:
+async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore, agents=AUDIT_AGENTS) -> dict:
     """The audit entry of one task: its attempts and the auditor's verdict (no verdict, and no
     flag, when an attempt could not be graded or the judge gave none: ``outcome`` says why)."""
-    attempts = await run_attempts(task, AUDIT_AGENTS, sem)
+    attempts = await run_attempts(task, agents, sem)
     entry = {"flags": [], "requires": "", "notes": "", "outcome": "ok",
              "attempts": [a.summary() for a in attempts]}
     if any(a.infra for a in attempts):
@@ -209,21 +254,24 @@ def failures(entries: dict[str, dict]) -> dict[str, int]:
 
 
 def audit_pack(pack: Path, judge: Judge, *, limit: int | None = None, concurrency: int = 2,
-               progress: bool = True) -> dict:
-    """Audit the validated tasks of ``pack`` (the first ``limit``); merge the verdicts into
-    ``audit.json`` and the validation report. The summary of this run."""
+               progress: bool = True, agent: ModelAgent | None = None) -> dict:
+    """Audit the validated tasks of ``pack`` (the first ``limit``) — four attempts by the scripted
+    agents, or by ``agent`` four times; merge the verdicts into ``audit.json`` and the validation
+    report. The summary of this run."""
     pack = Path(pack)
     tasks = pack_tasks(pack, limit)
+    agents = AUDIT_AGENTS if agent is None else (agent,) * len(AUDIT_AGENTS)
 
     async def job(t: CodeTask, sem: asyncio.Semaphore) -> dict:
-        return await audit_task(t, judge, sem)
+        return await audit_task(t, judge, sem, agents)
 
     entries = run_tasks(tasks, job, concurrency=concurrency, progress=progress, desc="audit")
     merged = {**read_json(pack / AUDIT_FILE), **entries}
     write_json(pack / AUDIT_FILE, merged)
     section = record_audit(pack, merged)
     cleared = cleared_ids(pack)
-    return {"pack": str(pack), "judge": judge.model, "audited": len(entries),
+    return {"pack": str(pack), "judge": judge.model, "agent": "scripted" if agent is None else agent.name,
+            "audited": len(entries),
             "false_positive": sum("false_positive" in e["flags"] for e in entries.values()),
             "false_negative": sum("false_negative" in e["flags"] for e in entries.values()),
             "flagged": [i for i, e in entries.items() if e["flags"]],
@@ -241,7 +289,7 @@ def cleared_ids(pack: Path) -> set[str]:
 
 def format_audit(report: dict) -> str:
     lines = [f"Task audit of {report['audited']} tasks (auditor {report['judge']}, {len(AUDIT_AGENTS)} attempts "
-             "each)", "", f"{'task':36} {'passed':>7}  {'flags':28} outcome"]
+             f"each by {report['agent']})", "", f"{'task':36} {'passed':>7}  {'flags':28} outcome"]
     for tid, e in report["tasks"].items():
         passed = sum(a["passed"] for a in e["attempts"])
         flags = ", ".join(e["flags"]) or "-"
