@@ -5,7 +5,9 @@ Verbs:
   train       the same job from a TOML config and/or key=value overrides; --resume RUN_DIR
   eval        held-out success of a model folder on the embedded domain, per harness arm
   serve       the gateway over HTTP on loopback for any model rlonce can load
-  tasks       build or validate a task pack (``tasks build code --out DIR``, ``tasks validate DIR``)
+  tasks       build, validate or audit a task pack (``tasks build code --out DIR``, ``tasks validate DIR``,
+              ``tasks audit DIR``)
+  grade       offline model grading of a pack (``grade synthesize-rubrics --pack DIR``: GRS rubrics)
   probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
   config      ``config show [KEY]``: every config key's resolved value, docstring and default
   doctor      check this machine for what the configured job needs, with the command that fixes each gap
