@@ -139,6 +139,7 @@ class Grader:
         self.stats["audit_eligible"] += sum(not s.infra_failed and not s.hack_confirmed for s in seqs)
         if not picked:
             return
+        self.stats["audit_asked"] += len(picked)
 
         async def one(k: int, seq: Sequence) -> None:
             outcome = "passed" if seq.passed else "failed"
