@@ -212,3 +212,12 @@ def test_an_agent_endpoint_that_is_down_is_infrastructure_not_a_failed_attempt(p
     (entry,) = report["tasks"].values()
     assert entry["outcome"] == "attempt_infra" and not entry["flags"] and report["failures"] == {"attempt_infra": 1}
     assert main(["tasks", "audit", str(pack), "--agent", "ftp://x", "--quiet"]) == 2
+
+
+def test_an_agentic_auditor_works_in_a_sandbox_holding_the_attempts_and_flags_the_same(pack, capsys):
+    assert main(["tasks", "audit", str(pack), "--tasks", "1", "--agentic", "--quiet", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["tasks"].values()
+    assert entry["outcome"] == "ok" and entry["flags"] == ["false_positive"]  # as the plain scripted auditor
+    (call,) = [json.loads(x) for x in (pack / "audit" / "calls.jsonl").read_text().splitlines()]
+    reply = call["reply"]  # the agent's transcript: it listed and read the attempts, ran the tests, submitted
+    assert "/work/attempts:\n0.txt" in reply and "Tool calls (" in reply and "passed" in reply and "call submit" in reply

@@ -194,6 +194,9 @@ def _grader_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-key-env", default="", metavar="VAR",
                    help="environment variable holding the judge's key (default: a placeholder key)")
     p.add_argument("--judge-timeout", type=_float(0, 86_400), default=120.0, help="seconds per judge call")
+    p.add_argument("--agentic", action="store_true",
+                   help="the judge works as an agent: bash in a sandbox holding the task's repository, the hidden "
+                        "tests, the reference patch and every attempt (docs/grading.md)")
     p.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)  # the bar shows unless --quiet

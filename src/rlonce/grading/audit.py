@@ -166,6 +166,12 @@ async def run_attempts(task: CodeTask, agents: list[Agent] | tuple[Agent, ...],
     return list(await asyncio.gather(*(one(i, a) for i, a in enumerate(agents))))
 
 
+def attempt_files(task: CodeTask, attempts: list[Attempt]) -> dict[str, str]:
+    """What an agentic judge's workspace holds of a task's attempts (a plain judge reads only the
+    prompt): the statement and each attempt as its reader sees it, side by side."""
+    return {"TASK.md": task.problem, **{f"attempts/{a.index}.txt": a.body() for a in attempts}}
+
+
 def tests_text(task: CodeTask) -> str:
     """The hidden tests as the auditor reads them: the test ids, then each hidden file."""
     files = "\n".join(f"### {path}\n{text}" for path, text in sorted(task.hidden_files.items()))
@@ -182,7 +188,9 @@ async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore, agent
         return {**entry, "outcome": "attempt_infra"}
     prompt = audit_prompt(task.problem, tests_text(task), task.fix_diff(),
                           [(a.index, a.outcome, a.body()) for a in attempts])
-    v = await judge.ask(prompt, TaskAudit, kind="audit")
+    files = {**attempt_files(task, attempts), "REFERENCE.diff": task.fix_diff(),
+             **{f"hidden_tests/{path}": text for path, text in task.hidden_files.items()}}
+    v = await judge.ask(prompt, TaskAudit, kind="audit", task=task, files=files)
     if not v.ok:
         return {**entry, "outcome": v.outcome}
     audit: TaskAudit = v.value  # type: ignore[assignment]

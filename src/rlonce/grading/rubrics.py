@@ -66,7 +66,7 @@ async def rubric_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore, *, r
     if not entry["eligible"]:
         return entry
     prompt = rubrics_prompt(task.problem, repository_text(task), [(a.index, a.outcome, a.body()) for a in attempts])
-    v = await judge.ask(prompt, Rubrics, kind="rubrics")
+    v = await judge.ask(prompt, Rubrics, kind="rubrics", task=task, files=audit.attempt_files(task, attempts))
     if not v.ok:
         return {**entry, "outcome": v.outcome}
     return {**entry, "rubrics": v.value.model_dump()}  # type: ignore[union-attr]
