@@ -273,23 +273,37 @@ class BwrapSandbox:
         faults.point("sandbox.exec", SandboxError)
         wall = timeout if timeout is not None else self.limits.wall_seconds
         t0 = time.perf_counter()
+        proc = await self._start(cmd, asyncio.subprocess.PIPE)
+        try:  # whatever the command left running dies with its pid namespace
+            return await self._wait(proc, wall, t0)
+        finally:
+            self._running.discard(proc.pid)
+
+    async def spawn(self, cmd: str, pass_fds: tuple[int, ...] = ()):
+        """Start ``cmd`` as a long-lived process (a service) with ``pass_fds`` (each >= ``SPAWN_MIN_FD``)
+        open in it and its output discarded; it runs until it exits or ``close()`` kills it."""
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if any(fd < SPAWN_MIN_FD for fd in pass_fds):
+            raise ValueError(f"pass file descriptors numbered {SPAWN_MIN_FD} or more")
+        return await self._start(cmd, asyncio.subprocess.DEVNULL, pass_fds)
+
+    async def _start(self, cmd: str, stdout, pass_fds: tuple[int, ...] = ()):
         self._hand_over()
         r = _seccomp_fd(self._seccomp)
+        piped = stdout == asyncio.subprocess.PIPE
         try:
             argv = self._launcher(r) + self.command(cmd, r)
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(r,), env=LAUNCH_ENV,
-            )
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout,
+                stderr=asyncio.subprocess.STDOUT if piped else asyncio.subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(r, *pass_fds), env=LAUNCH_ENV)
         except OSError as e:
             raise SandboxError(f"could not start bwrap: {e}") from e
         finally:
             os.close(r)
         self._running.add(proc.pid)
-        try:  # whatever the command left running dies with its pid namespace
-            return await self._wait(proc, wall, t0)
-        finally:
-            self._running.discard(proc.pid)
+        return proc
 
     async def _wait(self, proc, wall: float, t0: float) -> ExecResult:
         cap = self.limits.output_bytes
@@ -345,6 +359,10 @@ class BwrapSandbox:
             self.close()
         except Exception:
             pass
+
+
+SPAWN_MIN_FD = 10
+"""``spawn``'s passed descriptors start here, clear of the launcher's 3 or 4."""
 
 
 def _seccomp_fd(program: bytes) -> int:
