@@ -168,6 +168,8 @@ def _probe(args) -> int:
 
     if args.domain == "music":
         return dc.probe_music(args)
+    if args.domain == "general":
+        return dc.probe_general(args)
     if not args.pack:
         raise UsageError(f"probe {args.domain} needs --pack DIR (a validated {args.domain} pack)")
     if args.domain == "cyber":

@@ -1,6 +1,6 @@
-"""The CLI verbs of the cyber and music domains (``tasks build/validate cyber``, ``probe cyber``,
-``probe music``), kept apart from ``commands`` so each domain's imports stay lazy, and the
-output-folder check every verb shares."""
+"""The CLI verbs of the cyber, music and general domains (``tasks build/validate cyber``,
+``probe cyber``, ``probe music``, ``probe general``), kept apart from ``commands`` so each
+domain's imports stay lazy, and the output-folder check every verb shares."""
 
 from __future__ import annotations
 
@@ -89,5 +89,22 @@ def probe_music(args) -> int:
 
     require_abc2midi()
     report = probe_music(args.tasks, progress=not args.quiet and not args.json, adherence_weight=args.adherence_weight)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def probe_general(args) -> int:
+    import asyncio
+    import json
+
+    from rlonce.envs.general.probe import ROUTES, format_report, probe
+    from rlonce.envs.general.tasks import make_task
+    from rlonce.errors import UsageError
+
+    routes = [r.strip() for r in args.routes.split(",") if r.strip() and r.strip() != "none"] if args.routes else None
+    if routes is not None and set(routes) - set(ROUTES):
+        raise UsageError(f"--routes: unknown {sorted(set(routes) - set(ROUTES))}; known: {', '.join(ROUTES)}")
+    tasks = [make_task("heldout", i) for i in range(args.tasks)]
+    report = asyncio.run(probe(tasks, concurrency=args.concurrency, routes=routes))
     print(json.dumps(report) if args.json else format_report(report))
     return 0

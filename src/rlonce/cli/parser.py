@@ -194,6 +194,8 @@ def _grader_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-key-env", default="", metavar="VAR",
                    help="environment variable holding the judge's key (default: a placeholder key)")
     p.add_argument("--judge-timeout", type=_float(0, 86_400), default=120.0, help="seconds per judge call")
+    p.add_argument("--judge-max-tokens", type=_int(1, 1_048_576), default=384, help="reply token cap per call")
+    p.add_argument("--judge-retries", type=_int(0, 10), default=1, help="further tries of a failed call (default 1)")
     p.add_argument("--agentic", action="store_true",
                    help="the judge works as an agent: bash in a sandbox holding the task's repository, the hidden "
                         "tests, the reference patch and every attempt (docs/grading.md)")
@@ -216,13 +218,16 @@ def _add_grade(sub) -> None:
 
 
 def _add_probe(sub) -> None:
-    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music: on generated tasks)")
-    pr.add_argument("domain", choices=["code", "cyber", "music"])
+    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music, general: on "
+                        "generated tasks)")
+    pr.add_argument("domain", choices=["code", "cyber", "music", "general"])
     pr.add_argument("--pack", help="the validated task pack (code, cyber)")
-    pr.add_argument("--tasks", type=_int(1, 100_000), default=50, help="music: held-out tasks to probe (default 50)")
+    pr.add_argument("--tasks", type=_int(1, 100_000), default=50,
+                    help="music, general: held-out tasks to probe (default 50)")
     pr.add_argument("--adherence-weight", type=_float(0, 1, open_low=False), default=0.5,
                     help="music: the grader's task.adherence_weight (default 0.5; 0 is the seed's public scorer)")
-    pr.add_argument("--routes", help="comma-separated subset of routes (default: all)")
+    pr.add_argument("--routes", help="comma-separated subset of routes (default: all; general: 'none' runs only the "
+                    "reference plan and the scripted expert)")
     pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
     pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",
                     help="run the routes with the action guard on, off (the grader alone) or both in turn (default)")

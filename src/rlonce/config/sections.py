@@ -93,13 +93,14 @@ class EngineConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["toolfind", "reasoning", "code", "music", "cyber"] = "toolfind"
+    name: Literal["toolfind", "reasoning", "code", "music", "cyber", "general"] = "toolfind"
     """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
     single turn: use ``harness.arms = ["single-turn"]``; its scripted expert answers with the gold
     answer, or set ``sft.demos = 0``), 'code' (code repair on the validated tasks of a code
     ``pack``), 'music' (ABC tunes for generated requests, single turn or with tools; needs the
-    Debian package abcmidi) or 'cyber' (vulnerability reproduction on a ``pack`` from
-    ``rlonce tasks build cyber``; needs clang)."""
+    Debian package abcmidi), 'cyber' (vulnerability reproduction on a ``pack`` from
+    ``rlonce tasks build cyber``; needs clang) or 'general' (office tool use through MCP services:
+    mail, calendar, tickets, ledger, documents)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
     """toolfind: share of questions that need two look-ups."""
     datasets: list[str] = Field(["chain_sum"], min_length=1)
@@ -120,6 +121,9 @@ class TaskConfig(Section):
     scorer exactly (it never checks the request)."""
     max_bars: int = Field(24, ge=8, le=24)
     """music: the longest tune a request asks for (requests draw 8, 12, 16 or 24 bars up to it)."""
+    rubric_reward: Literal["all", "fraction"] = "all"
+    """general: reward 1 only when every rubric item passes ('all'), or the share of items passed
+    ('fraction'). 'all' by default: a fraction pays for the negative items, which doing nothing passes."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

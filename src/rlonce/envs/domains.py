@@ -197,6 +197,14 @@ def _cyber(task_cfg) -> Domain:
     return _pack_domain("cyber", task_cfg, validated_tasks, CyberEnv, expert_turns)
 
 
+def _general(task_cfg) -> Domain:
+    from rlonce.envs.general.env import GeneralEnv
+    from rlonce.envs.general.expert import expert_turns
+    from rlonce.envs.general.tasks import make_task
+
+    return Domain("general", partial(GeneralEnv, reward=task_cfg.rubric_reward), make_task, expert=expert_turns)
+
+
 @dataclass(frozen=True)
 class DomainEntry:
     """What the registry knows about a domain before building it (nothing is imported)."""
@@ -217,6 +225,7 @@ DOMAINS: dict[str, DomainEntry] = {
     "code": DomainEntry(_code, has_expert=True, single_turn=False),
     "music": DomainEntry(_music, has_expert=True, single_turn=True),
     "cyber": DomainEntry(_cyber, has_expert=True, single_turn=False),
+    "general": DomainEntry(_general, has_expert=True, single_turn=False),
 }
 """Every domain a job can train on, by the name ``task.name`` gives."""
 

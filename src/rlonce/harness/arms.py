@@ -105,13 +105,18 @@ class Arm:
     """No tools: one model turn, whose text is the submitted answer (rule-verified reasoning)."""
 
     def toolset(self, env) -> dict[str, T.Tool]:
-        """The arm's tools, ``submit`` included; the environment's own tools win by name."""
+        """The arm's tools, ``submit`` included; the environment's own tools win by name, and an
+        environment's MCP tools (``env.mcp_tools()``, as ``tools/list`` gave them) join every arm as
+        ``mcp__<server>__<tool>``."""
         if self.single_turn:
             return {}
         native = {t["name"]: t for t in env.tools() if t["name"] != "submit"}
         out = {t.name: t for t in self.tools}
         for name in native if self.env_tools else native.keys() & out.keys():
             out[name] = T.Tool(native[name], lambda e, a, n=name: e.call_tool(n, a))
+        for schema in getattr(env, "mcp_tools", list)():  # MCP servers' tools, named as agent CLIs name them
+            name = f"mcp__{schema['name']}"
+            out[name] = T.Tool({**schema, "name": name}, lambda e, a, n=schema["name"]: e.call_tool(n, a))
         out["submit"] = T.SUBMIT
         return out
 
