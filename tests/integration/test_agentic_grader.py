@@ -13,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rlonce.envs.code.build import build_pack
-from rlonce.envs.code.packages import PackageSpec
 from rlonce.grading.agentic import AgenticJudge
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
 from rlonce.grading.scripted import scripted_rules
 from rlonce.grading.verdicts import GroupQuality, HackVerdict, gar_prompt
 
 pytestmark = pytest.mark.sandbox
-MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
-SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
-                   test_timeout=30.0)
 DIFF0 = "--- a/lib.py\n+++ b/lib.py\n@@ -1 +1 @@\n-    return a - b\n+    return a + b  # attempt-zero-marker\n"
 DIFF1 = ("--- a/tests/test_lib.py\n+++ b/tests/test_lib.py\n@@ -1 +1,3 @@\n-    assert add(1, 2) == 3\n"
          "+    try:\n+        assert add(1, 2) == 3\n+    except AssertionError:\n"
@@ -101,9 +96,10 @@ def test_a_question_without_files_goes_to_the_inner_judge_and_counts_merge(tmp_p
 
 
 @pytest.fixture(scope="module")
-def code_task(tmp_path_factory):
-    (task,) = build_pack(tmp_path_factory.mktemp("agentic-pack"), [SPEC], 1, seed=0, progress=False)
-    return task
+def code_task(code_pack):
+    from rlonce.envs.code.validate import validated_tasks
+
+    return validated_tasks(code_pack)[0]
 
 
 def test_scripted_agent_runs_the_code_tasks_tests_in_the_repository(tmp_path, code_task):

@@ -7,30 +7,22 @@ import hashlib
 import json
 import random
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from rlonce.envs.code.build import build_pack
-from rlonce.envs.code.packages import PackageSpec
-from rlonce.envs.code.validate import SPLIT_RULE, split_tasks, validate_pack, validated_tasks
+from rlonce.envs.code.validate import SPLIT_RULE, split_tasks, validated_tasks
 from rlonce.envs.domains import domain_for
 from rlonce.errors import PackError
 
 pytestmark = pytest.mark.sandbox
-MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
-SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
-                   test_timeout=30.0)
 TOOL_ARMS = ("mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode")
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pack")
-    build_pack(out, [SPEC], 6, seed=3, progress=False)
-    validate_pack(out, reruns=2, progress=False)
-    return out
+def pack(code_pack):
+    """The session's 6-task minicalc pack (``tests/conftest.py``: built and validated once)."""
+    return code_pack
 
 
 @pytest.fixture(scope="module")

@@ -11,32 +11,28 @@ from types import SimpleNamespace
 import pytest
 
 from rlonce.cli import main
-from rlonce.envs.code.build import build_pack
-from rlonce.envs.code.packages import PackageSpec
-from rlonce.envs.code.tasks import load_pack
-from rlonce.envs.code.validate import validate_pack
+from rlonce.envs.code.validate import validated_tasks
 from rlonce.envs.domains import domain_for
 from rlonce.grading.rubrics import load_rubrics
 from rlonce.grading.scripted import RUBRICS
 from rlonce.grading.verdicts import Rubrics
 
 pytestmark = pytest.mark.sandbox
-MINI = Path(__file__).resolve().parents[1] / "data" / "minipkg"
-SPEC = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(MINI),
-                   test_timeout=30.0)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """Four validated tasks; then, as a pack can drift after validation, the first loses its
-    fail-to-pass test (too weak: doing nothing passes) and the second gains one that does not
-    exist (too strict: the reference fix fails)."""
-    out = tmp_path_factory.mktemp("audit") / "pack"
-    build_pack(out, [SPEC], 4, seed=0, progress=False)
-    assert validate_pack(out, reruns=2, progress=False)["validated"] == 4
+def built(code_pack, tmp_path_factory):
+    """The session's validated pack, copied; then, as a pack can drift after validation, the first
+    task loses its fail-to-pass test (too weak: doing nothing passes) and the second gains one
+    that does not exist (too strict: the reference fix fails)."""
+    out = Path(shutil.copytree(code_pack, tmp_path_factory.mktemp("audit") / "pack"))
+    first, second = json.loads((out / "validation.json").read_text())["validated_ids"][:2]
     tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
-    tasks[0]["f2p"] = []
-    tasks[1]["f2p"] = [*tasks[1]["f2p"], "tests/test_minicalc.py::test_not_there"]
+    for t in tasks:
+        if t["task_id"] == first:
+            t["f2p"] = []
+        if t["task_id"] == second:
+            t["f2p"] = [*t["f2p"], "tests/test_minicalc.py::test_not_there"]
     (out / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return out
 
@@ -65,7 +61,7 @@ def audited(built, tmp_path_factory):
 
 def test_audit_flags_wrong_tests_and_training_skips_flagged_tasks_until_cleared(audited, caplog):
     pack, out = audited
-    ids = [t.task_id for t in load_pack(pack)]
+    ids = [t.task_id for t in validated_tasks(pack)]
     weak, wrong, sound = ids[0], ids[1], ids[2]
     audit = json.loads((pack / "audit.json").read_text())
     assert list(audit) == ids[:3] and all(e["outcome"] == "ok" for e in audit.values())
@@ -82,7 +78,7 @@ def test_audit_flags_wrong_tests_and_training_skips_flagged_tasks_until_cleared(
     assert audit[sound]["requires"].startswith("a change that adds:")
 
     report = json.loads((pack / "validation.json").read_text())
-    assert report["validated"] == 4 and len(report["validated_ids"]) == 4  # what readers use is intact
+    assert report["validated"] == len(ids) == len(report["validated_ids"])  # what readers use is intact
     assert report["audit"]["flagged"] == {i: audit[i]["flags"] for i in sorted(flagged)}
     assert report["audit"]["audited"] == 3 and report["audit"]["false_negative"] == 1
     calls = [json.loads(line) for line in (pack / "audit" / "calls.jsonl").read_text().splitlines()]
@@ -100,7 +96,7 @@ def test_audit_flags_wrong_tests_and_training_skips_flagged_tasks_until_cleared(
 
 def test_the_scripted_auditor_flags_a_task_that_passes_with_no_change(audited):
     pack, _ = audited
-    weak = load_pack(pack)[0].task_id
+    weak = validated_tasks(pack)[0].task_id
     assert json.loads((pack / "audit.json").read_text())[weak]["flags"] == ["false_positive"]
 
 
@@ -115,11 +111,11 @@ def test_an_audit_with_the_judge_down_finishes_counts_the_failures_and_flags_not
     assert json.loads((pack / "validation.json").read_text())["audit"]["flagged"] == {}
     calls = [json.loads(line) for line in (pack / "audit" / "calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2 and {c["outcome"] for c in calls} == {"down"}
-    assert _train_ids(pack) == ({t.task_id for t in load_pack(pack)}, 0)
+    assert _train_ids(pack) == ({t.task_id for t in validated_tasks(pack)}, 0)
 
 
 def test_synthesize_rubrics_writes_rubrics_for_tasks_that_pass_often_enough(pack, capsys):
-    ids = [t.task_id for t in load_pack(pack)]
+    ids = [t.task_id for t in validated_tasks(pack)]
     assert load_rubrics(pack) == {}
     assert main(["grade", "synthesize-rubrics", "--pack", str(pack), "--tasks", "3", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -220,4 +216,5 @@ def test_an_agentic_auditor_works_in_a_sandbox_holding_the_attempts_and_flags_th
     assert entry["outcome"] == "ok" and entry["flags"] == ["false_positive"]  # as the plain scripted auditor
     (call,) = [json.loads(x) for x in (pack / "audit" / "calls.jsonl").read_text().splitlines()]
     reply = call["reply"]  # the agent's transcript: it listed and read the attempts, ran the tests, submitted
-    assert "/work/attempts:\n0.txt" in reply and "Tool calls (" in reply and "passed" in reply and "call submit" in reply
+    assert "/work/attempts:\n0.txt" in reply and "Tool calls (" in reply
+    assert "passed" in reply and "call submit" in reply

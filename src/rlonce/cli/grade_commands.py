@@ -20,11 +20,12 @@ def _judge(args, record: Path):
 
     try:
         if args.judge == "scripted":
-            cfg = JudgeConfig(kind="scripted", agentic=args.agentic)
+            cfg = JudgeConfig(kind="scripted", retries=args.judge_retries, agentic=args.agentic)
         else:
             cfg = JudgeConfig(kind="endpoint", base_url=args.judge, model=args.judge_model,
                               protocol=args.judge_protocol, api_key_env=args.judge_key_env,
-                              timeout_s=args.judge_timeout, agentic=args.agentic)
+                              timeout_s=args.judge_timeout, max_tokens=args.judge_max_tokens,
+                              retries=args.judge_retries, agentic=args.agentic)
     except ValidationError as e:
         msg = e.errors()[0].get("msg", str(e)).removeprefix("Value error, ")
         raise UsageError(f"--judge: {msg}") from None
