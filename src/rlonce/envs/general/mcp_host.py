@@ -28,9 +28,10 @@ SERVICE_NAMES = ("mail", "calendar", "files", "tickets", "ledger")
 FAILURE_KINDS = ("not_found", "permission_denied", "conflict", "bad_arguments")
 """The services' refusals (``services/svc_common.py``)."""
 SITE_MOUNT, SERVICES_MOUNT = "/opt/site", "/opt/services"
-START_TIMEOUT = 60.0
-"""Seconds the service process may take to import the SDK and answer ``initialize``."""
-CALL_TIMEOUT = 30.0
+START_TIMEOUT = 180.0
+"""Seconds the service process may take to import the SDK and answer ``initialize`` (about a
+second on an idle machine; minutes when it is loaded)."""
+CALL_TIMEOUT = 60.0
 MAX_STATE_BYTES = 8 << 20
 LIMITS = Limits(cpu_seconds=300, address_space_mb=1024, processes=16, file_size_mb=16, wall_seconds=600,
                 workspace_mb=64)
