@@ -226,3 +226,17 @@ def test_a_fraction_reward_pays_for_passed_items():
 
     g = asyncio.run(go())
     assert not g.passed and g.reward == pytest.approx(2 / 3)  # the amount and 'nothing else changed' pass
+
+
+def test_many_rollouts_at_once_do_not_stall_their_services():
+    """Each rollout keeps one reader per service for its whole life; 24 at once (about 40 MCP
+    connections) must neither exhaust a thread pool nor block a write (they once did: the
+    transport was thread-backed)."""
+    from rlonce.envs.general.probe import run_calls
+
+    tasks = [make_task("train", i) for i in range(24)]
+
+    async def go():
+        return await asyncio.wait_for(asyncio.gather(*(run_calls(t, list(t.plan), t.answer) for t in tasks)), 300)
+
+    assert [r for r, *_ in asyncio.run(go())] == [1.0] * len(tasks)

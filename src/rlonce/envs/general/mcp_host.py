@@ -33,6 +33,8 @@ START_TIMEOUT = 180.0
 second on an idle machine; minutes when it is loaded)."""
 CALL_TIMEOUT = 60.0
 MAX_STATE_BYTES = 8 << 20
+MAX_MESSAGE_BYTES = 16 << 20
+"""The longest JSON-RPC line a service may send."""
 LIMITS = Limits(cpu_seconds=300, address_space_mb=1024, processes=16, file_size_mb=16, wall_seconds=600,
                 workspace_mb=64)
 
@@ -57,32 +59,39 @@ def _high(fd: int) -> int:
 
 @asynccontextmanager
 async def pipe_transport(read_fd: int, write_fd: int):
-    """An MCP client transport over two pipe ends: one JSON-RPC message per line each way."""
+    """An MCP client transport over two pipe ends: one JSON-RPC message per line each way. Asyncio's
+    own pipe transports, not worker threads: a rollout holds a reader per service for its whole
+    life, and thread-backed files would exhaust the shared thread pool under many rollouts."""
     import anyio
     import mcp_types
     from mcp.shared.message import SessionMessage
 
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_MESSAGE_BYTES, loop=loop)
+    rtrans, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                             os.fdopen(read_fd, "rb", buffering=0))
+    wtrans, wproto = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                   os.fdopen(write_fd, "wb", buffering=0))
+    writer = asyncio.StreamWriter(wtrans, wproto, None, loop)
     inbox_w, inbox = anyio.create_memory_object_stream(0)
     outbox, outbox_r = anyio.create_memory_object_stream(0)
-    reader = anyio.wrap_file(os.fdopen(read_fd, "rb", buffering=0))
-    writer = anyio.wrap_file(os.fdopen(write_fd, "wb", buffering=0))
 
     async def read() -> None:
-        buf = b""
         async with inbox_w:
-            while chunk := await reader.read(1 << 16):
-                *lines, buf = (buf + chunk).split(b"\n")
-                for line in filter(bytes.strip, lines):
-                    try:
-                        msg = SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-                    except ValueError as e:
-                        msg = e
-                    await inbox_w.send(msg)
+            while line := await reader.readline():
+                if not line.strip():
+                    continue
+                try:
+                    msg = SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+                except ValueError as e:
+                    msg = e
+                await inbox_w.send(msg)
 
     async def write() -> None:
         async with outbox_r:
             async for m in outbox_r:
-                await writer.write((m.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())
+                writer.write((m.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())
+                await writer.drain()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
@@ -91,8 +100,8 @@ async def pipe_transport(read_fd: int, write_fd: int):
             yield inbox, outbox
         finally:
             tg.cancel_scope.cancel()
-            await reader.aclose()
-            await writer.aclose()
+            wtrans.close()
+            rtrans.close()
 
 
 def _failure(tool: str, message: str) -> tuple[str, str]:
