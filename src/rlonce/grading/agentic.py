@@ -251,6 +251,10 @@ class AgenticJudge(Judge):
         self.limit = inner.limit
         self.max_turns, self.max_obs_chars, self.max_context = max_turns, max_obs_chars, max_context
 
+    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+        """A question without a workspace: the wrapped judge's answer."""
+        return await self.inner.complete(prompt, sample, kind)
+
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
                   files: dict[str, str] | None = None) -> Verdict:
         """A plain question (no ``files``) to ``inner``; else one agent episode over ``files``."""

@@ -18,6 +18,7 @@ Python function: the deterministic judge of tests and CPU runs.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import hashlib
 import json
@@ -89,8 +90,9 @@ def parse_verdict(text: str, schema: type[BaseModel]) -> BaseModel:
     raise JudgeFailed("invalid", f"no JSON object in the reply is a {schema.__name__}: {error}")
 
 
-class Judge:
-    """What every judge shares: cache, concurrency limit, retries, the record, the counts."""
+class Judge(abc.ABC):
+    """What every judge shares: cache, concurrency limit, retries, the record, the counts; a
+    subclass says how a question is answered (``complete``)."""
 
     def __init__(self, name: str, model: str, *, retries: int = 1, timeout: float = 60.0, concurrency: int = 4,
                  record: Path | None = None):
@@ -102,10 +104,10 @@ class Judge:
         self.counts: Counter = Counter()
         """calls, cached, ok and each failure, tokens_in, tokens_out, seconds (since ``take_counts``)."""
 
+    @abc.abstractmethod
     async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
         """The model's reply text to ``prompt`` (a question of ``kind``) and its (input, output)
         token counts; raises ``JudgeFailed`` with the transport's category."""
-        raise NotImplementedError
 
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
                   files: dict[str, str] | None = None) -> Verdict:
