@@ -36,6 +36,8 @@ class GeneralTask:
 
 
 def _cents(amount: str) -> int:
+    # the ledger service's own parser (services/ledger_svc.py) runs in the service sandbox and imports
+    # nothing from rlonce, so the expected value is computed here by the same rule
     whole, _, frac = amount.lstrip("-").partition(".")
     v = int(whole) * 100 + int((frac + "00")[:2])
     return -v if amount.startswith("-") else v
