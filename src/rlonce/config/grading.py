@@ -45,6 +45,9 @@ class JudgeConfig(Section):
     """Reply token cap per call."""
     temperature: float = Field(0.0, ge=0, le=2)
     """Sampling temperature (the agreement check's second sample needs > 0 to differ)."""
+    vision: bool = False
+    """The endpoint accepts images (screenshots sent as the protocol's image parts); open-ended
+    visual tasks need it."""
     agentic: bool = False
     """Group comparison (GAR) and hack audits run as an agent in a sandbox holding the task's
     workspace and every attempt's change, with bash (``rlonce.grading.agentic``)."""

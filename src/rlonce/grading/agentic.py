@@ -256,10 +256,11 @@ class AgenticJudge(Judge):
         return await self.inner.complete(prompt, sample, kind)
 
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
-                  files: dict[str, str] | None = None) -> Verdict:
-        """A plain question (no ``files``) to ``inner``; else one agent episode over ``files``."""
+                  files: dict[str, str] | None = None, images=()) -> Verdict:
+        """A plain question (no ``files``; ``images`` go with it) to ``inner``; else one agent episode
+        over ``files``."""
         if files is None:
-            return await self.inner.ask(prompt, schema, kind=kind, sample=sample)
+            return await self.inner.ask(prompt, schema, kind=kind, sample=sample, images=images)
         where = json.dumps([getattr(task, "task_id", None), sorted(files.items())])
         key = hashlib.sha256(f"{self.model}\0{schema.__name__}\0{sample}\0{prompt}\0{where}".encode()).hexdigest()
         if key in self.cache:

@@ -5,8 +5,12 @@ none with the reason in one word (``FAILURES``). It never raises for what the en
 down, slow, an error status, text that is not JSON, JSON that is not the schema — because a
 judge that fails must cost the run a fallback, never a step and never a model failure (DESIGN.md,
 "Grader"). Every call is appended to a JSON-lines record (prompt, reply, verdict, outcome,
-latency, tokens; never a key), answers are cached by (model, prompt, sample) and at most
+latency, tokens; never a key), answers are cached by (model, prompt, sample, images) and at most
 ``concurrency`` calls are in flight.
+
+A question may carry images — (label, PNG bytes), e.g. a page's screenshot — sent after the text
+as the protocol's native image parts, each preceded by a text part naming its label. The record
+keeps each image's label, sha256 and size, never its bytes.
 
 ``EndpointJudge`` speaks the OpenAI Chat Completions protocol (``{base_url}/chat/completions``,
 the OpenAI SDK's convention: ``base_url`` ends in ``/v1``) or Anthropic's Messages protocol
@@ -20,13 +24,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import base64
 import hashlib
+import inspect
 import json
 import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +45,27 @@ FAILURES = ("down", "timeout", "http_error", "non_json", "invalid")
 with an error status, answered with no JSON object, or with one that is not the schema."""
 RECORD_CHARS = 20_000
 """Prompt and reply characters kept per call in the record."""
+Image = tuple[str, bytes]
+"""An image shown to a judge: its label (named in the prompt) and its PNG (or JPEG) bytes."""
 SYSTEM = ("You are a careful grader. Read the material, then answer with exactly one JSON object that "
           "follows the requested schema. Write nothing before or after the JSON object.")
+
+
+def image_facts(images: Sequence[Image]) -> list[dict]:
+    """What the record and the cache key hold of ``images``: label, sha256, byte size."""
+    return [{"label": label, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            for label, data in images]
+
+
+def media_type(data: bytes) -> str:
+    """The image's MIME type from its magic bytes (PNG unless it says JPEG, GIF or WebP)."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "image/jpeg"
+    if data[:4] == b"GIF8":
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/png"
 
 
 class JudgeFailed(RlonceError):
@@ -105,36 +130,41 @@ class Judge(abc.ABC):
         """calls, cached, ok and each failure, tokens_in, tokens_out, seconds (since ``take_counts``)."""
 
     @abc.abstractmethod
-    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
-        """The model's reply text to ``prompt`` (a question of ``kind``) and its (input, output)
-        token counts; raises ``JudgeFailed`` with the transport's category."""
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
+        """The model's reply text to ``prompt`` (a question of ``kind``, showing ``images``) and its
+        (input, output) token counts; raises ``JudgeFailed`` with the transport's category."""
 
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
-                  files: dict[str, str] | None = None) -> Verdict:
+                  files: dict[str, str] | None = None, images: Sequence[Image] = ()) -> Verdict:
         """A verdict of ``schema`` on ``prompt``; ``sample`` > 0 asks again as an independent draw
         (the agreement check), cached under its own key. ``task`` and ``files`` are the workspace
-        an agentic grader works in (``rlonce.grading.agentic``); a plain judge sees the prompt only."""
-        key = hashlib.sha256(f"{self.model}\0{schema.__name__}\0{sample}\0{prompt}".encode()).hexdigest()
+        an agentic grader works in (``rlonce.grading.agentic``); a plain judge sees the prompt and
+        ``images`` — (label, bytes) pairs, part of the cache key by their sha256."""
+        images = tuple(images)
+        shown = image_facts(images)
+        seen = "".join(f"\0{x['label']}\0{x['sha256']}" for x in shown)
+        key = hashlib.sha256(f"{self.model}\0{schema.__name__}\0{sample}\0{prompt}{seen}".encode()).hexdigest()
         if key in self.cache:
             self.counts["cached"] += 1
             hit = self.cache[key]
             return Verdict(hit.value, hit.outcome, cached=True)
         async with self.limit:
-            v, text = await self._attempts(prompt, schema, sample, kind)
+            v, text = await self._attempts(prompt, schema, sample, kind, images)
         self.counts.update({"calls": 1, v.outcome: 1, "tokens_in": v.tokens_in, "tokens_out": v.tokens_out})
         self.counts["seconds"] += v.seconds
         if v.ok:
             self.cache[key] = v
-        self._write(kind, prompt, text, v, sample)
+        self._write(kind, prompt, text, v, sample, shown)
         return v
 
-    async def _attempts(self, prompt: str, schema: type[BaseModel], sample: int, kind: str) -> tuple[Verdict, str]:
+    async def _attempts(self, prompt: str, schema: type[BaseModel], sample: int, kind: str,
+                        images: tuple[Image, ...] = ()) -> tuple[Verdict, str]:
         t0, outcome, text, tin, tout = time.perf_counter(), "down", "", 0, 0
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
             try:
-                text, a, b = await asyncio.wait_for(self.complete(prompt, sample * 1000 + attempt, kind),
+                text, a, b = await asyncio.wait_for(self.complete(prompt, sample * 1000 + attempt, kind, images),
                                                      self.timeout)
                 tin, tout = tin + a, tout + b
                 value = parse_verdict(text, schema)
@@ -145,7 +175,7 @@ class Judge(abc.ABC):
                 outcome, text = e.category, text or str(e)
         return Verdict(None, outcome, time.perf_counter() - t0, tin, tout), text
 
-    def _write(self, kind: str, prompt: str, text: str, v: Verdict, sample: int) -> None:
+    def _write(self, kind: str, prompt: str, text: str, v: Verdict, sample: int, images: list[dict] = ()) -> None:
         if self.record is None:
             return
         self.record.parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +183,8 @@ class Judge(abc.ABC):
                 "outcome": v.outcome, "seconds": round(v.seconds, 4), "tokens_in": v.tokens_in,
                 "tokens_out": v.tokens_out, "verdict": v.value.model_dump() if v.value is not None else None,
                 "prompt": prompt[:RECORD_CHARS], "reply": text[:RECORD_CHARS]}
+        if images:
+            line["images"] = list(images)
         with self.record.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -163,18 +195,44 @@ class Judge(abc.ABC):
         return out
 
 
-class ScriptedJudge(Judge):
-    """Answers with ``script(kind, prompt, sample)``: text, parsed like any model's reply.
-    Deterministic, for tests and for runs that exercise the grading path without a model."""
+def _takes_images(script: Callable) -> bool:
+    try:
+        params = inspect.signature(script).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return any(p.name == "images" or p.kind is p.VAR_KEYWORD for p in params)
 
-    def __init__(self, script: Callable[[str, str, int], str | Awaitable[str]], **kw):
+
+class ScriptedJudge(Judge):
+    """Answers with ``script(kind, prompt, sample)``: text, parsed like any model's reply; a script
+    that takes an ``images`` keyword also gets the question's (label, bytes) pairs. Deterministic,
+    for tests and for runs that exercise the grading path without a model."""
+
+    def __init__(self, script: Callable[..., str | Awaitable[str]], **kw):
         super().__init__(kw.pop("name", "scripted"), kw.pop("model", "scripted"), **kw)
         self.script = script
+        self.sees_images = _takes_images(script)
 
-    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
-        out = self.script(kind, prompt, sample)
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
+        out = (self.script(kind, prompt, sample, images=list(images)) if self.sees_images
+               else self.script(kind, prompt, sample))
         text = await out if asyncio.iscoroutine(out) else out
         return text, len(prompt.split()), len(text.split())
+
+
+def user_content(prompt: str, images: Sequence[Image], protocol: str) -> str | list[dict]:
+    """The user message's content: the prompt alone, or with images the prompt's text part and,
+    per image, a text part naming its label and the image as ``protocol``'s base64 part."""
+    if not images:
+        return prompt
+    parts: list[dict] = [{"type": "text", "text": prompt}]
+    for label, data in images:
+        b64, mime = base64.b64encode(data).decode("ascii"), media_type(data)
+        parts.append({"type": "text", "text": f"Image {label}:"})
+        parts.append({"type": "image", "source": {"type": "base64", "media_type": mime, "data": b64}}
+                     if protocol == "anthropic"
+                     else {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{b64}"}})
+    return parts
 
 
 class EndpointJudge(Judge):
@@ -225,10 +283,11 @@ class EndpointJudge(Judge):
             raise JudgeFailed("http_error", "the judge's reply body is not a JSON object")
         return out
 
-    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
+        content = user_content(prompt, images, self.protocol)
         if self.protocol == "anthropic":
             body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "system": SYSTEM,
-                    "messages": [{"role": "user", "content": prompt}]}
+                    "messages": [{"role": "user", "content": content}]}
             out = await self.send("anthropic-messages", body)
             try:
                 text = "".join(b.get("text", "") for b in out["content"] if b.get("type") == "text")
@@ -237,7 +296,7 @@ class EndpointJudge(Judge):
             except (KeyError, TypeError, AttributeError, ValueError):
                 raise JudgeFailed("http_error", "the reply is not an Anthropic message") from None
         body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "seed": sample,
-                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]}
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]}
         out = await self.send("openai-chat", body)
         try:
             text = out["choices"][0]["message"].get("content") or ""
