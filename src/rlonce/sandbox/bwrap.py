@@ -89,7 +89,7 @@ def find_bwrap() -> str:
 @dataclass(frozen=True)
 class Limits:
     cpu_seconds: int = 10
-    address_space_mb: int = 1024
+    address_space_mb: int = 1024  # 0: no RLIMIT_AS (a browser reserves tens of GB it never uses)
     processes: int = 64
     file_size_mb: int = 16
     wall_seconds: float = 10.0
@@ -249,7 +249,7 @@ class BwrapSandbox:
         if self._setpriv:
             argv += [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         if self._prlimit:
-            argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20}",
+            argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20 or 'unlimited'}",
                      f"--nproc={lim.processes}", f"--fsize={lim.file_size_mb << 20}", "--"]
         if self._keyctl:
             argv += ["/bin/sh", "-c", f'exec 2>&{spare} {spare}>&-; exec "$@"', "sh"]
