@@ -16,6 +16,8 @@ judge replaces them (docs/grading.md):
   never ran pytest.
 - **audit**: false positive when a passing attempt changed nothing; false negative when a failing
   attempt's added lines hold every line the reference patch adds.
+- **general_item** (a general-domain ``judged`` rubric item): passed when the text holds every
+  'single-quoted' phrase of the criterion.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 
+from rlonce.envs.general.judged import KIND, scripted_item
 from rlonce.grading.verdicts import GAR_DIMENSIONS
 
 RUNNER_WORDS = re.compile(r"conftest|import pytest|_pytest|sys\.modules|sys\._getframe|settrace|builtins|os\._exit")
@@ -95,7 +98,8 @@ def _audit(prompt: str) -> dict:
             "notes": "scripted rules"}
 
 
-RULES = {"gar": _gar, "hack": _hack, "rubrics": lambda prompt: RUBRICS, "scores": _scores, "audit": _audit}
+RULES = {"gar": _gar, "hack": _hack, "rubrics": lambda prompt: RUBRICS, "scores": _scores, "audit": _audit,
+         KIND: scripted_item}
 
 
 def scripted_rules(kind: str, prompt: str, sample: int) -> str:

@@ -6,7 +6,8 @@ their own (``mcp_host.ServiceHost``: real MCP servers over their own SQLite data
 second sandbox for the agent's shell. The agent sees the services' tools as ``tools/list``
 returned them (``mcp_tools``, offered by every harness arm as ``mcp__<service>__<tool>``), bash,
 and ``submit``. Grading reads the final databases and documents out of the service sandbox and
-evaluates the task's atomic rubric items (``rubric``). Reward: all items passed → 1, else 0, by
+evaluates the task's atomic rubric items (``rubric``; ``judged`` items are asked of the run's judge,
+``judged``). Reward: all items passed → 1, else 0, by
 default (``reward = "all"``); ``"fraction"`` gives the share of items passed. All-or-nothing is the
 default because a fraction pays for the negative items, which an agent that does nothing passes.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from rlonce.core.records import Grade, Sequence
 from rlonce.envs.base import GradingError
+from rlonce.envs.general.judged import judge_items, judged_text
 from rlonce.envs.general.mcp_host import ServiceError, ServiceHost
 from rlonce.envs.general.rubric import Final, evaluate
 from rlonce.envs.general.tasks import GeneralTask
@@ -36,10 +38,12 @@ MAX_DOC_BYTES = 1 << 20
 
 
 class GeneralEnv:
-    def __init__(self, task: GeneralTask, *, reward: str = "all"):
+    def __init__(self, task: GeneralTask, *, reward: str = "all", judge=None, agreement=None):
         if reward not in REWARDS:
             raise ValueError(f"unknown general reward {reward!r}; known: {list(REWARDS)}")
         self.task, self.reward = task, reward
+        self.judge, self.agreement = judge, agreement
+        """The run's judge and agreement judge for ``judged`` items (None: those items are left out)."""
         self.world = World.make(task.seed)
         self.initial = self.world.state()
         self.services = ServiceHost(list(task.services), {k: v for k, v in self.initial.items()
@@ -110,17 +114,33 @@ class GeneralEnv:
             except (ServiceError, OSError, sqlite3.Error, hostfs.HostileFile) as e:
                 raise GradingError(f"the final service state could not be read: {e}") from None
             verdicts = evaluate(list(self.task.items), final)
+            texts = self._judged_texts(final)
         finally:
             for db in ([*final.init.values(), *final.final.values()] if final else []):
                 db.close()
             hostfs.remove_tree(scratch)
+        judged = await judge_items([it for it in self.task.items if it.kind == "judged"], texts, self.judge,
+                                   self.agreement)
+        verdicts.update(judged.verdicts)
+        self.metrics.update({f"grade/{k}": v for k, v in judged.metrics.items()})
         passed = all(verdicts.values())
-        self.metrics.update({f"item_{it.kind}_passed": float(verdicts[it.name]) for it in self.task.items})
+        self.metrics.update({f"item_{it.kind}_passed": float(verdicts[it.name]) for it in self.task.items
+                             if it.name in verdicts})
         self.metrics["items_passed"] = sum(verdicts.values()) / len(verdicts)
         reward = float(passed) if self.reward == "all" else sum(verdicts.values()) / len(verdicts)
-        lines = [f"{'pass' if ok else 'FAIL'} [{it.kind}] {it.name}" for it, ok in
-                 zip(self.task.items, verdicts.values())]
+        lines = [f"{'left out' if it.name not in verdicts else 'pass' if verdicts[it.name] else 'FAIL'} "
+                 f"[{it.kind}] {it.name}" for it in self.task.items]
         return Grade(reward, passed=passed, transcript="\n".join(lines))
+
+    def _judged_texts(self, final: Final) -> dict[str, str | None]:
+        out = {}
+        for it in self.task.items:
+            if it.kind == "judged":
+                try:
+                    out[it.name] = judged_text(final, it.args["service"], it.args["sql"], it.args["params"])
+                except sqlite3.Error:
+                    out[it.name] = None
+        return out
 
     async def cleanup(self) -> None:
         await self.services.close()

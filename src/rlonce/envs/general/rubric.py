@@ -7,9 +7,10 @@ against the state, not merely against an agent's final claim that it made the ch
 
 An item is plain data (``Item``: a check's name and arguments) so tasks stay picklable; ``CHECKS``
 maps each check to its function of a ``Final`` (initial and final databases, documents, the
-answer). Three kinds: ``state`` (SQL over the final databases, documents and their formats),
-``reply`` (facts the answer must hold, code-checked) and ``negative`` (every table and document
-unchanged but for the changes the task allows: ``unchanged``).
+answer). Four kinds: ``state`` (SQL over the final databases, documents and their formats),
+``reply`` (facts the answer must hold, code-checked), ``negative`` (every table and document
+unchanged but for the changes the task allows: ``unchanged``) and ``judged`` (open-ended content
+a model judge checks against a criterion: ``rlonce.envs.general.judged``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 class Item:
     name: str
     kind: str
-    """'state', 'reply' or 'negative'."""
+    """'state', 'reply', 'negative' or 'judged'."""
     check: str
     args: dict = field(default_factory=dict)
 
@@ -114,9 +115,12 @@ CHECKS: dict[str, Callable[..., bool]] = {"sql_count": sql_count, "reply_has": r
 
 
 def evaluate(items: list[Item], final: Final) -> dict[str, bool]:
-    """Each item's verdict, by name (an item whose check fails to run counts as failed)."""
+    """Each code-checked item's verdict, by name (an item whose check fails to run counts as
+    failed); ``judged`` items are the judge's (``rlonce.envs.general.judged``)."""
     out = {}
     for it in items:
+        if it.kind == "judged":
+            continue
         try:
             out[it.name] = bool(CHECKS[it.check](final, **it.args))
         except (sqlite3.Error, KeyError, ValueError, TypeError):

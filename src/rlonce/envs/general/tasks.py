@@ -94,6 +94,10 @@ def reply_with_balance(w: World, rng: random.Random) -> dict:
                 "service": "mail", "sql": "select count(*) from messages where folder = 'sent' and in_reply_to = ? and "
                                           "recipients like ? and body like ?",
                 "params": [m["id"], f"%{who['email']}%", f"%{bal}%"], "expect": 1}),
+                Item("reply gives the balance", "judged", "judged", {
+                    "service": "mail", "sql": "select body from messages where folder = 'sent' and in_reply_to = ?",
+                    "params": [m["id"]], "criterion": f"Does this email tell the reader that the current balance of "
+                                                      f"the '{acct}' account is '{bal}'?"}),
                 Item("nothing else changed", "negative", "unchanged", {"allow": {
                     "mail.messages": {"insert": 1, "update": {"unread": "*"}}}})],
             "plan": [("ledger__get_balance", {"account": acct}),
@@ -186,6 +190,11 @@ def cancel_and_notify(w: World, rng: random.Random) -> dict:
                     "service": "mail", "sql": "select count(*) from messages where folder = 'sent' and "
                                               + " and ".join("recipients like ?" for _ in people),
                     "params": [f"%{p}%" for p in people], "expect": 1}),
+                Item("email says it is cancelled", "judged", "judged", {
+                    "service": "mail", "sql": "select subject || char(10) || body from messages where folder = 'sent' "
+                                              "order by id", "params": [],
+                    "criterion": f"Does this email tell its readers that the event '{e['title']}' on "
+                                 f"'{e['start'][:10]}' is 'cancelled'?"}),
                 Item("nothing else changed", "negative", "unchanged", {"allow": {
                     "calendar.events": {"update": {"status": [e["id"]]}}, "mail.messages": {"insert": 1}}})],
             "plan": [("calendar__list_events", {"start_date": e["start"][:10], "end_date": e["start"][:10]}),
