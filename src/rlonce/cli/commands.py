@@ -170,6 +170,8 @@ def _probe(args) -> int:
         return dc.probe_music(args)
     if args.domain == "general":
         return dc.probe_general(args)
+    if args.domain == "visual":
+        return dc.probe_visual(args)
     if not args.pack:
         raise UsageError(f"probe {args.domain} needs --pack DIR (a validated {args.domain} pack)")
     if args.domain == "cyber":

@@ -93,6 +93,18 @@ def probe_music(args) -> int:
     return 0
 
 
+def probe_visual(args) -> int:
+    import json
+
+    from rlonce.envs.visual.probe import format_report, probe_visual
+    from rlonce.envs.visual.render import require_browser
+
+    require_browser()
+    report = probe_visual(args.tasks, progress=not args.quiet and not args.json)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
 def probe_general(args) -> int:
     import asyncio
     import json

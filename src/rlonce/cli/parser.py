@@ -218,12 +218,12 @@ def _add_grade(sub) -> None:
 
 
 def _add_probe(sub) -> None:
-    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music, general: on "
-                        "generated tasks)")
-    pr.add_argument("domain", choices=["code", "cyber", "music", "general"])
+    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music, general, visual: "
+                        "on generated tasks)")
+    pr.add_argument("domain", choices=["code", "cyber", "music", "general", "visual"])
     pr.add_argument("--pack", help="the validated task pack (code, cyber)")
     pr.add_argument("--tasks", type=_int(1, 100_000), default=50,
-                    help="music, general: held-out tasks to probe (default 50)")
+                    help="music, general, visual: held-out tasks to probe (default 50)")
     pr.add_argument("--adherence-weight", type=_float(0, 1, open_low=False), default=0.5,
                     help="music: the grader's task.adherence_weight (default 0.5; 0 is the seed's public scorer)")
     pr.add_argument("--routes", help="comma-separated subset of routes (default: all; general: 'none' runs only the "

@@ -93,14 +93,15 @@ class EngineConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["toolfind", "reasoning", "code", "music", "cyber", "general"] = "toolfind"
+    name: Literal["toolfind", "reasoning", "code", "music", "cyber", "general", "visual"] = "toolfind"
     """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
     single turn: use ``harness.arms = ["single-turn"]``; its scripted expert answers with the gold
     answer, or set ``sft.demos = 0``), 'code' (code repair on the validated tasks of a code
     ``pack``), 'music' (ABC tunes for generated requests, single turn or with tools; needs the
     Debian package abcmidi), 'cyber' (vulnerability reproduction on a ``pack`` from
-    ``rlonce tasks build cyber``; needs clang) or 'general' (office tool use through MCP services:
-    mail, calendar, tickets, ledger, documents)."""
+    ``rlonce tasks build cyber``; needs clang), 'general' (office tool use through MCP services:
+    mail, calendar, tickets, ledger, documents) or 'visual' (web pages rendered by headless Chromium;
+    needs the Debian package chromium)."""
     two_hop_fraction: float = Field(0.6, ge=0, le=1)
     """toolfind: share of questions that need two look-ups."""
     datasets: list[str] = Field(["chain_sum"], min_length=1)
@@ -124,6 +125,13 @@ class TaskConfig(Section):
     rubric_reward: Literal["all", "fraction"] = "all"
     """general: reward 1 only when every rubric item passes ('all'), or the share of items passed
     ('fraction'). 'all' by default: a fraction pays for the negative items, which doing nothing passes."""
+    visual_family: Literal["replication", "open", "mixed"] = "replication"
+    """visual: 'replication' (reproduce a generated reference page; pixel SSIM and structural
+    checks), 'open' (design requests scored by the group pick judge; needs ``grading.judge.vision``)
+    or 'mixed' (every third train task open). Held-out evaluation uses replication tasks."""
+    visual_layouts: Literal["full", "simple"] = "full"
+    """visual: replication layouts — 'full' (optional bar and footer; cards, table, form or banner)
+    or 'simple' (a heading and a banner or cards: fewer parts, a shorter page for small models)."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

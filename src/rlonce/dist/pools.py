@@ -41,7 +41,8 @@ class HarnessPool:
         # loop, and never two threads in one tokenizer at once
         offload = ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize")
         self.executors = {label: LocalExecutor(src.domain.env_factory, self.engine, src.spec, offload=offload)
-                          for label, src in build_sources(plan_sources(run), rollout_spec(run, lm)).items()}
+                          for label, src in build_sources(plan_sources(run), rollout_spec(run, lm),
+                                                         grading=run.grading).items()}
         """One executor per task source of the run, by label."""
         self.judge = judge
         self.groups = 0

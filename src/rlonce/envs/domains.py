@@ -38,6 +38,9 @@ class Domain:
     """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours, single_turn)``
     → its assistant turns as text (SFT demonstrations; ``single_turn``: for the ``single-turn``
     arm, else tool calls); None when the domain has none."""
+    attach: Callable | None = None
+    """``(run_dir or None, judge_for) → Domain``: binds what only the run has — its directory and a
+    judge (``judge_for(name)`` → (judge or None, vision-capable)) — into the env factory."""
     audit_excluded: int = 0
     """Train tasks of a pack left out because ``rlonce tasks audit`` flagged them and no one cleared
     them (``audit_flagged``)."""
@@ -202,7 +205,42 @@ def _general(task_cfg) -> Domain:
     from rlonce.envs.general.expert import expert_turns
     from rlonce.envs.general.tasks import make_task
 
-    return Domain("general", partial(GeneralEnv, reward=task_cfg.rubric_reward), make_task, expert=expert_turns)
+    def attach(run_dir, judge_for) -> Domain:
+        judge, _ = judge_for("general-judge")
+        agreement, _ = judge_for("general-agreement", "agreement_judge") if judge is not None else (None, False)
+        env = partial(GeneralEnv, reward=task_cfg.rubric_reward, judge=judge, agreement=agreement)
+        return Domain("general", env, make_task, expert=expert_turns)
+
+    return Domain("general", partial(GeneralEnv, reward=task_cfg.rubric_reward), make_task, expert=expert_turns,
+                  attach=attach)
+
+
+def _visual(task_cfg) -> Domain:
+    from rlonce.envs.visual.expert import expert_turns
+    from rlonce.envs.visual.factory import VisualFactory
+    from rlonce.envs.visual.render import require_browser
+    from rlonce.envs.visual.tasks import make_task
+
+    require_browser()  # a one-line error naming the package, before any rollout starts
+    family = task_cfg.visual_family
+
+    def attach(run_dir, judge_for) -> Domain:
+        judge = None
+        if family != "replication":
+            judge, vision = judge_for("visual-judge")
+            if judge is None or not vision:
+                raise ConfigError(f"visual_family = {family!r} needs a vision-capable judge: set grading.judge "
+                                  "(kind, base_url, model) and grading.judge.vision = true, or use 'replication'")
+        return Domain(name, VisualFactory(shots_dir=run_dir / "visual" if run_dir else None, judge=judge),
+                      make, single_turn=True, expert=expert_turns)
+
+    def make(split: str, index: int):
+        # held-out evaluation grades attempts alone: only replication tasks can be scored that way
+        return make_task(split, index, family="replication" if split == "heldout" else family,
+                         layouts=task_cfg.visual_layouts)
+
+    name = "visual"
+    return Domain(name, VisualFactory(), make, single_turn=True, expert=expert_turns, attach=attach)
 
 
 @dataclass(frozen=True)
@@ -226,6 +264,7 @@ DOMAINS: dict[str, DomainEntry] = {
     "music": DomainEntry(_music, has_expert=True, single_turn=True),
     "cyber": DomainEntry(_cyber, has_expert=True, single_turn=False),
     "general": DomainEntry(_general, has_expert=True, single_turn=False),
+    "visual": DomainEntry(_visual, has_expert=True, single_turn=True),
 }
 """Every domain a job can train on, by the name ``task.name`` gives."""
 

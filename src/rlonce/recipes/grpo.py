@@ -108,7 +108,7 @@ class Job:
         self.model_dir = model_dir
         check_backend(cfg, model_dir)
         self.spec = rollout_spec(cfg, self.lm)
-        self.sources = build_sources(self.plans, self.spec)
+        self.sources = build_sources(self.plans, self.spec, run_dir=self.out, grading=cfg.grading)
         first = next(iter(self.sources.values()))
         self.domain = first.domain
         """The first source's domain: what one-domain tools (``rlonce tasks filter``, an outside

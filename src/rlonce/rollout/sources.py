@@ -10,7 +10,9 @@ its own source's executor. The orchestrator sees sources only by label.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlonce.config import ConfigError, RunConfig, TaskConfig
 from rlonce.config.sections import MAX_STEPS
@@ -98,12 +100,32 @@ class Source:
     spec: RolloutSpec
 
 
-def build_sources(plans: list[SourcePlan], spec: RolloutSpec) -> dict[str, Source]:
+def judge_maker(grading, run_dir: Path | None) -> Callable[..., tuple[object | None, bool]]:
+    """``(name, which="judge")`` → (the judge ``grading.<which>`` describes, recording to
+    ``RUN/grading/<name>.jsonl``, or None; whether it is vision-capable), for domains that grade
+    with a judge of their own."""
+    def make(name: str, which: str = "judge"):
+        cfg = getattr(grading, which) if grading is not None else None
+        if cfg is None or cfg.kind == "none":
+            return None, False
+        from rlonce.grading.build import build_judge
+
+        record = run_dir / "grading" / f"{name}.jsonl" if run_dir else None
+        return build_judge(cfg, record, name=name), cfg.vision
+    return make
+
+
+def build_sources(plans: list[SourcePlan], spec: RolloutSpec, *, run_dir: Path | None = None,
+                  grading=None) -> dict[str, Source]:
     """Each plan's domain and rollout spec (``spec`` with the source's arms and its turn, token,
-    context and observation budgets), by label."""
+    context and observation budgets), by label. ``run_dir`` and ``grading`` (the ``[grading]``
+    config) reach domains that need them (``Domain.attach``)."""
     out = {}
     for p in plans:
-        domain = dataclasses.replace(domain_for(p.options), name=p.label)
+        domain = domain_for(p.options)
+        if domain.attach is not None:
+            domain = domain.attach(run_dir, judge_maker(grading, run_dir))
+        domain = dataclasses.replace(domain, name=p.label)
         limits = dataclasses.replace(spec.limits, max_turns=p.max_turns, max_obs_chars=p.max_obs_chars)
         sampling = dataclasses.replace(spec.sampling, max_tokens=p.max_tokens_per_turn)
         out[p.label] = Source(p, domain, dataclasses.replace(spec, arms=p.arms, limits=limits, sampling=sampling,
