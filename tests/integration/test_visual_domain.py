@@ -131,3 +131,17 @@ def test_open_tasks_refuse_to_start_without_a_vision_judge(tmp_path, lm):
     assert src.domain.task("train", 2).family == "open"
     cfg = _cfg(tmp_path, "replication", None)
     build_sources(plan_sources(cfg), rollout_spec(cfg, lm), run_dir=tmp_path, grading=cfg.grading)
+
+
+def test_many_grades_at_once_share_the_render_slots_without_stalling():
+    """More grades at once than the default thread pool has workers (min(32, cores + 4)): render
+    slots are an asyncio semaphore, so waiting for one never holds a worker a render needs."""
+    tasks = [make_task("heldout", i) for i in range(8)]
+
+    async def run():
+        envs = [VisualEnv(t) for t in tasks]
+        return await asyncio.wait_for(asyncio.gather(*(_grade(e, f"```html\n<p>{i}</p>```")
+                                                       for i, e in enumerate(envs))), 120)
+
+    grades = asyncio.run(run())
+    assert len(grades) == 8 and all(g.reward < 0.5 for g, _ in grades)

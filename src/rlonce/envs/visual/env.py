@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import os
 import re
-import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -44,9 +44,16 @@ FENCE = re.compile(r"```(?:html|HTML)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 _REFERENCES: OrderedDict[str, dict] = OrderedDict()
 REFERENCE_CACHE = 256
 RENDER_SLOTS = max(1, (os.cpu_count() or 2))
-"""Renders at once in this process: a browser is CPU-bound, and a render that waits for a core must
+"""Renders at once in an event loop: a browser is CPU-bound, and a render that waits for a core must
 not run into its own time limit (that would score the machine's load as the page's failure)."""
-_slots = threading.BoundedSemaphore(RENDER_SLOTS)
+_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _SLOTS:
+        _SLOTS[loop] = asyncio.Semaphore(RENDER_SLOTS)
+    return _SLOTS[loop]
 
 
 _RENDERS: OrderedDict[str, object] = OrderedDict()
@@ -73,16 +80,8 @@ async def render(files: dict[str, bytes], entry: str = "index.html"):
 
 
 async def _render_now(files: dict[str, bytes], entry: str):
-    waiting = asyncio.ensure_future(asyncio.to_thread(_slots.acquire))
-    try:
-        await asyncio.shield(waiting)
-    except asyncio.CancelledError:  # the slot still arrives: hand it back then
-        waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or _slots.release())
-        raise
-    try:
+    async with _slots():  # the render's clock starts once it has its slot
         return await rd.render(files, entry=entry)
-    finally:
-        _slots.release()
 
 
 def extract_html(answer: str) -> str | None:
