@@ -5,7 +5,7 @@ in-sandbox script run bare on the host (same Chromium, same steps, no sandbox or
 
 Pages: plain text, cards and a table in a CSS grid, a form, a page whose JavaScript builds its
 DOM, and a page of about 1 MB. Each is rendered ``--repeats`` times with the default viewports
-(desktop and mobile) and capture delays (0 and 500 ms), interleaved with the bare run. Seconds
+(desktop and mobile) and capture delays (0 and 300 ms), interleaved with the bare run. Seconds
 per render (p50/p95/max), the ratio to the 2.0 s target and to the bare run, and the median split
 (sandbox start, Python start in the sandbox, Playwright driver start, browser launch, load and
 whole time per viewport, peak memory of the cgroup) go to ``results.json``, ``results.md`` and ``render.png``.

@@ -24,8 +24,8 @@ def test_red_box_pixels_heading_box_and_both_viewports():
     from PIL import Image
 
     assert r.runtime_ok and not r.timed_out and not r.crashed
-    assert [(c.viewport, c.delay_ms) for c in r.captures] == [("desktop", 0), ("desktop", 500), ("mobile", 0),
-                                                                ("mobile", 500)]
+    assert [(c.viewport, c.delay_ms) for c in r.captures] == [("desktop", 0), ("desktop", 300), ("mobile", 0),
+                                                                ("mobile", 300)]
     for c in r.captures:
         vp = next(v for v in VIEWPORTS if v.name == c.viewport)
         img = Image.open(io.BytesIO(c.png)).convert("RGB")

@@ -50,6 +50,9 @@ def test_viewport_score_is_zero_for_the_blank_page_one_for_the_target_and_takes_
     assert 0 < (s - b) / (1 - b) < 1
     assert sim.viewport_score([noisy], target) == pytest.approx((s - b) / (1 - b))
     assert sim.viewport_score([target, blank], target) == 0.0  # a page that is right only once scores its worst
+    background = np.full_like(target, 230)  # the target's most common colour alone
+    assert sim.blank_score(target) == pytest.approx(max(sim.ssim(blank, target), sim.ssim(background, target)))
+    assert sim.viewport_score([background], target) == 0.0
 
 
 def test_structure_counts_whole_element_texts_in_every_viewport():

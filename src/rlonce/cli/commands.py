@@ -90,7 +90,8 @@ def _eval(args) -> int:
     res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet, harness_cmd=args.harness_cmd,
                          harness_name=args.harness_name, harness_tasks=args.harness_tasks,
                          harness_timeout=args.harness_timeout)
-    print(f"held-out success {res['success']:.3f} on {res['tasks']} tasks ({res['infra_failed']} infra failures)")
+    print(f"held-out success {res['success']:.3f}, mean reward {res['reward']:.3f} on {res['tasks']} tasks "
+          f"({res['infra_failed']} infra failures)")
     for arm, v in res["per_arm"].items():
         if arm == args.harness_name and "outside" in res:
             o = res["outside"]

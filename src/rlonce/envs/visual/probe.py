@@ -55,7 +55,7 @@ ROUTES: dict[str, Callable[[VisualTask, dict], str]] = {
     "embedded_screenshot": lambda t, ref: _embedded(t, ref["png"]["desktop"]),
     "target_from_disk": lambda t, ref: _page('<img src="file:///work/target.png" style="width:100vw">'),
     "target_from_network": lambda t, ref: _page(f'<img src="{LOOPBACK_TARGET}" style="width:100vw">'),
-    "paint_after_load": lambda t, ref: _script(t, "setTimeout(paint, 300)"),
+    "paint_after_load": lambda t, ref: _script(t, "setTimeout(paint, 150)"),
     "paint_for_webdriver": lambda t, ref: _script(t, f"if ({AUTOMATED}) paint()"),
     "paint_at_desktop_size": lambda t, ref: _script(t, "if (innerWidth === 640) paint()"),
     "giant_page": lambda t, ref: "```html\n" + t.reference_html.replace("</body>", f"{GIANT}</body>"),

@@ -48,8 +48,8 @@ class Viewport:
 
 
 VIEWPORTS = (Viewport("desktop", 640, 400), Viewport("mobile", 360, 640))
-CAPTURE_DELAYS_MS = (0, 500)
-"""A capture right after ``load``, another 500 ms later."""
+CAPTURE_DELAYS_MS = (0, 300)
+"""A capture right after ``load``, another 300 ms later."""
 MAX_PAGE_BYTES = 1 << 20
 """All page files together."""
 MAX_PAGE_FILES = 64

@@ -6,9 +6,11 @@ screenshots (7×7 uniform windows, sample covariance, ``data_range`` 255, channe
     SSIM(x, y) = mean over windows of (2 μx μy + C1)(2 σxy + C2) / ((μx² + μy² + C1)(σx² + σy² + C2)),
     C1 = (0.01·255)², C2 = (0.03·255)².
 
-A blank page already scores well against a page that is mostly flat colour, so each viewport's
-score is normalised against the blank (white) page's score ``b`` for that target:
+A trivial page already scores well against a page that is mostly flat colour, so each viewport's
+score is normalised against the better of two trivial pages for that target — the blank (white)
+page and a page of the target's most common colour alone (its background):
 
+    b_v = max(SSIM(white, target), SSIM(flat most common colour, target))
     p_v = clip((s_v − b_v) / (1 − b_v), 0, 1),   s_v = min over capture delays of SSIM(capture, target)
 
 and ``pixel = mean_v p_v``. The minimum over capture delays means a page that changes after load
@@ -54,11 +56,15 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def blank_score(target: np.ndarray) -> float:
-    return ssim(np.full_like(target, 255), target)
+    """``b``: the better SSIM of a white page and a page of the target's most common colour."""
+    colours, counts = np.unique(target.reshape(-1, target.shape[-1]) if target.ndim == 3 else target.reshape(-1, 1),
+                                axis=0, return_counts=True)
+    flat = np.broadcast_to(colours[counts.argmax()], target.shape).astype(target.dtype)
+    return max(ssim(np.full_like(target, 255), target), ssim(np.ascontiguousarray(flat), target))
 
 
 def viewport_score(captures: list[np.ndarray], target: np.ndarray) -> float:
-    """``p_v``: the worst capture's SSIM, normalised between the blank page (0) and the target (1)."""
+    """``p_v``: the worst capture's SSIM, normalised between the trivial pages (0) and the target (1)."""
     s = min(ssim(c, target) for c in captures)
     b = blank_score(target)
     if b >= 1.0:
