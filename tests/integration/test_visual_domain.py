@@ -133,6 +133,7 @@ def test_open_tasks_refuse_to_start_without_a_vision_judge(tmp_path, lm):
     build_sources(plan_sources(cfg), rollout_spec(cfg, lm), run_dir=tmp_path, grading=cfg.grading)
 
 
+@pytest.mark.slow  # 16 renders (~15 s): `make test-slow`
 def test_many_grades_at_once_share_the_render_slots_without_stalling():
     """More grades at once than the default thread pool has workers (min(32, cores + 4)): render
     slots are an asyncio semaphore, so waiting for one never holds a worker a render needs."""

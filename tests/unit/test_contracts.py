@@ -50,7 +50,8 @@ def test_group_grader_is_found_through_a_partial():
 def test_the_registry_owns_the_per_domain_rules():
     assert {n: (e.has_expert, e.single_turn, e.tools) for n, e in DOMAINS.items()} == {
         "toolfind": (True, False, True), "reasoning": (True, True, False), "code": (True, False, True),
-        "music": (True, True, True), "cyber": (True, False, True), "general": (True, False, True)}
+        "music": (True, True, True), "cyber": (True, False, True), "general": (True, False, True),
+        "visual": (True, True, True)}
     # the rules these flags drive are checked in tests/unit/test_config.py (one-line ConfigErrors)
     check_sources(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"]))
 

@@ -149,6 +149,8 @@ async def probe(tasks: list[GeneralTask], *, concurrency: int = 2, routes: list[
         r["tasks"] += 1
         r["rewarded"] += int(reward > 0)
         for line in transcript.splitlines():
+            if line.startswith("left out "):  # a judged item with no judge to ask: no verdict to count
+                continue
             verdict, name = line.split(" ", 1)
             items.setdefault(f"{task.template}: {name}", []).append(int(verdict == "pass"))
 

@@ -36,12 +36,20 @@ def shot_of(artifact: str) -> bytes | None:
 
 class VisualFactory:
     def __init__(self, *, shots_dir: Path | None = None, judge=None, seed: int = 0):
-        self.shots_dir = Path(shots_dir) if shots_dir else Path(tempfile.mkdtemp(prefix="rlonce-visual-"))
+        self._shots_dir = Path(shots_dir) if shots_dir else None
         self.judge = judge
         self.seed = seed
 
+    @property
+    def shots_dir(self) -> Path:
+        """Where renders are saved: the run's ``visual/`` folder, else a temporary one made on first use
+        (open-ended grading reads the screenshots back)."""
+        if self._shots_dir is None:
+            self._shots_dir = Path(tempfile.mkdtemp(prefix="rlonce-visual-"))
+        return self._shots_dir
+
     def __call__(self, task: VisualTask) -> VisualEnv:
-        return VisualEnv(task, shots_dir=self.shots_dir)
+        return VisualEnv(task, shots_dir=self.shots_dir if task.layout is None or self._shots_dir else None)
 
     async def grade_group(self, task: VisualTask, sequences: list) -> None:
         if task.layout is not None:
