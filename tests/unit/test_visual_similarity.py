@@ -133,3 +133,14 @@ def test_expert_pages_carry_their_flaws_and_the_single_turn_reply_is_a_fenced_bl
 
 def test_viewports_are_the_documented_sizes():
     assert [(v.name, v.width, v.height) for v in VIEWPORTS] == [("desktop", 640, 400), ("mobile", 360, 640)]
+
+
+def test_a_missing_browser_stops_a_visual_job_with_one_line_naming_the_package(monkeypatch):
+    from rlonce.config import TaskConfig
+    from rlonce.envs import domains
+    from rlonce.envs.visual import render
+
+    monkeypatch.setattr(render, "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(render.BrowserMissing) as e:
+        domains.domain_for(TaskConfig(name="visual"))
+    assert "\n" not in str(e.value) and "'chromium'" in str(e.value) and "apt-get install chromium" in str(e.value)
