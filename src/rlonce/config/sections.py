@@ -58,7 +58,12 @@ class ModelConfig(Section):
     """Weights and activations of the policy, in the engine and the trainer."""
     lm_head_fp32: bool = True
     """Compute the LM head (final projection and softmax) in float32 even when ``dtype`` is
-    bfloat16 (MiniMax-M1 §3.2: the head's precision decided the train/inference log-prob match)."""
+    bfloat16 or autocast is on (MiniMax-M1 §3.2: the head's precision decided the
+    train/inference log-prob match)."""
+    autocast: Literal["off", "bfloat16", "auto"] = "off"
+    """Forward passes of the engine (torch) and the trainer under bfloat16 autocast: matrix
+    products in bfloat16, weights and optimizer state in float32, the head as ``lm_head_fp32``
+    says. 'auto': on where the CPU has bfloat16 units (AVX-512 BF16 or AMX)."""
 
 
 class RuntimeConfig(Section):
@@ -83,7 +88,13 @@ class EngineConfig(Section):
     max_batch_size: int = Field(128, ge=1, le=MAX_PARALLEL)
     """Most requests one generation wave takes."""
     batch_wait_s: float = Field(0.01, ge=0, le=10)
-    """How long a wave waits for more requests before it starts."""
+    """How long an idle engine waits for more requests before it starts a batch."""
+    continuous: bool = True
+    """torch: a request arriving while a batch decodes joins it at the next step, and a finished
+    row is answered at once (false: it waits for the batch to end)."""
+    prefix_cache_mb: float = Field(1024, ge=0, le=1 << 20)
+    """torch: memory for the key/value caches of finished turns, reused when a session's next
+    prompt starts with one (least recently used out first; 0 turns reuse off)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: share of the GPU's memory vLLM takes for weights and KV cache."""
     max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS)

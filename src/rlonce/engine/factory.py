@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlonce.model.precision import wants_autocast
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -21,13 +23,16 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.5
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
+    continuous: bool = True
+    prefix_cache_mb: float = 1024
+    autocast: bool = False
 
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
         e, m = cfg.engine, cfg.model
         return cls(e.backend, str(model_dir), m.dtype, m.lm_head_fp32, e.max_batch_size, e.batch_wait_s,
                    cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
-                   e.tensor_parallel_size)
+                   e.tensor_parallel_size, e.continuous, e.prefix_cache_mb, wants_autocast(m.autocast))
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
@@ -58,11 +63,12 @@ class EngineSpec:
 
         if lm is None:
             torch.set_num_threads(self.threads)
-            lm = loader.load(self.model_dir, dtype=self.dtype, lm_head_fp32=self.lm_head_fp32)
+            lm = loader.load(self.model_dir, dtype=self.dtype, lm_head_fp32=self.lm_head_fp32, autocast=self.autocast)
         pad = lm.tokenizer.pad_token_id
         return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
-                           version=version)
+                           version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
+                           threads=self.threads)
 
     def __call__(self, index: int):
         return self.build(index)

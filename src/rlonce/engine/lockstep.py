@@ -77,6 +77,8 @@ class Lockstep:
         return getattr(self.engine, name)
 
     def reserve(self, n: int) -> Ticket:
+        if not self.active and self.unjoined == 0 and hasattr(self.engine, "forget_waves"):
+            self.engine.forget_waves()  # a new round: no cache kept from an earlier one is reused
         self.unjoined += n
         return Ticket(self, n)
 

@@ -1,47 +1,42 @@
-"""Torch engine: batched, KV-cached token-in/token-out generation for Hugging Face models.
+"""Torch engine: continuously batched, KV-cached token-in/token-out generation for Hugging Face models.
 
-Requests from many concurrent sessions are queued; a worker thread gathers them into a wave
-(up to ``max_batch_size``, waiting at most ``batch_wait_s`` for company), left-pads the
-prompts, prefills once (computing the LM head at the last position only) and decodes step by
-step with a ``DynamicCache``. Rows that finish are dropped from the cache once a quarter of the
-remaining rows is done (``compact_fraction``), so one long reply does not keep paying for the
-finished ones. Sampling applies temperature, then top-k, then top-p; the
-log-prob returned per token is taken from that processed distribution — the one sampled from —
-and, when top-k or top-p is on, so is the size of its candidate set (its finite entries), which
-the trainer renormalises over.
+Requests from many concurrent sessions are queued; a worker thread runs one batch at a time.
+An idle worker waits at most ``batch_wait_s`` for company, prefills the arrivals together
+(left-padded, the LM head at the last position only) and decodes step by step. While the batch
+decodes, a request that arrives **joins at the next step** (``continuous``): it is prefilled on
+its own and merged into the batch's cache; a row that finishes is answered at once, and
+finished rows are dropped from the cache once a quarter of the batch is done
+(``compact_fraction``). Sampling applies temperature, then top-k, then top-p; the log-prob
+returned per token is taken from that processed distribution — the one sampled from — and, when
+top-k or top-p is on, so is the size of its candidate set (its finite entries), which the
+trainer renormalises over.
 
-It departs from vLLM-style continuous batching: requests arriving during a wave wait for the
-next one. With the short turns of agent loops on CPU this costs little and keeps the loop
-simple; GPU backends (vLLM/SGLang) are separate engines behind the same contract.
+**Prefix reuse** (``prefix_cache_mb`` > 0): the cache of every finished sequence is kept
+(``rlonce.engine.kvcache.PrefixStore``), and a prompt that starts with a kept sequence — the next
+turn of an agent session — runs the model only on its new tokens. A weight load drops every
+kept cache (they belong to the old weights), so a partial rollout continued after an update
+re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joiners.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import queue
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
 from rlonce.core import faults
+from rlonce.engine import kvcache
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
+from rlonce.engine.rows import Batch, Part, Request, Row, left_pad
 from rlonce.errors import is_internal
+from rlonce.model import precision
 
 
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    watch: Watch | None = None
-
-
-def _deliver(r: _Request, fn, value) -> None:
+def _deliver(r: Request, fn, value) -> None:
     """Hand a result to the caller's loop — unless that loop has closed (a cancelled rollout)."""
     try:
         r.loop.call_soon_threadsafe(fn, r.future, value)
@@ -66,12 +61,16 @@ def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B
     return logits_BV.log_softmax(-1)
 
 
+_FORGET_WAVES = object()
+
+
 class TorchEngine:
     def __init__(self, model, *, eos_token_ids: list[int], pad_token_id: int, max_batch_size: int = 64,
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
-                 compact_fraction: float = 0.25):
+                 compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
+                 threads: int | None = None):
         self.model = model.eval()
-        self.eos = torch.tensor(sorted(set(eos_token_ids)))
+        self.eos = set(eos_token_ids)
         self.pad = pad_token_id
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -82,11 +81,19 @@ class TorchEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.compact_fraction = compact_fraction
-        """Drop finished rows from the cache once this share of the wave's live rows is done."""
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._lock = threading.Lock()  # held for a wave, and for a weight load
+        """Drop finished rows from the cache once this share of the batch's rows is done."""
+        self.continuous = continuous
+        """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
+        self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()  # held while a batch runs, and for a weight load
+        self._draining = threading.Event()  # a weight load waits: admit no one until the batch ends
         self._paused = threading.Event()
-        self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0}
+        self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "joined": 0}
+        self.threads = threads or torch.get_num_threads()
+        """Torch threads of the worker (default: the constructing thread's). A thread's own count
+        is not inherited: unset, the worker ran with as many as the machine has cores, 4x slower
+        on one small-model decode here."""
         self._worker = threading.Thread(target=self._serve, name="rlonce-torch-engine", daemon=True)
         self._worker.start()
 
@@ -95,7 +102,7 @@ class TorchEngine:
         check_prompt(prompt_ids, sampling, self.max_context)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put(_Request(list(prompt_ids), sampling, fut, loop, watch))
+        self._queue.put(Request(list(prompt_ids), sampling, fut, loop, watch))
         return await fut
 
     async def generate_wave(self, batch: list[tuple[list[int], SamplingParams, Watch | None]]) -> list:
@@ -110,18 +117,30 @@ class TorchEngine:
                 check_prompt(prompt_ids, sampling, self.max_context)
             except ValueError as e:
                 fut.set_exception(e)
-            reqs.append(_Request(list(prompt_ids), sampling, fut, loop, watch))
+            reqs.append(Request(list(prompt_ids), sampling, fut, loop, watch))
         self._queue.put([r for r in reqs if not r.future.done()])
         return list(await asyncio.gather(*(r.future for r in reqs), return_exceptions=True))
 
     def load_weights(self, state: dict, version: int) -> None:
-        """Swap in new weights between waves; every later token is stamped ``version``."""
-        with self._lock:
-            self.model.load_state_dict(state)
-            self.version = version
+        """Swap in new weights once the running batch ends; every later token is stamped
+        ``version``, and no cache of the old weights is reused."""
+        self._draining.set()
+        try:
+            with self._lock:
+                self.model.load_state_dict(state)
+                self.version = version
+                if self.prefixes is not None:
+                    self.prefixes.clear()
+        finally:
+            self._draining.clear()
+
+    def forget_waves(self) -> None:
+        """Drop the kept caches of lockstep waves, in order with the requests queued before it: a new
+        round of lockstep sequences starts from none."""
+        self._queue.put(_FORGET_WAVES)
 
     def pause(self) -> None:
-        """Stop the running wave at its next token ('abort') and hold new ones until resume()."""
+        """Stop the running batch at its next token ('abort') and hold new requests until resume()."""
         self._paused.set()
 
     def resume(self) -> None:
@@ -132,116 +151,162 @@ class TorchEngine:
         self._worker.join(timeout=10)
 
     @property
-    def stats(self) -> dict[str, int]:
-        return dict(self._stats)
+    def stats(self) -> dict[str, float]:
+        out = dict(self._stats)
+        if self.prefixes is not None:
+            out.update({f"prefix_{k}": v for k, v in self.prefixes.stats.items()})
+            out["prefix_kept_mb"] = self.prefixes.used / 2**20
+        return out
 
     # ---- worker --------------------------------------------------------------------------
     def _serve(self) -> None:
-        held = None  # a whole wave (or the end) that arrived while a wave was being gathered
+        torch.set_num_threads(self.threads)
+        held, carry = None, []  # held: a whole wave, the end or a command met while gathering
         while True:
-            first, held = (held, None) if held is not None else (self._queue.get(), None)
-            if first is None:
-                return
-            if isinstance(first, list):  # ``generate_wave``: these requests alone, in this order
-                for i in range(0, len(first), self.max_batch_size):
-                    self._serve_wave(first[i:i + self.max_batch_size])
-                continue
-            wave = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(wave) < self.max_batch_size:
-                try:
-                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if nxt is None or isinstance(nxt, list):
-                    held = nxt
-                    break
-                wave.append(nxt)
-            self._serve_wave(wave)
+            if carry:  # requests that were waiting to join when the last batch ended
+                wave, carry = carry, []
+            else:
+                first, held = (held, None) if held is not None else (self._queue.get(), None)
+                if first is None:
+                    return
+                if first is _FORGET_WAVES:
+                    with self._lock:
+                        if self.prefixes is not None:
+                            self.prefixes.clear("wave")
+                    continue
+                if isinstance(first, list):  # ``generate_wave``: these requests alone, in this order
+                    for i in range(0, len(first), self.max_batch_size):
+                        self._run(first[i:i + self.max_batch_size], lane="wave")
+                    continue
+                wave = [first]
+            if held is None:
+                wave, held = self._gather(wave, self.max_batch_size, time.monotonic() + self.batch_wait_s)
+            held, carry = self._run(wave, lane="free", held=held)
 
-    def _serve_wave(self, wave: list[_Request]) -> None:
+    def _gather(self, got: list[Request], room: int, deadline: float | None):
+        """Add queued requests to ``got`` up to ``room`` (waiting until ``deadline``, or not at all);
+        a whole wave, the end or a command met on the way is handed back to be served after."""
+        while len(got) < room:
+            try:
+                nxt = (self._queue.get(timeout=max(0.0, deadline - time.monotonic())) if deadline is not None
+                       else self._queue.get_nowait())
+            except queue.Empty:
+                break
+            if not isinstance(nxt, Request):
+                return got, nxt
+            got.append(nxt)
+        return got, None
+
+    def _run(self, wave: list[Request], lane: str, held=None):
+        """Run a batch from ``wave`` until its last row ends, taking joiners (unless this is a whole
+        wave of its own, or a weight load waits). Joiners are prefilled together: once they are a
+        quarter of the running rows, or the first has waited ``batch_wait_s``. Returns what the
+        gathering held back, and the requests still waiting to join."""
         while self._paused.is_set():
             time.sleep(0.005)
-        wave = [r for r in wave if not r.loop.is_closed() and not r.future.cancelled()]  # callers gone
-        if not wave:
-            return
+        pending: list[Request] = []
+        with self._lock, torch.inference_mode(), precision.autocast(self.model):
+            batch = None
+            self._stats["waves"] += 1
+            while True:
+                wave = [r for r in wave if not r.gone]  # callers gone
+                if wave:
+                    batch = self._admit(batch, wave, lane)
+                try:
+                    if batch is None or not self._step(batch, lane):
+                        break
+                except Exception as e:  # noqa: BLE001 - every unanswered row hears of it
+                    _fail([row.req for row in batch.rows if row.reason is None], e)
+                    break
+                wave = []
+                if lane == "free" and self.continuous and held is None and not self._draining.is_set() \
+                        and not self._paused.is_set():
+                    more, held = self._gather([], self.max_batch_size - batch.live - len(pending), None)
+                    pending += more
+                    if pending and (4 * len(pending) >= batch.live
+                                    or time.monotonic() - pending[0].t_arrive >= self.batch_wait_s):
+                        wave, pending = pending, []
+                        self._stats["joined"] += len(wave)
+        return held, pending
+
+    def _admit(self, batch: Batch | None, reqs: list[Request], lane: str) -> Batch | None:
+        """Prefill ``reqs`` (from kept caches where their prompts allow) and merge them into
+        ``batch``; a failure fails these requests only."""
         try:
             faults.point("engine.wave", EngineError)
-            with self._lock, torch.inference_mode():
-                results = self._run_wave(wave)
-        except Exception as e:  # the retry boundary: the caller turns this into engine_error
-            # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
-            err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
-            for r in wave:
-                _deliver(r, _set_exception, err)
-            return
-        for r, g in zip(wave, results):
-            _deliver(r, _set_result, g)
+            parts = self._prefill(reqs, lane)
+        except Exception as e:  # noqa: BLE001 - the retry boundary: these callers turn it into engine_error
+            _fail(reqs, e)
+            return batch
+        if batch is not None:
+            parts.insert(0, batch.part())
+        return Batch(parts)
 
-    def _run_wave(self, wave: list[_Request]) -> list[Generation]:
+    def _prefill(self, reqs: list[Request], lane: str) -> list[Part]:
+        """Run the model on each request's prompt: those with a kept prefix each on their own
+        from it, the rest together, left-padded."""
         t0 = time.perf_counter()
-        ids_BL, attn_BL, pos_BL = _left_pad([r.prompt_ids for r in wave], self.pad)
-        rows = _WaveRows(wave)
+        reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None)
+                 for r in reqs]
+        parts = []
+        cold = [r for r, (m, _) in zip(reqs, reuse) if not m]
+        if cold:
+            ids_BL, attn_BL, pos_BL = left_pad([r.prompt_ids for r in cold], self.pad)
+            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, [0] * len(cold)))
+        for r, (m, kv) in zip(reqs, reuse):
+            if m:
+                n = len(r.prompt_ids)
+                ids = torch.tensor([r.prompt_ids[m:]])
+                parts.append(self._forward_part([r], kvcache.new_cache(kv), ids, torch.ones((1, n), dtype=torch.long),
+                                                torch.arange(m, n)[None], [m]))
+        self._stats["prefill_tokens"] += sum(len(r.prompt_ids) - m for r, (m, _) in zip(reqs, reuse))
+        for p in parts:
+            for row in p.rows:
+                row.prefill_s = time.perf_counter() - t0
+        return parts
 
-        from transformers import DynamicCache
+    def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused) -> Part:
+        out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL, use_cache=True,
+                         **{self._cache_kw: cache}, **self._last_only)
+        if not kvcache.mergeable(cache):
+            raise EngineError("this model's cache layers (sliding windows?) cannot be batched by the torch engine")
+        rows = [Row(r, m) for r, m in zip(reqs, reused)]
+        return Part(kvcache.kv_of(cache), attn_BL, pos_BL[:, -1], out.logits[:, -1], rows)
 
-        cache = DynamicCache()
-        out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL,
-                         use_cache=True, **{self._cache_kw: cache}, **self._last_only)
-        self._stats["prefill_tokens"] += sum(len(r.prompt_ids) for r in wave)
-        t_prefill = time.perf_counter() - t0
-        steps = self._decode(rows, cache, out.logits[:, -1], attn_BL, pos_BL[:, -1])
-        self._stats["waves"] += 1
-        self._stats["decode_steps"] += steps
-        self._stats["generated_tokens"] += sum(len(t) for t in rows.tokens)
-        wall = time.perf_counter() - t0
-        return [
-            Generation(rows.tokens[i], rows.logps[i], [self.version] * len(rows.tokens[i]), rows.reasons[i] or "length",
-                       metrics={"wave_size": len(wave), "wave_seconds": wall, "prefill_seconds": t_prefill},
-                       candidates=rows.sizes[i])
-            for i in range(len(wave))
-        ]
+    def _step(self, b: Batch, lane: str) -> bool:
+        """Sample a token for every live row, answer the rows that ended, run the model one step on
+        the new tokens; False once no row is left."""
+        live = [r for r, row in enumerate(b.rows) if row.reason is None]
+        idx = torch.tensor(live)
+        rows = [b.rows[r] for r in live]
+        logp_AV = process_logits(b.logits_BV[idx], torch.tensor([x.temp for x in rows]),
+                                 torch.tensor([x.top_k for x in rows]), torch.tensor([x.top_p for x in rows]))
+        tok_A = self._draw(logp_AV, [x.gen for x in rows])
+        lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
+        size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
+        toks = tok_A.tolist()
+        for j, (r, row) in enumerate(zip(live, rows)):
+            if row.record(toks[j], lp_A[j], size_A[j], toks[j] in self.eos, self._paused):
+                self._finish(b, r, row, lane)
+        self._stats["decode_steps"] += 1
+        if not b.live:
+            return False
+        b.compact(self.compact_fraction)
+        next_R = torch.tensor([[row.tokens[-1] if row.reason is None else self.pad] for row in b.rows])
+        b.attn_BL = torch.cat([b.attn_BL, torch.ones((len(b.rows), 1), dtype=torch.long)], dim=1)
+        b.pos_R = b.pos_R + 1
+        out = self.model(input_ids=next_R, attention_mask=b.attn_BL, position_ids=b.pos_R[:, None],
+                         use_cache=True, **{self._cache_kw: b.cache})
+        b.logits_BV = out.logits[:, -1]
+        return True
 
-    def _decode(self, w: _WaveRows, cache, logits_BV: torch.Tensor, attn_BL: torch.Tensor,
-                last_pos_R: torch.Tensor) -> int:
-        """Sample token after token until every row of the wave has finished; returns the steps.
-        Cache rows map to wave rows through ``rows``; finished rows ride along on pad tokens
-        (their output ignored) until enough of them are done to drop them from the cache."""
-        rows = list(range(len(w.tokens)))  # cache row -> wave index
-        steps = 0
-        while True:
-            next_R = self._sample_step(w, rows, logits_BV)
-            steps += 1
-            keep = [r for r, i in enumerate(rows) if w.reasons[i] is None]
-            if not keep:
-                return steps
-            if len(rows) - len(keep) >= max(1, self.compact_fraction * len(rows)):  # drop finished rows
-                sel = torch.tensor(keep)
-                cache.batch_select_indices(sel)
-                attn_BL, last_pos_R, next_R = attn_BL[sel], last_pos_R[sel], next_R[sel]
-                rows = [rows[r] for r in keep]
-            attn_BL = torch.cat([attn_BL, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
-            last_pos_R = last_pos_R + 1
-            out = self.model(input_ids=next_R[:, None], attention_mask=attn_BL, position_ids=last_pos_R[:, None],
-                             use_cache=True, **{self._cache_kw: cache})
-            logits_BV = out.logits[:, -1]
-
-    def _sample_step(self, w: _WaveRows, rows: list[int], logits_BV: torch.Tensor) -> torch.Tensor:
-        """Draw one token for every unfinished row and record it; the next input token of each
-        cache row (pad for finished ones)."""
-        live = [r for r, i in enumerate(rows) if w.reasons[i] is None]
-        wave_idx = torch.tensor([rows[r] for r in live])
-        logp_AV = process_logits(logits_BV[torch.tensor(live)], w.temp_B[wave_idx], w.topk_B[wave_idx],
-                                 w.topp_B[wave_idx])
-        tok_A = self._draw(logp_AV, [w.gens[rows[r]] for r in live])
-        lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0]
-        size_A = logp_AV.isfinite().sum(-1).tolist()  # the candidate set: what top-k/top-p left
-        next_R = torch.full((len(rows),), self.pad, dtype=torch.long)
-        for j, r in enumerate(live):
-            i, t = rows[r], int(tok_A[j])
-            next_R[r] = t
-            w.record(i, t, float(lp_A[j]), size_A[j], bool((self.eos == t).any()), self._paused)
-        return next_R
+    def _finish(self, b: Batch, r: int, row: Row, lane: str) -> None:
+        """Answer row ``r`` now, and keep its cache for a later turn that starts with its tokens."""
+        n = len(row.req.prompt_ids) + len(row.tokens) - 1  # the last token was sampled, not yet run
+        if self.prefixes is not None and row.reason != "abort":
+            self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_tail(b.kv(), r, n), lane)
+        self._stats["generated_tokens"] += len(row.tokens)
+        _deliver(row.req, _set_result, row.generation(self.version))
 
     def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
         probs_AV = logp_AV.exp()
@@ -253,58 +318,11 @@ class TorchEngine:
         return torch.cat(out)
 
 
-def _left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The prompts as one right-aligned batch: token ids, attention mask and positions, each (B, L)."""
-    lens = [len(p) for p in prompts]
-    B, L = len(prompts), max(lens)
-    ids_BL = torch.full((B, L), pad, dtype=torch.long)
-    attn_BL = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids_BL[i, L - lens[i]:] = torch.tensor(p)
-        attn_BL[i, L - lens[i]:] = 1
-    return ids_BL, attn_BL, (attn_BL.cumsum(-1) - 1).clamp(min=0)
-
-
-class _WaveRows:
-    """Sampling settings and outputs of one wave, indexed by position in the wave."""
-
-    def __init__(self, wave: list[_Request]):
-        B = len(wave)
-        self.temp_B = torch.tensor([r.sampling.temperature for r in wave])
-        self.topk_B = torch.tensor([r.sampling.top_k for r in wave])
-        self.topp_B = torch.tensor([r.sampling.top_p for r in wave])
-        self.max_new_B = torch.tensor([r.sampling.max_tokens for r in wave])
-        self.run_limit = [r.sampling.stop_confident_run for r in wave]
-        self.run_thr = [math.log(r.sampling.confident_p) for r in wave]
-        self.runs = [0] * B
-        self.gens = [torch.Generator().manual_seed(r.sampling.seed) if r.sampling.seed is not None else None
-                     for r in wave]
-        self.tokens: list[list[int]] = [[] for _ in range(B)]
-        self.logps: list[list[float]] = [[] for _ in range(B)]
-        self.sizes: list[list[int] | None] = [[] if r.sampling.records_candidates else None for r in wave]
-        self.reasons: list[str | None] = [None] * B
-        self.watches = [r.watch for r in wave]
-
-    def record(self, i: int, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> None:
-        """Append row ``i``'s token (and its candidate-set size, where top-k/top-p is on) and decide
-        whether the row is done: end of sequence, a confident run that reached its limit
-        ('repetition'), the token budget, or the engine paused ('abort')."""
-        self.tokens[i].append(token)
-        self.logps[i].append(logp)
-        if self.sizes[i] is not None:
-            self.sizes[i].append(size)
-        self.runs[i] = self.runs[i] + 1 if logp > self.run_thr[i] else 0
-        stop_here = self.watches[i] is not None and self.watches[i](token)  # it sees every token, once
-        if eos:
-            self.reasons[i] = "stop"
-        elif stop_here:
-            self.reasons[i] = "stop_sequence"
-        elif self.run_limit[i] and self.runs[i] >= self.run_limit[i]:
-            self.reasons[i] = "repetition"
-        elif len(self.tokens[i]) >= int(self.max_new_B[i]):
-            self.reasons[i] = "length"
-        elif paused.is_set():
-            self.reasons[i] = "abort"
+def _fail(reqs: list[Request], e: Exception) -> None:
+    # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
+    err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
+    for r in reqs:
+        _deliver(r, _set_exception, err)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

@@ -383,4 +383,6 @@ def session_metrics(s: Session) -> dict[str, float]:
             "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens),
             "tool_schema_branches": float(sum(1 for e in s.events if e.get("tools_changed"))),
             "reasoning_branches": float(sum(1 for e in s.events if e.get("reasoning_rewritten"))),
-            "interrupts": float(s.interrupts)}
+            "interrupts": float(s.interrupts),
+            "prompt_tokens": float(sum(g.metrics.get("prompt_tokens", 0) for g in s.generations)),
+            "cached_prompt_tokens": float(sum(g.metrics.get("cached_prompt_tokens", 0) for g in s.generations))}

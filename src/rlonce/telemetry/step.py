@@ -89,6 +89,14 @@ def grade_metrics(scored) -> dict[str, float]:
             for k in keys}
 
 
+def _prefill(seqs) -> dict[str, float]:
+    """Prompt tokens the engine ran the model on, and the share it took from a kept cache instead
+    (the torch engine's prefix reuse, vLLM's prefix caching)."""
+    prompt = sum(s.metrics.get("prompt_tokens", 0.0) for s in seqs)
+    cached = sum(s.metrics.get("cached_prompt_tokens", 0.0) for s in seqs)
+    return {"prefill_tokens": prompt - cached, "prefix_reuse_rate": cached / prompt if prompt else 0.0}
+
+
 def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dict:
     seqs, lags = x.finished, x.lag_counts
     scored = [s for s in seqs if not s.infra_failed]
@@ -111,6 +119,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "train_seconds": x.train_seconds,
         "step_seconds": x.rollout_seconds + x.train_seconds,
         "generated_tokens_per_s": gen_tokens / max(x.rollout_seconds, 1e-9),
+        **_prefill(seqs),
         "retained_rows": x.retained_rows,
         "version": x.version,
         "version_lag_max": max(lags) if lags else 0,

@@ -104,6 +104,7 @@ class LocalBackend:
                 raise
             except STATE_ERRORS as e:
                 raise TrainerStateError(f"optimizer state: {str(e)[:160]}") from None
+        self.train_threads = cfg.runtime.train_threads
         self.overlap = cfg.rollout.mode == "async"
         """Async rollout keeps going on the event loop while the trainer steps on a thread."""
         if engine_factory is not None:
@@ -118,8 +119,16 @@ class LocalBackend:
         return LocalExecutor(domain.env_factory, self.engine, spec), None
 
     async def train(self, batch: StepResult, kwargs: dict) -> dict:
-        if self.overlap:
-            return await asyncio.get_running_loop().run_in_executor(None, train_rows, self.trainer, batch.rows, kwargs)
+        if self.overlap:  # on a thread of its own, which does not inherit a torch thread count
+            threads = self.train_threads
+
+            def train():
+                import torch
+
+                torch.set_num_threads(threads)
+                return train_rows(self.trainer, batch.rows, kwargs)
+
+            return await asyncio.get_running_loop().run_in_executor(None, train)
         return train_rows(self.trainer, batch.rows, kwargs)
 
     async def publish(self, version: int) -> None:

@@ -1,0 +1,131 @@
+"""The torch engine's batch: requests, the rows they become, and the running batch's cache."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rlonce.engine import kvcache
+from rlonce.engine.base import Generation, SamplingParams, Watch
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    watch: Watch | None = None
+    t_arrive: float = field(default_factory=time.monotonic)
+
+    @property
+    def gone(self) -> bool:
+        return self.loop.is_closed() or self.future.cancelled()
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts as one right-aligned batch: token ids, attention mask and positions, each (B, L)."""
+    lens = [len(p) for p in prompts]
+    B, L = len(prompts), max(lens)
+    ids_BL = torch.full((B, L), pad, dtype=torch.long)
+    attn_BL = torch.zeros((B, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids_BL[i, L - lens[i]:] = torch.tensor(p)
+        attn_BL[i, L - lens[i]:] = 1
+    return ids_BL, attn_BL, (attn_BL.cumsum(-1) - 1).clamp(min=0)
+
+
+class Row:
+    """One request in the batch: its sampling settings and what it has sampled so far."""
+
+    def __init__(self, req: Request, reused: int):
+        s = req.sampling
+        self.req, self.reused = req, reused
+        self.temp, self.top_k, self.top_p, self.max_new = s.temperature, s.top_k, s.top_p, s.max_tokens
+        self.run_limit, self.run_thr, self.runs = s.stop_confident_run, math.log(s.confident_p), 0
+        self.gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else None
+        self.tokens: list[int] = []
+        self.logps: list[float] = []
+        self.sizes: list[int] | None = [] if s.records_candidates else None
+        self.reason: str | None = None
+        self.t0, self.prefill_s, self.batch_size = time.perf_counter(), 0.0, 0
+
+    def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> bool:
+        """Append the token (and its candidate-set size, where top-k/top-p is on) and decide whether
+        the row is done: end of sequence, a confident run that reached its limit ('repetition'),
+        the token budget, or the engine paused ('abort')."""
+        self.tokens.append(token)
+        self.logps.append(logp)
+        if self.sizes is not None:
+            self.sizes.append(size)
+        self.runs = self.runs + 1 if logp > self.run_thr else 0
+        stop_here = self.req.watch is not None and self.req.watch(token)  # it sees every token, once
+        if eos:
+            self.reason = "stop"
+        elif stop_here:
+            self.reason = "stop_sequence"
+        elif self.run_limit and self.runs >= self.run_limit:
+            self.reason = "repetition"
+        elif len(self.tokens) >= self.max_new:
+            self.reason = "length"
+        elif paused.is_set():
+            self.reason = "abort"
+        return self.reason is not None
+
+    def generation(self, version: int) -> Generation:
+        return Generation(self.tokens, self.logps, [version] * len(self.tokens), self.reason or "length",
+                          metrics={"wave_size": self.batch_size, "wave_seconds": time.perf_counter() - self.t0,
+                                   "prefill_seconds": self.prefill_s, "prompt_tokens": len(self.req.prompt_ids),
+                                   "cached_prompt_tokens": self.reused},
+                          candidates=self.sizes)
+
+
+@dataclass
+class Part:
+    """Rows just prefilled (or a running batch): cache, mask, last positions, next-token logits."""
+
+    kv: kvcache.KV
+    attn_BL: torch.Tensor
+    pos_R: torch.Tensor
+    logits_BV: torch.Tensor
+    rows: list[Row]
+
+
+class Batch:
+    """The running batch: one cache, its rows left-padded; finished rows ride on pad tokens until
+    compaction drops them."""
+
+    def __init__(self, parts: list[Part]):
+        self.cache, self.attn_BL = kvcache.merge([(p.kv, p.attn_BL) for p in parts])
+        self.pos_R = torch.cat([p.pos_R for p in parts])
+        self.logits_BV = torch.cat([p.logits_BV for p in parts])
+        self.rows = [row for p in parts for row in p.rows]
+        for row in self.rows:
+            row.batch_size = max(row.batch_size, len(self.rows))
+
+    def part(self) -> Part:
+        return Part(self.kv(), self.attn_BL, self.pos_R, self.logits_BV, self.rows)
+
+    def kv(self) -> kvcache.KV:
+        return kvcache.kv_of(self.cache)
+
+    @property
+    def live(self) -> int:
+        return sum(row.reason is None for row in self.rows)
+
+    def compact(self, fraction: float) -> None:
+        """Drop the finished rows once they are ``fraction`` of the batch."""
+        keep = [r for r, row in enumerate(self.rows) if row.reason is None]
+        if len(self.rows) - len(keep) < max(1, fraction * len(self.rows)):
+            return
+        kv, self.attn_BL = kvcache.take(self.kv(), self.attn_BL, keep)
+        self.cache = kvcache.new_cache(kv)
+        self.pos_R = self.pos_R[torch.tensor(keep)]
+        self.rows = [self.rows[r] for r in keep]
+
+
