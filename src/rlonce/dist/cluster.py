@@ -15,6 +15,7 @@ from rlonce.dist.common import awaitable, first_line, ray_module
 from rlonce.dist.engines import EngineActor, RemoteEngine
 from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
 from rlonce.dist.trainers import TrainerActor
+from rlonce.model.precision import wants_autocast
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
 from rlonce.rollout.orchestrator import Judge, StepResult
@@ -98,7 +99,7 @@ class RayCluster:
         self.trainers = [trainer_cls.options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus, max_concurrency=2,
                                              name=trainer_name if r == 0 else f"{trainer_name}-{r}").remote(
             str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature, threads, state_refs,
-            version, rc.call_timeout_s) for r in range(n)]
+            version, rc.call_timeout_s, wants_autocast(m.autocast)) for r in range(n)]
         self.trainer = self.trainers[0]
         self._wait(self.trainers, "trainer")
         address = self._get([self.trainer.rendezvous.remote()], "the trainer rendezvous")[0] if n > 1 else None

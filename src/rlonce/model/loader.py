@@ -220,22 +220,25 @@ def fp32_lm_head(model) -> None:
     so state dicts, weight tying and checkpoints are untouched."""
     import types
 
+    import torch
     import torch.nn.functional as F
 
     head = model.get_output_embeddings()
 
     def forward(self, h):
         bias = self.bias.float() if getattr(self, "bias", None) is not None else None
-        return F.linear(h.float(), self.weight.float(), bias)
+        with torch.autocast("cpu", enabled=False):  # float32 under bfloat16 autocast too
+            return F.linear(h.float(), self.weight.float(), bias)
 
     head.forward = types.MethodType(forward, head)
 
 
 def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "float32",
-         lm_head_fp32: bool = True, weights: bool = True) -> LoadedModel:
+         lm_head_fp32: bool = True, weights: bool = True, autocast: bool = False) -> LoadedModel:
     """Load model and tokenizer from a local folder, with a one-line error if it does not load.
     ``dtype`` 'bfloat16' keeps weights and activations in bfloat16, the LM head in float32
-    unless ``lm_head_fp32`` is off. ``weights=False`` loads the tokenizer only (``model`` is
+    unless ``lm_head_fp32`` is off; ``autocast`` runs forward passes under bfloat16 autocast
+    (``rlonce.model.precision``), the head in float32 likewise. ``weights=False`` loads the tokenizer only (``model`` is
     None): what a harness process needs."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -261,8 +264,10 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
         raise ModelLoadError(f"could not load the model in {path}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    if model is not None and lm_head_fp32 and dtype != "float32":
+    if model is not None and lm_head_fp32 and (dtype != "float32" or autocast):
         fp32_lm_head(model)
+    if model is not None and autocast:
+        model.rlonce_autocast = True
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer in {path} has no chat template; rlonce renders dialogues with it — use "
                              "an instruct/chat model folder or add chat_template.jinja to it")

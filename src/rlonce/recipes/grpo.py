@@ -33,6 +33,7 @@ from rlonce.core import faults
 from rlonce.dist.backends import build_backend, check_backend
 from rlonce.model import loader
 from rlonce.model.chat import get_format
+from rlonce.model.precision import wants_autocast
 from rlonce.recipes import provenance
 from rlonce.recipes.evaluate import heldout_success, outside_success
 from rlonce.recipes.rl import rl_phase
@@ -103,7 +104,7 @@ class Job:
         backend and its engine start later, from the weights SFT leaves (``ensure_engine``)."""
         cfg = self.cfg
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
-                              lm_head_fp32=cfg.model.lm_head_fp32)
+                              lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast))
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         check_backend(cfg, model_dir)

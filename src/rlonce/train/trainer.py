@@ -19,6 +19,7 @@ import torch.distributed as dist
 from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits, token_logprobs_over
+from rlonce.model.precision import autocast
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
 from rlonce.train.row_terms import correct_rows, correction_metrics, frozen_copy, pad_like, same_version
@@ -56,8 +57,7 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
     ids = torch.zeros((B, T + 1), dtype=torch.long)
     attn = torch.zeros((B, T + 1), dtype=torch.long)
     mask = torch.zeros((B, T))
-    old = torch.zeros((B, T))
-    adv = torch.zeros((B, T))
+    old, adv = torch.zeros((B, T)), torch.zeros((B, T))
     cand = torch.zeros((B, T), dtype=torch.long) if any(r.candidates for r in rows) else None
     for b, r in enumerate(rows):
         n = len(r)
@@ -87,14 +87,14 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     decoder but not the vocabulary-wide head (a quarter of a 135M model's FLOPs, and most of its
     memory traffic).
 
-    The forward runs on the model's device; the B×T results come back on the CPU, where the
-    objective is computed (they are small: no vocabulary axis), and gradients flow back through
-    the copy. On a CPU model nothing moves.
+    The forward runs on the model's device (under ``model.autocast``); the B×T results come back
+    on the CPU, where the objective is computed, and gradients flow back through the copy.
     """
     dev = _device(model)
-    lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temperature, with_entropy,
-                                    None if mask_BT is None else mask_BT.to(dev),
-                                    None if cand_BT is None else cand_BT.to(dev))
+    with autocast(model):  # bfloat16 products where ``model.autocast`` asks; the head stays float32
+        lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temperature, with_entropy,
+                                        None if mask_BT is None else mask_BT.to(dev),
+                                        None if cand_BT is None else cand_BT.to(dev))
     return lp_BT.cpu(), None if ent_BT is None else ent_BT.cpu()
 
 
