@@ -51,7 +51,7 @@ KILLS = [
     ("eval.sequence:2", "the evaluation after step 2"),
     ("summary", "the final checkpoint written, the summary not"),
 ]
-TIME_KEYS = ("seconds", "wall", "per_s", "rollouts_bytes")
+TIME_KEYS = ("seconds", "wall", "per_s", "rollouts_bytes", "peak_rss")
 
 
 def rlonce(*args, faults: str = "", timeout: float = 900) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import resource
 import time
 from collections import Counter
 
@@ -76,6 +77,7 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     if job.grading is not None:
         rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),
                                             float(sum(len(r.token_ids) for r in res.rows))))
+    rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's, so far
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())
     faults.point("record.ledger")
