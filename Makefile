@@ -114,7 +114,7 @@ bench-ray: system-deps venv-dev
 	$(PY) benchmarks/ray_scaling/run.py --out runs/bench/ray_scaling
 
 bench-trl: system-deps $(VENV)/.installed-bench
-	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl --with-filtering
+	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl --with-filtering --fast
 
 pack: system-deps venv
 	$(PY) -m rlonce.cli tasks build code --out runs/packs/code --per-package 32

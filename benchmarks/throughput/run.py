@@ -1,16 +1,24 @@
-"""Throughput of the torch engine and the trainer, each next to the raw model measured in the same run.
+"""Throughput of the torch engine and the trainer, each next to its baseline measured in the same run.
 
-    python benchmarks/throughput/run.py --out DIR
+    python benchmarks/throughput/run.py --out DIR [--model embedded|smollm2] [--code-pack DIR]
 
 * decode: ``TorchEngine.generate`` with 1 and 16 concurrent sessions vs a bare
   ``model(...)`` + ``DynamicCache`` greedy loop at the same batch size (the floor any engine
   built on this model pays);
+* prefix reuse: multi-turn agent sessions (``sessions.py``: the scripted expert's toolfind
+  sessions — and code-repair ones with ``--code-pack`` — replayed with the engine's own replies),
+  all at once, with the engine keeping finished turns' caches vs prefilling every prompt whole;
+  prompt tokens run per turn, and generated tokens/s;
+* continuous batching: the same sessions staggered, a tool call of 30–90 ms between turns, with
+  requests joining the running batch vs waiting for its wave to end: tokens/s and p50/p95 turn
+  latency;
 * train: ``Trainer.rl_step`` (PPO-clip, token-mean) vs a bare forward + backward + AdamW step
   on the same padded batch.
 
 Each pair runs interleaved, ``--repeats`` times, and the table reports medians and the ratio
-(engine / raw, trainer / raw): this machine is shared and noisy, so only side-by-side ratios
-mean anything. Writes ``results.json``, ``results.md`` and ``throughput.png``.
+(rlonce / baseline): this machine is shared and noisy, so only side-by-side ratios mean
+anything. The process's peak resident memory is reported too. Writes ``results.json``,
+``results.md`` and ``throughput.png``.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -96,12 +105,39 @@ def trainer_train(trainer, rows) -> float:
     return sum(len(r) for r in rows) / (time.perf_counter() - t0)
 
 
+def _pair(results: dict, key: str, what: str, base_name: str, runs: list[tuple[dict, dict]], metric: str,
+          extra: tuple[str, ...] = ()) -> None:
+    """Medians of a side-by-side measurement (baseline, rlonce) over its repeats."""
+    med = {side: {k: statistics.median(r[i][k] for r in runs) for k in (metric, *extra)} for i, side in
+           enumerate(("base", "rlonce"))}
+    results[key] = {"what": what, "baseline": base_name, "raw": med["base"][metric], "rlonce": med["rlonce"][metric],
+                    "detail": {**med, "last": runs[-1]}}
+
+
+def sessions_pair(results, key, what, base_name, make, shapes, repeats, **replay_kw) -> None:
+    """Replay ``shapes`` on a baseline engine and an rlonce one (``make(False)``, ``make(True)``), interleaved."""
+    from sessions import replay
+
+    runs = []
+    for _ in range(repeats):
+        pair = []
+        for on in (False, True):
+            engine = make(on)
+            pair.append(asyncio.run(replay(engine, shapes, **replay_kw)))
+            engine.close()
+        runs.append(tuple(pair))
+    _pair(results, key, what, base_name, runs, "tokens_per_s", ("turn_p50_s", "turn_p95_s"))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description="engine and trainer throughput vs the raw model")
+    ap = argparse.ArgumentParser(description="engine and trainer throughput vs their baselines")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="embedded", help="embedded (default) or smollm2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=120)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
+    ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
     args = ap.parse_args()
@@ -109,30 +145,52 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     import copy
+    import resource
     import tempfile
 
     import torch
 
     from rlonce.engine.torch_engine import TorchEngine
-    from rlonce.model.loader import load, materialize_embedded
+    from rlonce.model.loader import load, resolve
     from rlonce.train.trainer import OptimSettings, Trainer
 
-    lm = load(materialize_embedded(Path(tempfile.mkdtemp()) / "embedded"))
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sessions import record_shapes
+
+    lm = load(resolve(args.model, tempfile.mkdtemp()))
     raw_model = copy.deepcopy(lm.model).eval()
-    engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=64,
-                         batch_wait_s=0.002)
+    pad = lm.tokenizer.pad_token_id or 0
+
+    def engine(**kw):
+        return TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=pad, max_batch_size=64,
+                           batch_wait_s=0.002, **kw)
+
     results: dict[str, dict] = {}
     torch.set_num_threads(1)
+    eng = engine()
     for batch in (1, 16):
-        raw, eng = [], []
+        runs = []
         raw_decode(raw_model, args.prompt_len, batch, 8)  # warm-up
-        engine_decode(engine, args.prompt_len, batch, 8)
+        engine_decode(eng, args.prompt_len, batch, 8)
         for _ in range(args.repeats):
-            raw.append(raw_decode(raw_model, args.prompt_len, batch, args.new_tokens))
-            eng.append(engine_decode(engine, args.prompt_len, batch, args.new_tokens))
-        results[f"decode_{batch}"] = {"what": f"decode, {batch} concurrent session(s), tokens/s", "threads": 1,
-                                      "raw": statistics.median(raw), "rlonce": statistics.median(eng)}
-    engine.close()
+            runs.append(({"tps": raw_decode(raw_model, args.prompt_len, batch, args.new_tokens)},
+                         {"tps": engine_decode(eng, args.prompt_len, batch, args.new_tokens)}))
+        _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
+    eng.close()
+
+    workloads = {"toolfind": record_shapes("toolfind", args.model, args.sessions, tempfile.mkdtemp())}
+    if args.code_pack:
+        workloads["code"] = record_shapes("code", args.model, args.sessions, tempfile.mkdtemp(), (
+            f"task.pack={args.code_pack}", "harness.max_context=1024", "harness.max_turns=8",
+            "harness.max_tokens_per_turn=256"))
+    for name, shapes in workloads.items():
+        turns = max(len(s.replies) for s in shapes)
+        sessions_pair(results, f"reuse_{name}", f"{name}: {len(shapes)} sessions of up to {turns} turns, tokens/s",
+                      "no prefix reuse", lambda on: engine(prefix_cache_mb=1024 if on else 0), shapes, args.repeats)
+    shapes = workloads["toolfind"]
+    sessions_pair(results, "continuous", f"toolfind, {len(shapes)} sessions staggered 20 ms, tool calls 30-90 ms, "
+                  "tokens/s", "waves", lambda on: engine(continuous=on), shapes, args.repeats,
+                  tool_s=0.06, stagger_s=0.02)
 
     torch.set_num_threads(2)
     rows = _rows(args.train_rows, args.train_len)
@@ -141,25 +199,40 @@ def main() -> None:
     trainer = Trainer(model_b, OptimSettings(lr=1e-5), micro_batch_tokens=1 << 20)
     raw_train(model_a, opt, rows)
     trainer_train(trainer, rows)
-    raw, tr = [], []
-    for _ in range(args.repeats):
-        raw.append(raw_train(model_a, opt, rows))
-        tr.append(trainer_train(trainer, rows))
-    results["train"] = {"what": f"train step, {args.train_rows}x{args.train_len} tokens, tokens/s", "threads": 2,
-                        "raw": statistics.median(raw), "rlonce": statistics.median(tr)}
+    runs = [({"tps": raw_train(model_a, opt, rows)}, {"tps": trainer_train(trainer, rows)})
+            for _ in range(args.repeats)]
+    _pair(results, "train", f"train step, {args.train_rows}x{args.train_len} tokens, tokens/s", "raw model", runs,
+          "tps")
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    (out / "results.json").write_text(json.dumps({"model": args.model, "peak_rss_mb": peak_mb, **results},
+                                                 indent=2) + "\n")
     from rlonce.telemetry.bench import paired_bars, write_table
 
-    table = write_table(out / "results.md", ["measurement", "torch threads", "raw model", "rlonce", "rlonce / raw"],
-                        [[r["what"], str(r["threads"]), f"{r['raw']:.0f}", f"{r['rlonce']:.0f}", f"{r['ratio']:.2f}"]
+    header = ["measurement", "baseline", "baseline value", "rlonce", "rlonce / baseline"]
+    table = write_table(out / "results.md", header,
+                        [[r["what"], r["baseline"], f"{r['raw']:.0f}", f"{r['rlonce']:.0f}", f"{r['ratio']:.2f}"]
                          for r in results.values()])
-    print(table)
+    extra = [f"- {k}: prompt tokens run per turn {_turns(r['detail']['last'][0])} without reuse, "
+             f"{_turns(r['detail']['last'][1])} with" for k, r in results.items() if k.startswith("reuse_")]
+    c = results["continuous"]["detail"]
+    on, off = c["rlonce"], c["base"]
+    extra.append(f"- continuous vs waves: turn latency p50 {on['turn_p50_s']:.3f} s vs {off['turn_p50_s']:.3f} s, "
+                 f"p95 {on['turn_p95_s']:.3f} s vs {off['turn_p95_s']:.3f} s")
+    extra.append(f"- model {args.model}; peak resident memory of this process {peak_mb:.0f} MiB")
+    with open(out / "results.md", "a") as f:
+        f.write("\n" + "\n".join(extra) + "\n")
+    print(table + "\n" + "\n".join(extra))
     names = list(results)
-    paired_bars(out / "throughput.png", names, {"raw model": [results[n]["raw"] for n in names],
+    paired_bars(out / "throughput.png", names, {"baseline": [results[n]["raw"] for n in names],
                                                 "rlonce": [results[n]["rlonce"] for n in names]},
-                ylabel="tokens / s", title="Embedded model throughput (median of repeats)")
+                ylabel="tokens / s", title=f"{args.model}: throughput (median of repeats)")
+
+
+def _turns(r: dict) -> str:
+    return "/".join(f"{v:.0f}" for v in r["prefill_per_turn"].values())
+
 
 if __name__ == "__main__":
     main()

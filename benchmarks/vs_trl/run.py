@@ -114,7 +114,7 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
     return {"steps": steps, "heldout": heldout}
 
 
-def run_trl_side(a, cfg, model_dir: Path, evaluate, work: Path) -> dict:
+def run_trl_side(a, cfg, model_dir: Path, evaluate, work: Path, bf16: bool = False) -> dict:
     from benchmarks.vs_trl.trl_side import run_trl
     from rlonce.envs.domains import domain_for
     from rlonce.envs.reasoning import verify
@@ -131,7 +131,7 @@ def run_trl_side(a, cfg, model_dir: Path, evaluate, work: Path) -> dict:
     return run_trl(str(model_dir), prompts, reward_fn, group_size=a.group_size, prompts_per_step=a.prompts,
                    max_new_tokens=a.max_new_tokens, lr=a.lr, steps=a.steps, seed=a.seed, temperature=a.temperature,
                    eval_fn=lambda model, step: evaluate(model), eval_every=a.eval_every, threads=a.threads,
-                   work_dir=str(work), progress=not a.quiet)
+                   work_dir=str(work), progress=not a.quiet, bf16=bf16)
 
 
 def summarize(r: dict) -> dict:
@@ -141,7 +141,25 @@ def summarize(r: dict) -> dict:
             "update_seconds": mean("update_seconds"), "first_step_seconds": r["steps"][0]["step_seconds"],
             "generated_tokens_per_s": (sum(s["generated_tokens"] for s in later)
                                        / sum(s["rollout_seconds"] for s in later)),
-            "rewards": [s["reward_mean"] for s in r["steps"]], "heldout": r["heldout"]}
+            "rewards": [s["reward_mean"] for s in r["steps"]], "heldout": r["heldout"],
+            "elapsed": _elapsed(r["steps"])}
+
+
+def _elapsed(steps: list[dict]) -> dict[str, float]:
+    """Training seconds spent by the end of each step (evaluations excluded), keyed as ``heldout``."""
+    out, t = {"0": 0.0}, 0.0
+    for s in steps:
+        t += s["step_seconds"]
+        out[str(s["step"])] = t
+    return out
+
+
+def time_to(x: dict, target: float) -> float | None:
+    """Training seconds until ``x``'s held-out accuracy first reached ``target`` (None: never)."""
+    for step, acc in sorted(x["heldout"].items(), key=lambda kv: int(kv[0])):
+        if acc >= target:
+            return x["elapsed"][step]
+    return None
 
 
 def main() -> None:
@@ -161,6 +179,9 @@ def main() -> None:
     ap.add_argument("--with-filtering", action="store_true",
                     help="also run rlonce with its default dynamic filtering on (skips the update on groups whose "
                          "rewards are all equal; not equal work, reported separately)")
+    ap.add_argument("--fast", action="store_true",
+                    help="also run each side in its fastest CPU configuration: rlonce with bfloat16 autocast and "
+                         "one rollout thread (its defaults otherwise), TRL with bf16 mixed precision")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
     out = Path(a.out)
@@ -185,6 +206,15 @@ def main() -> None:
             print(f"[vs_trl] {model}: rlonce with dynamic filtering", flush=True)
             filtered = summarize(run_rlonce(a, make_config(a, model, out / model / "rlonce-filter",
                                                            ("algo.filter_no_contrast=true",)), evaluator))
+        fast = None
+        if a.fast:
+            print(f"[vs_trl] {model}: rlonce fastest (bfloat16 autocast, 1 rollout thread)", flush=True)
+            fast_o = summarize(run_rlonce(a, make_config(a, model, out / model / "rlonce-fast",
+                                                         ("model.autocast=bfloat16", "runtime.rollout_threads=1")),
+                                          evaluator))
+            print(f"[vs_trl] {model}: TRL fastest (bf16)", flush=True)
+            fast_t = summarize(run_trl_side(a, cfg, model_dir, evaluator, out / model / "trl-fast", bf16=True))
+            fast = {"rlonce": fast_o, "trl": fast_t, "speedup": fast_t["step_seconds"] / fast_o["step_seconds"]}
         evaluator.close()
         o, t = summarize(ours), summarize(theirs)
         results["models"][model] = {
@@ -198,6 +228,13 @@ def main() -> None:
             "trl_version": theirs.get("trl_version"), "trl_settings": theirs.get("settings"),
             "wall_seconds": {"rlonce": t1 - t0, "trl": t2 - t1},
         }
+        target = list(t["heldout"].values())[-1]
+        results["models"][model]["time_to_trl_final"] = {
+            "target": target, "rlonce": time_to(o, target), "trl": time_to(t, target),
+            **({"rlonce_fastest": time_to(fast["rlonce"], target), "trl_fastest": time_to(fast["trl"], target)}
+               if fast else {})}
+        if fast is not None:
+            results["models"][model]["fastest"] = fast
         if filtered is not None:
             results["models"][model]["rlonce_filtering"] = filtered
             results["models"][model]["speedup_with_filtering"] = t["step_seconds"] / filtered["step_seconds"]
@@ -224,6 +261,26 @@ def write_table(results: dict, out: Path) -> None:
                          f"{x['update_seconds']:.2f} | {x['first_step_seconds']:.2f} | "
                          f"{x['generated_tokens_per_s']:.0f} | "
                          f"{x['rewards'][0]:.3f}→{x['rewards'][-1]:.3f} | {h[0]:.3f}→{h[-1]:.3f} | {sp} |")
+    fastest = {m: r["fastest"] for m, r in results["models"].items() if "fastest" in r}
+    if fastest:
+        lines += ["", "Each side in its fastest CPU configuration (rlonce: bfloat16 autocast, 1 rollout thread; "
+                  "TRL: bf16):", "", "| model | side | s/step | rollout s | update s | held-out (0→end) | "
+                  "speedup (TRL s / rlonce s) |", "|---|---|---|---|---|---|---|"]
+        for model, f in fastest.items():
+            for side in ("rlonce", "trl"):
+                x, h = f[side], list(f[side]["heldout"].values())
+                sp = f"{f['speedup']:.2f}×" if side == "rlonce" else ""
+                lines.append(f"| {model} | {side} | {x['step_seconds']:.2f} | {x['rollout_seconds']:.2f} | "
+                             f"{x['update_seconds']:.2f} | {h[0]:.3f}→{h[-1]:.3f} | {sp} |")
+    lines += ["", "Training seconds (evaluations excluded) until the held-out accuracy first reached TRL's final "
+              "fp32 one:", "", "| model | TRL's final | rlonce | TRL | rlonce fastest | TRL fastest |",
+              "|---|---|---|---|---|---|"]
+    for model, r in results["models"].items():
+        tt = r["time_to_trl_final"]
+        cell = lambda v: "not reached" if v is None else f"{v:.0f} s"  # noqa: E731
+        lines.append(f"| {model} | {tt['target']:.3f} | {cell(tt['rlonce'])} | {cell(tt['trl'])} | "
+                     f"{cell(tt['rlonce_fastest']) if 'rlonce_fastest' in tt else '-'} | "
+                     f"{cell(tt['trl_fastest']) if 'trl_fastest' in tt else '-'} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

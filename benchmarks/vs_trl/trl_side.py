@@ -209,7 +209,7 @@ def run_trl(model_dir: str, prompts: list[list[dict]], reward_fn: Callable[[str,
             prompts_per_step: int, max_new_tokens: int, lr: float, steps: int, seed: int, temperature: float = 1.0,
             clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float | None = 3.0,
             eval_fn: Callable | None = None, eval_every: int = 0, threads: int = 2, work_dir: str,
-            progress: bool = True) -> dict:
+            progress: bool = True, bf16: bool = False) -> dict:
     """Train ``model_dir`` with ``GRPOTrainer`` for ``steps`` optimizer steps; return per-step timings.
 
     ``prompts[i]`` (a list of ``{"role", "content"}`` messages) is task ``i``; step ``s`` (from 0)
@@ -217,7 +217,8 @@ def run_trl(model_dir: str, prompts: list[list[dict]], reward_fn: Callable[[str,
     scores one completion. ``clip_c`` is rlonce's dual-clip bound (``objective.clip_c``, default
     3.0; None turns it off). With ``eval_fn`` and ``eval_every > 0``, ``eval_fn(model, step)`` is
     called before training (step 0), after every ``eval_every`` optimizer steps and after the
-    last one; the floats it returns are ``heldout``, keyed by step as a string. ``threads`` is
+    last one; the floats it returns are ``heldout``, keyed by step as a string. ``bf16`` turns on
+    the Trainer's bfloat16 mixed precision (CPU autocast), TRL's fastest CPU setting. ``threads`` is
     torch's intra-op thread count for the run (restored afterwards): keep it at or below the idle
     cores, as oversubscribed OpenMP threads spin and can slow a step down by orders of magnitude.
     """
@@ -232,6 +233,7 @@ def run_trl(model_dir: str, prompts: list[list[dict]], reward_fn: Callable[[str,
     settings = trl_settings(work_dir=work_dir, group_size=group_size, prompts_per_step=prompts_per_step,
                             max_new_tokens=max_new_tokens, lr=lr, steps=steps, seed=seed, temperature=temperature,
                             clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
+    settings["bf16"] = bf16
     eval_at = set()
     if eval_fn is not None and eval_every > 0:
         eval_at = {*range(eval_every, steps + 1, eval_every), steps}
