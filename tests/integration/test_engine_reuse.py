@@ -144,3 +144,30 @@ def test_joined_rows_with_kept_prefixes_and_compaction_keep_the_trainers_logprob
             assert torch.allclose(_recomputed(lm, prompt, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
     finally:
         eng.close()
+
+
+def test_turns_with_kept_prefixes_of_different_lengths_are_prefilled_together(lm):
+    """Two sessions' next turns arrive at once: one forward runs both on their new tokens after
+    their kept caches (a masked hole between the shorter cache and its new tokens); the cache kept
+    from that batch — holes left out — serves a third turn, and every log-prob is the trainer's."""
+    from conftest import gen_many
+
+    eng = _engine(lm)
+    try:
+        firsts = [[1, 50, 60], [1, 80, 81, 82, 83, 84, 85, 86, 87]]
+        g1 = gen_many(eng, firsts, [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate((3, 9))])
+        seconds = [p + g.token_ids + OBS for p, g in zip(firsts, g1)]
+        prefills = eng.stats["prefill_tokens"]
+        g2 = gen_many(eng, seconds, [SamplingParams(max_tokens=5, seed=10 + i) for i in range(2)])
+        assert [g.metrics["cached_prompt_tokens"] for g in g2] == [len(p) + len(g.token_ids) - 1
+                                                                   for p, g in zip(firsts, g1)]
+        assert eng.stats["prefill_tokens"] - prefills == 2 * (1 + len(OBS)) and eng.stats["waves"] == 2
+        thirds = [p + g.token_ids + OBS for p, g in zip(seconds, g2)]
+        g3 = gen_many(eng, thirds, [SamplingParams(max_tokens=5, seed=20 + i) for i in range(2)])
+        assert [g.metrics["cached_prompt_tokens"] for g in g3] == [len(p) + len(g.token_ids) - 1
+                                                                   for p, g in zip(seconds, g2)]
+        for prompts, gens in ((seconds, g2), (thirds, g3)):
+            for p, g in zip(prompts, gens):
+                assert torch.allclose(_recomputed(lm, p, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
+    finally:
+        eng.close()

@@ -33,8 +33,11 @@ def test_merge_left_pads_and_take_drops_unused_columns():
     assert kv[0][0][0, 0, :, 0].tolist() == [0, 0, 100, 101] and kv[1][1].shape == (3, 1, 4, 2)
     kv2, attn2 = kvcache.take(kv, attn, [0])
     assert attn2.tolist() == [[1, 1]] and kv2[0][0][0, 0, :, 0].tolist() == [100, 101]
-    tail = kvcache.row_tail(kv, 2, 3)
+    attn[2, 0] = 0
+    tail = kvcache.row_of(kv, attn, 2)
     assert tail[0][0][0, 0, :, 0].tolist() == [1, 2, 3] and tail[0][0].is_contiguous()
+    attn[2, 2] = 0  # a masked hole: the kept cache, then new tokens
+    assert kvcache.row_of(kv, attn, 2)[1][1][0, 0, :, 0].tolist() == [-1, -3]
 
 
 def test_prefix_store_longest_match_partial_reuse_and_redundant_prefixes():

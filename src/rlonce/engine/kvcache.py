@@ -4,8 +4,9 @@ A batch cache is a ``transformers`` ``DynamicCache`` whose layers are ``GrowLaye
 keys and values are views of a buffer with room to grow, so appending a decoded token writes one
 column in place instead of copying the whole cache (``DynamicLayer`` concatenates at every step).
 Rows are left-padded: each row's tokens are the last columns of its row, the columns before them
-masked out. ``merge`` joins caches of different lengths into one batch (continuous batching) and
-``take`` keeps some rows and drops the columns no kept row uses.
+masked out (a row prefilled after a kept cache also has a masked hole between the two). ``merge``
+joins caches of different lengths into one batch (continuous batching) and ``take`` keeps some
+rows and drops the columns no kept row uses.
 
 ``PrefixStore`` keeps the cache of finished sequences — prompt and reply, the tokens the model has
 seen — under a memory budget, least recently used first out. A new prompt that starts with a
@@ -115,10 +116,13 @@ def take(kv: KV, attn: torch.Tensor, rows: list[int]) -> tuple[KV, torch.Tensor]
     return [(k[sel, :, first:], v[sel, :, first:]) for k, v in kv], attn[:, first:]
 
 
-def row_tail(kv: KV, row: int, n: int) -> KV:
-    """Row ``row``'s last ``n`` columns, copied out of the batch."""
-    return [(k[row:row + 1, :, k.shape[-2] - n:].clone(), v[row:row + 1, :, v.shape[-2] - n:].clone())
-            for k, v in kv]
+def row_of(kv: KV, attn: torch.Tensor, row: int) -> KV:
+    """Row ``row``'s columns that hold its tokens (where ``attn`` is 1), copied out of the batch."""
+    cols = attn[row].nonzero()[:, 0]
+    if len(cols) and int(cols[-1]) - int(cols[0]) + 1 == len(cols):  # one run of columns: a plain slice
+        a, b = int(cols[0]), int(cols[-1]) + 1
+        return [(k[row:row + 1, :, a:b].clone(), v[row:row + 1, :, a:b].clone()) for k, v in kv]
+    return [(k[row:row + 1, :, cols], v[row:row + 1, :, cols]) for k, v in kv]
 
 
 def nbytes(kv: KV) -> int:

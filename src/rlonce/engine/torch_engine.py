@@ -243,8 +243,8 @@ class TorchEngine:
         return Batch(parts)
 
     def _prefill(self, reqs: list[Request], lane: str) -> list[Part]:
-        """Run the model on each request's prompt: those with a kept prefix each on their own
-        from it, the rest together, left-padded."""
+        """Run the model on the requests' prompts: those without a kept prefix together,
+        left-padded; those with one together too, on their new tokens after their kept caches."""
         t0 = time.perf_counter()
         reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None)
                  for r in reqs]
@@ -253,12 +253,13 @@ class TorchEngine:
         if cold:
             ids_BL, attn_BL, pos_BL = left_pad([r.prompt_ids for r in cold], self.pad)
             parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, [0] * len(cold)))
-        for r, (m, kv) in zip(reqs, reuse):
-            if m:
-                n = len(r.prompt_ids)
-                ids = torch.tensor([r.prompt_ids[m:]])
-                parts.append(self._forward_part([r], kvcache.new_cache(kv), ids, torch.ones((1, n), dtype=torch.long),
-                                                torch.arange(m, n)[None], [m]))
+        hits = [(r, m, kv) for r, (m, kv) in zip(reqs, reuse) if m]
+        if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
+            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv in hits])
+            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _ in hits], self.pad)
+            pos_BL = pos_BL + torch.tensor([[m] for _, m, _ in hits])
+            parts.append(self._forward_part([r for r, _, _ in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
+                                            pos_BL, [m for _, m, _ in hits]))
         self._stats["prefill_tokens"] += sum(len(r.prompt_ids) - m for r, (m, _) in zip(reqs, reuse))
         for p in parts:
             for row in p.rows:
@@ -302,9 +303,8 @@ class TorchEngine:
 
     def _finish(self, b: Batch, r: int, row: Row, lane: str) -> None:
         """Answer row ``r`` now, and keep its cache for a later turn that starts with its tokens."""
-        n = len(row.req.prompt_ids) + len(row.tokens) - 1  # the last token was sampled, not yet run
-        if self.prefixes is not None and row.reason != "abort":
-            self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_tail(b.kv(), r, n), lane)
+        if self.prefixes is not None and row.reason != "abort":  # the last token was sampled, not yet run
+            self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_of(b.kv(), b.attn_BL, r), lane)
         self._stats["generated_tokens"] += len(row.tokens)
         _deliver(row.req, _set_result, row.generation(self.version))
 
