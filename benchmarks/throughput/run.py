@@ -9,9 +9,9 @@
   sessions — and code-repair ones with ``--code-pack`` — replayed with the engine's own replies),
   all at once, with the engine keeping finished turns' caches vs prefilling every prompt whole;
   prompt tokens run per turn, and generated tokens/s;
-* continuous batching: the same sessions staggered, a tool call of 30–90 ms between turns, with
-  requests joining the running batch vs waiting for its wave to end: tokens/s and p50/p95 turn
-  latency;
+* continuous batching: the toolfind sessions staggered, a tool call of 30–90 ms between turns,
+  16 of them (the engine partly idle) and ``--sessions`` (saturated), with requests joining the
+  running batch vs waiting for its wave to end: tokens/s and p50/p95 turn latency;
 * train: ``Trainer.rl_step`` (PPO-clip, token-mean) vs a bare forward + backward + AdamW step
   on the same padded batch.
 
@@ -187,10 +187,11 @@ def main() -> None:
         turns = max(len(s.replies) for s in shapes)
         sessions_pair(results, f"reuse_{name}", f"{name}: {len(shapes)} sessions of up to {turns} turns, tokens/s",
                       "no prefix reuse", lambda on: engine(prefix_cache_mb=1024 if on else 0), shapes, args.repeats)
-    shapes = workloads["toolfind"]
-    sessions_pair(results, "continuous", f"toolfind, {len(shapes)} sessions staggered 20 ms, tool calls 30-90 ms, "
-                  "tokens/s", "waves", lambda on: engine(continuous=on), shapes, args.repeats,
-                  tool_s=0.06, stagger_s=0.02)
+    for n in sorted({16, args.sessions}):  # a partly idle engine, and a saturated one
+        shapes = workloads["toolfind"][:n]
+        sessions_pair(results, f"continuous_{n}", f"toolfind, {len(shapes)} sessions staggered 20 ms, tool calls "
+                      "30-90 ms, tokens/s", "waves", lambda on: engine(continuous=on), shapes, args.repeats,
+                      tool_s=0.06, stagger_s=0.02)
 
     torch.set_num_threads(2)
     rows = _rows(args.train_rows, args.train_len)
@@ -216,10 +217,10 @@ def main() -> None:
                          for r in results.values()])
     extra = [f"- {k}: prompt tokens run per turn {_turns(r['detail']['last'][0])} without reuse, "
              f"{_turns(r['detail']['last'][1])} with" for k, r in results.items() if k.startswith("reuse_")]
-    c = results["continuous"]["detail"]
-    on, off = c["rlonce"], c["base"]
-    extra.append(f"- continuous vs waves: turn latency p50 {on['turn_p50_s']:.3f} s vs {off['turn_p50_s']:.3f} s, "
-                 f"p95 {on['turn_p95_s']:.3f} s vs {off['turn_p95_s']:.3f} s")
+    for key in [k for k in results if k.startswith("continuous_")]:
+        on, off = results[key]["detail"]["rlonce"], results[key]["detail"]["base"]
+        extra.append(f"- {key} vs waves: turn latency p50 {on['turn_p50_s']:.3f} s vs {off['turn_p50_s']:.3f} s, "
+                     f"p95 {on['turn_p95_s']:.3f} s vs {off['turn_p95_s']:.3f} s")
     extra.append(f"- model {args.model}; peak resident memory of this process {peak_mb:.0f} MiB")
     with open(out / "results.md", "a") as f:
         f.write("\n" + "\n".join(extra) + "\n")
