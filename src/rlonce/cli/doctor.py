@@ -64,9 +64,13 @@ def check_torch() -> Check:
         return Check("torch", False, "not importable", "make venv")
     import torch
 
+    from rlonce.model.precision import bf16_units
+
     threads = torch.get_num_threads()
+    bf16 = ("bfloat16 units (AVX-512 BF16/AMX): model.autocast = \"auto\" uses them" if bf16_units()
+            else "no bfloat16 units: model.autocast = \"auto\" stays in float32")
     return Check("torch", True, f"{torch.__version__}; {os.cpu_count()} CPUs, torch defaults to {threads} threads "
-                 "(rlonce's engines use one per process)")
+                 f"(rlonce's engines use one per process); {bf16}")
 
 
 def check_sandbox() -> Check:
