@@ -129,6 +129,26 @@ def sessions_pair(results, key, what, base_name, make, shapes, repeats, **replay
     _pair(results, key, what, base_name, runs, "tokens_per_s", ("turn_p50_s", "turn_p95_s"))
 
 
+def train_pair(results: dict, lm, args) -> None:
+    import copy
+
+    import torch
+
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    torch.set_num_threads(2)
+    rows = _rows(args.train_rows, args.train_len)
+    model_a, model_b = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    opt = torch.optim.AdamW(model_a.parameters(), lr=1e-5)
+    trainer = Trainer(model_b, OptimSettings(lr=1e-5), micro_batch_tokens=1 << 20)
+    raw_train(model_a, opt, rows)
+    trainer_train(trainer, rows)
+    runs = [({"tps": raw_train(model_a, opt, rows)}, {"tps": trainer_train(trainer, rows)})
+            for _ in range(args.repeats)]
+    _pair(results, "train", f"train step, {args.train_rows}x{args.train_len} tokens, tokens/s", "raw model", runs,
+          "tps")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="engine and trainer throughput vs their baselines")
     ap.add_argument("--out", required=True)
@@ -138,9 +158,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
+    ap.add_argument("--parts", default="decode,reuse,continuous,train",
+                    help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -152,7 +175,6 @@ def main() -> None:
 
     from rlonce.engine.torch_engine import TorchEngine
     from rlonce.model.loader import load, resolve
-    from rlonce.train.trainer import OptimSettings, Trainer
 
     sys.path.insert(0, str(Path(__file__).parent))
     from sessions import record_shapes
@@ -168,7 +190,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     torch.set_num_threads(1)
     eng = engine()
-    for batch in (1, 16):
+    for batch in (1, 16) if "decode" in parts else ():
         runs = []
         raw_decode(raw_model, args.prompt_len, batch, 8)  # warm-up
         engine_decode(eng, args.prompt_len, batch, 8)
@@ -178,32 +200,24 @@ def main() -> None:
         _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
     eng.close()
 
-    workloads = {"toolfind": record_shapes("toolfind", args.model, args.sessions, tempfile.mkdtemp())}
-    if args.code_pack:
+    workloads = {"toolfind": record_shapes("toolfind", args.model, args.sessions, tempfile.mkdtemp())} \
+        if parts & {"reuse", "continuous"} else {}
+    if args.code_pack and "reuse" in parts:
         workloads["code"] = record_shapes("code", args.model, args.sessions, tempfile.mkdtemp(), (
             f"task.pack={args.code_pack}", "harness.max_context=1024", "harness.max_turns=8",
             "harness.max_tokens_per_turn=256"))
-    for name, shapes in workloads.items():
+    for name, shapes in workloads.items() if "reuse" in parts else ():
         turns = max(len(s.replies) for s in shapes)
         sessions_pair(results, f"reuse_{name}", f"{name}: {len(shapes)} sessions of up to {turns} turns, tokens/s",
                       "no prefix reuse", lambda on: engine(prefix_cache_mb=1024 if on else 0), shapes, args.repeats)
-    for n in sorted({16, args.sessions}):  # a partly idle engine, and a saturated one
+    for n in sorted({16, args.sessions}) if "continuous" in parts else ():  # partly idle, and saturated
         shapes = workloads["toolfind"][:n]
         sessions_pair(results, f"continuous_{n}", f"toolfind, {len(shapes)} sessions staggered 20 ms, tool calls "
                       "30-90 ms, tokens/s", "waves", lambda on: engine(continuous=on), shapes, args.repeats,
                       tool_s=0.06, stagger_s=0.02)
 
-    torch.set_num_threads(2)
-    rows = _rows(args.train_rows, args.train_len)
-    model_a, model_b = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
-    opt = torch.optim.AdamW(model_a.parameters(), lr=1e-5)
-    trainer = Trainer(model_b, OptimSettings(lr=1e-5), micro_batch_tokens=1 << 20)
-    raw_train(model_a, opt, rows)
-    trainer_train(trainer, rows)
-    runs = [({"tps": raw_train(model_a, opt, rows)}, {"tps": trainer_train(trainer, rows)})
-            for _ in range(args.repeats)]
-    _pair(results, "train", f"train step, {args.train_rows}x{args.train_len} tokens, tokens/s", "raw model", runs,
-          "tps")
+    if "train" in parts:
+        train_pair(results, lm, args)
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -100,7 +100,8 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
                 steps.append({"step": s, "rollout_seconds": rec["rollout_seconds"],
                               "update_seconds": rec["train_seconds"], "step_seconds": rec["step_seconds"],
                               "generated_tokens": rec["response_tokens_mean"] * a.prompts * a.group_size,
-                              "reward_mean": rec["reward_mean"]})
+                              "reward_mean": rec["reward_mean"], "peak_rss_mb": rec["peak_rss_mb"],
+                              "mismatch_kl": rec.get("mismatch_kl")})
                 if s % a.eval_every == 0 or s == a.steps:
                     heldout[str(s)] = await evaluate.evaluate(job.lm.model)
                 if not a.quiet:
@@ -142,7 +143,9 @@ def summarize(r: dict) -> dict:
             "generated_tokens_per_s": (sum(s["generated_tokens"] for s in later)
                                        / sum(s["rollout_seconds"] for s in later)),
             "rewards": [s["reward_mean"] for s in r["steps"]], "heldout": r["heldout"],
-            "elapsed": _elapsed(r["steps"])}
+            "elapsed": _elapsed(r["steps"]),
+            "peak_rss_mb": max((s.get("peak_rss_mb") or 0.0 for s in r["steps"]), default=0.0),
+            "mismatch_kl": [s.get("mismatch_kl") for s in r["steps"]]}
 
 
 def _elapsed(steps: list[dict]) -> dict[str, float]:

@@ -108,6 +108,16 @@ class Batch:
         for row in self.rows:
             row.batch_size = max(row.batch_size, len(self.rows))
 
+    def sampling(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Temperature, top-k and top-p of the rows ``live``, as tensors (remade when they change)."""
+        key = [id(self.rows[r]) for r in live]
+        if getattr(self, "_sampling_key", None) != key:
+            rows = [self.rows[r] for r in live]
+            self._sampling_key, self._sampling = key, (torch.tensor([x.temp for x in rows]),
+                                                       torch.tensor([x.top_k for x in rows]),
+                                                       torch.tensor([x.top_p for x in rows]))
+        return self._sampling
+
     def part(self) -> Part:
         return Part(self.kv(), self.attn_BL, self.pos_R, self.logits_BV, self.rows)
 

@@ -278,10 +278,9 @@ class TorchEngine:
         """Sample a token for every live row, answer the rows that ended, run the model one step on
         the new tokens; False once no row is left."""
         live = [r for r, row in enumerate(b.rows) if row.reason is None]
-        idx = torch.tensor(live)
         rows = [b.rows[r] for r in live]
-        logp_AV = process_logits(b.logits_BV[idx], torch.tensor([x.temp for x in rows]),
-                                 torch.tensor([x.top_k for x in rows]), torch.tensor([x.top_p for x in rows]))
+        logits_AV = b.logits_BV if len(live) == len(b.rows) else b.logits_BV[torch.tensor(live)]
+        logp_AV = process_logits(logits_AV, *b.sampling(live))
         tok_A = self._draw(logp_AV, [x.gen for x in rows])
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
         size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
