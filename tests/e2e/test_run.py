@@ -45,6 +45,9 @@ def test_run_directory_is_complete(tiny_run):
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)
+    for r in steps:  # a second turn starts with the first: the engine ran its new tokens only
+        assert r["peak_rss_mb"] > 0 and r["prefill_tokens"] > 0
+        assert r["prefix_reuse_rate"] > 0 if r["turns_mean"] > 1 else r["prefix_reuse_rate"] >= 0
     assert [(r["src/toolfind/target_share"], r["src/arith/target_share"]) for r in steps] == [(0.75, 0.25)] * 2
     evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] == 0 or r.get("final")]
     assert len(evals) == 2
