@@ -103,6 +103,8 @@ CASES = [
      ["cannot listen on 127.0.0.1:{port}: Address already in use", "choose another --port"]),
     ("serve_max_tokens_zero", ["serve", "--model", "embedded", "--max-tokens", "0"], ["--max-tokens: 0", "1..1048576"]),
     ("serve_max_context_zero", ["serve", "--model", "embedded", "--max-context", "0"], ["--max-context: 0"]),
+    ("serve_prefix_cache_negative", ["serve", "--model", "embedded", "--prefix-cache-mb", "-1"],
+     ["--prefix-cache-mb: -1", "[0, 1.04858e+06]"]),
     ("eval_tasks_zero", ["eval", "--model", "embedded", "--tasks", "0"], ["--tasks: 0", "1..1000000"]),
     ("eval_harness_tasks_negative", ["eval", "--model", "embedded", "--harness-tasks", "-3"], ["--harness-tasks: -3"]),
     ("eval_harness_timeout_nan", ["eval", "--model", "embedded", "--harness-timeout", "nan"],

@@ -140,6 +140,10 @@ def _add_serve(sub) -> None:
     sv.add_argument("--max-inflight", type=_int(1, 1_000_000), default=64,
                     help="turns sampled at once; past it a request is answered 429 (Anthropic: 529) with "
                     "retry-after (default 64)")
+    sv.add_argument("--prefix-cache-mb", type=_float(0, 1 << 20, open_low=False), default=1024.0,
+                    help="memory for finished turns' key/value caches, reused when a later prompt starts with one "
+                    "(default 1024; 0 turns reuse off — do that for mutually distrusting clients, whose turn "
+                    "latency could otherwise tell them what another served recently)")
     _quiet(sv)
 
 
