@@ -239,7 +239,7 @@ class _PausesOnce(torch.nn.Module):
 @torch.no_grad()
 def test_a_turn_continued_after_a_pause_keeps_every_tokens_set(lm, lm64):
     from rlonce.gateway.core import Gateway
-    from rlonce.gateway.session import GatewaySettings
+    from rlonce.gateway.session import GatewaySettings, session_metrics
     from rlonce.model.chat import get_format
 
     model = _PausesOnce(copy.deepcopy(lm64))
@@ -253,6 +253,10 @@ def test_a_turn_continued_after_a_pause_keeps_every_tokens_set(lm, lm64):
     finally:
         engine.close()
     assert s.interrupts == 1
+    # both prefills count: the prompt, then the prompt and the tokens sampled before the pause; an
+    # aborted turn's cache is not kept, so the continuation reuses nothing
+    m, n = session_metrics(s), s.prompt_tokens
+    assert 2 * n < m["prompt_tokens"] < 2 * n + 12 and m["cached_prompt_tokens"] == 0
     (row,) = sequence_to_rows(Sequence("t", "a", list(s.contexts)), 1.0)
     (seg,) = [g for g in s.contexts[0].segments if g.role is Role.MODEL]
     assert len(seg.token_ids) == 12 and len(seg.candidates) == 12 and min(seg.candidates) >= 1

@@ -105,13 +105,15 @@ class Batch:
         self.pos_R = torch.cat([p.pos_R for p in parts])
         self.logits_BV = torch.cat([p.logits_BV for p in parts])
         self.rows = [row for p in parts for row in p.rows]
+        self._sampling_key: list[int] | None = None
+        self._sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         for row in self.rows:
             row.batch_size = max(row.batch_size, len(self.rows))
 
     def sampling(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Temperature, top-k and top-p of the rows ``live``, as tensors (remade when they change)."""
         key = [id(self.rows[r]) for r in live]
-        if getattr(self, "_sampling_key", None) != key:
+        if self._sampling_key != key:
             rows = [self.rows[r] for r in live]
             self._sampling_key, self._sampling = key, (torch.tensor([x.temp for x in rows]),
                                                        torch.tensor([x.top_k for x in rows]),

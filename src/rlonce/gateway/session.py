@@ -283,8 +283,12 @@ class Session:
         more = await self.settings.engine.generate(prompt + gen.token_ids, more_s, **(kw or {}))
         sizes = None if gen.candidates is None and more.candidates is None else (
             (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
+        metrics = {**gen.metrics, **more.metrics}
+        for k in ("prompt_tokens", "cached_prompt_tokens"):  # both prefills count
+            if k in gen.metrics or k in more.metrics:
+                metrics[k] = gen.metrics.get(k, 0) + more.metrics.get(k, 0)
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
-                          more.finish_reason, {**gen.metrics, **more.metrics}, sizes)
+                          more.finish_reason, metrics, sizes)
 
     def _commit_prompt_only(self, plan: _Plan) -> None:
         if plan.new_branch:
