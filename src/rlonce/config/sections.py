@@ -64,6 +64,10 @@ class ModelConfig(Section):
     """Forward passes of the engine (torch) and the trainer under bfloat16 autocast: matrix
     products in bfloat16, weights and optimizer state in float32, the head as ``lm_head_fp32``
     says. 'auto': on where the CPU has bfloat16 units (AVX-512 BF16 or AMX)."""
+    packing: bool = True
+    """The trainer's forward passes run each micro-batch's rows as one concatenated sequence
+    (attention within each row only), so no matmul is spent on padding (``rlonce.model.packing``;
+    models on ``sdpa`` attention). Off: right-padded micro-batches."""
 
 
 class RuntimeConfig(Section):

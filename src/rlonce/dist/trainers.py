@@ -17,7 +17,8 @@ class TrainerActor:
     whole batch. Rank 0 publishes the gathered weights."""
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
-                 state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False):
+                 state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
+                 packing: bool = True):
         import torch
 
         from rlonce.model import loader
@@ -25,7 +26,8 @@ class TrainerActor:
         ray = ray_module()
         torch.set_num_threads(threads)
         self.timeout = timeout
-        self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast).model
+        self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast,
+                                 packing=packing).model
         if state_refs:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
         if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0

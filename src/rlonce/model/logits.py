@@ -5,13 +5,29 @@ from __future__ import annotations
 
 import torch
 
+from rlonce.model.packing import Layout, packable, packed
+
 
 def selected_logits(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, sel_BT: torch.Tensor) -> torch.Tensor:
     """The LM head's logits (N×V) at the N positions ``sel_BT`` (B×T-1) selects; the decoder runs
-    on every token, the head only on those."""
+    on every token, the head only on those. Right-padded rows of a model that can
+    (``rlonce.model.packing``) run packed: the decoder sees their real tokens only."""
     decoder = getattr(model, model.base_model_prefix)
-    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT).last_hidden_state[:, :-1]
-    return model.get_output_embeddings()(hidden_BTH[sel_BT])
+    head = model.get_output_embeddings()
+    layout = Layout.of(attn_BT) if packable(model) else None
+    if layout is not None:
+        B, T = ids_BT.shape
+        where_BT = torch.full((B * T,), -1, dtype=torch.long, device=ids_BT.device)
+        where_BT[layout.index_N] = torch.arange(layout.index_N.numel(), device=ids_BT.device)
+        at_N = where_BT.view(B, T)[:, :-1][sel_BT]
+        if bool((at_N >= 0).all()):
+            ids_1N = ids_BT.reshape(-1)[layout.index_N][None]
+            with packed(layout):
+                hidden_NH = decoder(input_ids=ids_1N, attention_mask=torch.ones_like(ids_1N),
+                                    position_ids=layout.positions(), use_cache=False).last_hidden_state[0]
+            return head(hidden_NH[at_N])
+    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state[:, :-1]
+    return head(hidden_BTH[sel_BT])
 
 
 def token_logprobs_over(logits_NV: torch.Tensor, tokens_N: torch.Tensor, sizes_N: torch.Tensor | None = None,

@@ -104,7 +104,8 @@ class Job:
         backend and its engine start later, from the weights SFT leaves (``ensure_engine``)."""
         cfg = self.cfg
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
-                              lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast))
+                              lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast),
+                              packing=cfg.model.packing)
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         check_backend(cfg, model_dir)
