@@ -171,3 +171,20 @@ def test_turns_with_kept_prefixes_of_different_lengths_are_prefilled_together(lm
                 assert torch.allclose(_recomputed(lm, p, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
     finally:
         eng.close()
+
+
+def test_equal_prompts_in_a_batch_are_prefilled_once_and_each_sample_keeps_the_trainers_logprobs(lm):
+    """A group's samples share their prompt: it runs once, the others read its cache."""
+    eng = _engine(lm, prefix_cache_mb=0)
+    other = [1, 40, 41, 42]
+    prompts = [PROMPT] * 4 + [other] * 2
+    try:
+        gens = asyncio.run(eng.generate_wave([(p, SamplingParams(max_tokens=8, seed=10 + i), None)
+                                              for i, p in enumerate(prompts)]))
+        assert eng.stats["prefill_tokens"] == len(PROMPT) + len(other)
+        assert [g.metrics["cached_prompt_tokens"] for g in gens] == [0, 6, 6, 6, 0, 4]
+        assert len({tuple(g.token_ids) for g in gens[:4]}) > 1  # the samples went their own ways
+        for p, g in zip(prompts, gens):
+            assert torch.allclose(_recomputed(lm, p, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
+    finally:
+        eng.close()

@@ -250,9 +250,13 @@ class TorchEngine:
                  for r in reqs]
         parts = []
         cold = [r for r, (m, _) in zip(reqs, reuse) if not m]
-        if cold:
-            ids_BL, attn_BL, pos_BL = left_pad([r.prompt_ids for r in cold], self.pad)
-            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, [0] * len(cold)))
+        if cold:  # equal prompts (a group's samples) run once: the first's cache serves the others
+            first: dict[tuple[int, ...], int] = {}
+            of = [first.setdefault(tuple(r.prompt_ids), len(first)) for r in cold]
+            ids_BL, attn_BL, pos_BL = left_pad([list(p) for p in first], self.pad)
+            shared = [len(r.prompt_ids) if u in of[:i] else 0 for i, (r, u) in enumerate(zip(cold, of))]
+            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, shared,
+                                            rows_of=of if len(first) < len(cold) else None))
         hits = [(r, m, kv) for r, (m, kv) in zip(reqs, reuse) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
             cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv in hits])
@@ -260,19 +264,25 @@ class TorchEngine:
             pos_BL = pos_BL + torch.tensor([[m] for _, m, _ in hits])
             parts.append(self._forward_part([r for r, _, _ in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
                                             pos_BL, [m for _, m, _ in hits]))
-        self._stats["prefill_tokens"] += sum(len(r.prompt_ids) - m for r, (m, _) in zip(reqs, reuse))
         for p in parts:
+            self._stats["prefill_tokens"] += sum(len(row.req.prompt_ids) - row.reused for row in p.rows)
             for row in p.rows:
                 row.prefill_s = time.perf_counter() - t0
         return parts
 
-    def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused) -> Part:
+    def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of=None) -> Part:
+        """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row
+        request i reads (None: row i)."""
         out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL, use_cache=True,
                          **{self._cache_kw: cache}, **self._last_only)
         if not kvcache.mergeable(cache):
             raise EngineError("this model's cache layers (sliding windows?) cannot be batched by the torch engine")
         rows = [Row(r, m) for r, m in zip(reqs, reused)]
-        return Part(kvcache.kv_of(cache), attn_BL, pos_BL[:, -1], out.logits[:, -1], rows)
+        kv, logits_BV = kvcache.kv_of(cache), out.logits[:, -1]
+        if rows_of is not None:
+            i = torch.tensor(rows_of)
+            kv, attn_BL, pos_BL, logits_BV = [(k[i], v[i]) for k, v in kv], attn_BL[i], pos_BL[i], logits_BV[i]
+        return Part(kv, attn_BL, pos_BL[:, -1], logits_BV, rows)
 
     def _step(self, b: Batch, lane: str) -> bool:
         """Sample a token for every live row, answer the rows that ended, run the model one step on
