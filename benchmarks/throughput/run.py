@@ -13,7 +13,9 @@
   16 of them (the engine partly idle) and ``--sessions`` (saturated), with requests joining the
   running batch vs waiting for its wave to end: tokens/s and p50/p95 turn latency;
 * train: ``Trainer.rl_step`` (PPO-clip, token-mean) vs a bare forward + backward + AdamW step
-  on the same padded batch.
+  on the same padded batch;
+* packing: ``Trainer.rl_step`` with packed rows (``model.packing``, the default) vs right-padded
+  micro-batches, on rows whose lengths spread like the reasoning workload's.
 
 Each pair runs interleaved, ``--repeats`` times, and the table reports medians and the ratio
 (rlonce / baseline): this machine is shared and noisy, so only side-by-side ratios mean
@@ -63,7 +65,8 @@ def engine_decode(engine, prompt_len: int, batch: int, new_tokens: int) -> float
     return sum(len(g.token_ids) for g in gens) / wall
 
 
-def _rows(batch: int, length: int):
+def _rows(batch: int, length: int, spread: float = 0.25):
+    """Rows of ``length·(1-spread)``–``length`` tokens, the first third prompt."""
     import random
 
     from rlonce.core.records import TrainingRow
@@ -71,7 +74,7 @@ def _rows(batch: int, length: int):
     rng = random.Random(0)
     rows = []
     for b in range(batch):
-        n = length - rng.randint(0, length // 4)
+        n = length - rng.randint(0, int(length * spread))
         mask = [0] * (n // 3) + [1] * (n - n // 3)
         rows.append(TrainingRow([rng.randint(10, 700) for _ in range(n)], mask, [-1.0 * m for m in mask],
                                 [(1.0 if b % 2 else -1.0) * m for m in mask], [0 if m else -1 for m in mask],
@@ -149,6 +152,28 @@ def train_pair(results: dict, lm, args) -> None:
           "tps")
 
 
+def packing_pair(results: dict, lm, args) -> None:
+    """``Trainer.rl_step`` with right-padded micro-batches vs packed rows, on rows whose lengths
+    spread like the reasoning workload's (51–115 tokens: about a third of a padded batch is padding)."""
+    import copy
+
+    import torch
+
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    torch.set_num_threads(2)
+    rows = _rows(args.train_rows * 2, args.train_len // 2, spread=0.55)
+    padded, packed = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    padded.rlonce_packing = False
+    trainers = [Trainer(m, OptimSettings(lr=1e-5), micro_batch_tokens=1 << 20) for m in (padded, packed)]
+    for t in trainers:
+        trainer_train(t, rows)
+    runs = [tuple({"tps": trainer_train(t, rows)} for t in trainers) for _ in range(args.repeats)]
+    waste = 1 - sum(len(r) for r in rows) / (len(rows) * max(len(r) for r in rows))
+    _pair(results, "packing", f"train step, {len(rows)} rows of {min(len(r) for r in rows)}-"
+          f"{max(len(r) for r in rows)} tokens ({waste:.0%} padding), tokens/s", "padded", runs, "tps")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="engine and trainer throughput vs their baselines")
     ap.add_argument("--out", required=True)
@@ -158,7 +183,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,reuse,continuous,train",
+    ap.add_argument("--parts", default="decode,reuse,continuous,train,packing",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -218,6 +243,8 @@ def main() -> None:
 
     if "train" in parts:
         train_pair(results, lm, args)
+    if "packing" in parts:
+        packing_pair(results, lm, args)
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
