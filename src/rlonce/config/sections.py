@@ -77,10 +77,6 @@ class RuntimeConfig(Section):
     """Torch threads while generating: one per process is fastest for small models on CPU."""
     train_threads: int = Field(2, ge=1, le=1024)
     """Torch threads while training (larger matrices do use two cores)."""
-    keep_freed_memory: bool = True
-    """Keep memory the process frees for its next use instead of handing it back to the kernel
-    (glibc malloc settings, ``rlonce.core.memory``): a training step's activations are then not
-    page-faulted in again at every step. The process holds its peak memory between steps."""
     deterministic: bool = True
     """Sync mode on the local executor with the torch engine: engine waves of a fixed membership
     (``rlonce.engine.lockstep``), every sequence sampled from its own seed, the mixer's

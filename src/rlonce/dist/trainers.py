@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from rlonce.core.memory import keep_freed_memory
 from rlonce.dist.common import ray_module
 
 
@@ -19,14 +18,12 @@ class TrainerActor:
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
                  state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
-                 packing: bool = True, keep_memory: bool = True):
+                 packing: bool = True):
         import torch
 
         from rlonce.model import loader
 
         ray = ray_module()
-        if keep_memory:
-            keep_freed_memory()
         torch.set_num_threads(threads)
         self.timeout = timeout
         self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast,

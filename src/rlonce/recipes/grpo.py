@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
 from rlonce.core import faults
-from rlonce.core.memory import keep_freed_memory
 from rlonce.dist.backends import build_backend, check_backend
 from rlonce.model import loader
 from rlonce.model.chat import get_format
@@ -82,8 +81,6 @@ class Job:
     def __init__(self, cfg: RunConfig, *, progress: bool = True):
         self.plans = check_sources(cfg)
         self.cfg = cfg
-        if cfg.runtime.keep_freed_memory:
-            keep_freed_memory()
         self.out = Path(cfg.out)
         self.progress = progress
         self.t0 = time.perf_counter()
