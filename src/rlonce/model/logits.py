@@ -40,7 +40,8 @@ def token_logprobs_over(logits_NV: torch.Tensor, tokens_N: torch.Tensor, sizes_N
     the whole vocabulary, a plain log-softmax. The token's own logit is taken whether or not it
     ranks inside the set, so a boundary tie never yields −inf. Only ``max(sizes_N)`` logits per row
     are sorted (``topk``), so small sets cost little beside the vocabulary-wide head. The entropy
-    is that of the renormalised distribution — the one sampled from and now trained.
+    is that of the renormalised distribution — the one sampled from and now trained — and is
+    computed without gradient (the trainer reports it; no loss uses it).
     """
     logz_N = logits_NV.logsumexp(-1)
     top_NK = keep_NK = None
@@ -53,10 +54,12 @@ def token_logprobs_over(logits_NV: torch.Tensor, tokens_N: torch.Tensor, sizes_N
     lp_N = logits_NV.gather(-1, tokens_N[:, None])[:, 0] - logz_N
     if not with_entropy:
         return lp_N, None
-    logp_NV = logits_NV - logz_N[:, None]
-    ent_N = -(logp_NV.exp() * logp_NV).sum(-1)
-    if top_NK is not None:
-        logq_NK = top_NK - logz_N[:, None]
-        cut_N = -(logq_NK.exp() * logq_NK.masked_fill(~keep_NK, 0.0)).sum(-1)
-        ent_N = torch.where(sizes_N > 0, cut_N, ent_N)
+    with torch.no_grad():  # a metric: no gradient, and autograd keeps none of its vocabulary-wide tensors
+        logz_N = logz_N.detach()
+        logp_NV = logits_NV.detach() - logz_N[:, None]
+        ent_N = -(logp_NV.exp() * logp_NV).sum(-1)
+        if top_NK is not None:
+            logq_NK = top_NK.detach() - logz_N[:, None]
+            cut_N = -(logq_NK.exp() * logq_NK.masked_fill(~keep_NK, 0.0)).sum(-1)
+            ent_N = torch.where(sizes_N > 0, cut_N, ent_N)
     return lp_N, ent_N
