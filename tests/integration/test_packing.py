@@ -109,3 +109,12 @@ def test_packing_off_keeps_the_model_on_sdpa(embedded_dir):
 
     model = load(embedded_dir, packing=False).model
     assert not packable(model) and model.config._attn_implementation == "sdpa"
+
+
+def test_a_sliding_window_model_stays_padded():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, use_sliding_window=True, sliding_window=8, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert not packable(model) and model.config._attn_implementation == "sdpa"

@@ -89,15 +89,17 @@ def _register() -> None:
 
 
 def packable(model) -> bool:
-    """Whether ``model`` runs packed: a transformers decoder on ``sdpa`` (or already switched)
-    not loaded with ``packing=False``. Switches it to the packed route, which is ``sdpa``
-    outside a packed forward."""
+    """Whether ``model`` runs packed: a transformers decoder on ``sdpa`` (or already switched),
+    without sliding-window attention, not loaded with ``packing=False``. Switches it to the
+    packed route, which is ``sdpa`` outside a packed forward."""
     if not getattr(model, "rlonce_packing", True):
         return False
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
     if impl not in ("sdpa", NAME) or getattr(config, "is_encoder_decoder", False):
         return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False  # the packed route attends causally over the whole row: no window
     if impl == "sdpa":
         _register()
         config._attn_implementation = NAME
