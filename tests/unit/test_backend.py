@@ -87,3 +87,16 @@ def test_local_backend_resumes_the_optimizer_and_refuses_the_wrong_kind(backend,
     with pytest.raises(TrainerStateError, match="optimizer state"):
         LocalBackend(cfg, own, embedded_dir, version=1, optim=optim_settings(cfg.rl),
                      trainer_state={"optimizer": {"state": {}, "param_groups": []}, "step": 1})
+
+
+def test_the_micro_batch_size_reaches_the_trainer(lm, embedded_dir):
+    cfg = load_config(None, ["sft.demos=0", "runtime.micro_batch_tokens=64"])
+    b = LocalBackend(cfg, dataclasses.replace(lm, model=copy.deepcopy(lm.model)), embedded_dir, version=0,
+                     optim=optim_settings(cfg.rl))
+    try:
+        rows = [TrainingRow([1] * 30, [0] + [1] * 29, [0.0] * 30, [1.0] * 30, [-1] + [0] * 29, group_id=str(i))
+                for i in range(5)]
+        # 30-token rows in micro-batches of at most 64 padded tokens: two each, the fifth alone
+        assert b.trainer._micro_batches(rows) == [[0, 1], [2, 3], [4]]
+    finally:
+        b.close()

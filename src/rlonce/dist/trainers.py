@@ -18,7 +18,7 @@ class TrainerActor:
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
                  state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
-                 packing: bool = True):
+                 packing: bool = True, micro_batch_tokens: int = 2048):
         import torch
 
         from rlonce.model import loader
@@ -32,7 +32,7 @@ class TrainerActor:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
         if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0
             self.model.to("cuda")
-        self.optim, self.temperature = optim, temperature
+        self.optim, self.temperature, self.micro_batch_tokens = optim, temperature, micro_batch_tokens
         self.version, self._published = version, None
         self.rank, self.world = 0, 1
 
@@ -62,7 +62,8 @@ class TrainerActor:
                               WORLD_SIZE=str(world), LOCAL_RANK="0")
             init_process_group()
             shard_model(self.model)
-        self.trainer = Trainer(self.model, self.optim, temperature=self.temperature)
+        self.trainer = Trainer(self.model, self.optim, temperature=self.temperature,
+                               micro_batch_tokens=self.micro_batch_tokens)
         if trainer_state:
             restore_trainer(self.trainer, trainer_state, world=world, rank=rank)
         self.publish(self.version)

@@ -136,7 +136,7 @@ class Trainer:
     then holds this rank's shard of the optimizer state.
     """
 
-    def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 16384, temperature: float = 1.0):
+    def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 2048, temperature: float = 1.0):
         self.model, self.settings = model, settings
         self.micro_batch_tokens, self.temperature = micro_batch_tokens, temperature
         decay, no_decay = [], []
