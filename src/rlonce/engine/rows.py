@@ -106,18 +106,22 @@ class Batch:
         self.logits_BV = torch.cat([p.logits_BV for p in parts])
         self.rows = [row for p in parts for row in p.rows]
         self._sampling_key: list[int] | None = None
-        self._sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
+        self.dense = bool(self.attn_BL.all())
+        """No masked column: the model needs no attention mask (decoding appends unmasked columns)."""
         for row in self.rows:
             row.batch_size = max(row.batch_size, len(self.rows))
 
-    def sampling(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Temperature, top-k and top-p of the rows ``live``, as tensors (remade when they change)."""
+    def sampling(self, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """Temperature, top-k and top-p of the rows ``live``, as tensors, and whether any row
+        filters its candidates (remade when the rows change)."""
         key = [id(self.rows[r]) for r in live]
         if self._sampling_key != key:
             rows = [self.rows[r] for r in live]
             self._sampling_key, self._sampling = key, (torch.tensor([x.temp for x in rows]),
                                                        torch.tensor([x.top_k for x in rows]),
-                                                       torch.tensor([x.top_p for x in rows]))
+                                                       torch.tensor([x.top_p for x in rows]),
+                                                       any(x.top_k > 0 or x.top_p < 1 for x in rows))
         return self._sampling
 
     def part(self) -> Part:
@@ -136,6 +140,7 @@ class Batch:
         if len(self.rows) - len(keep) < max(1, fraction * len(self.rows)):
             return
         kv, self.attn_BL = kvcache.take(self.kv(), self.attn_BL, keep)
+        self.dense = bool(self.attn_BL.all())
         self.cache = kvcache.new_cache(kv)
         self.pos_R = self.pos_R[torch.tensor(keep)]
         self.rows = [self.rows[r] for r in keep]

@@ -45,10 +45,13 @@ def _deliver(r: Request, fn, value) -> None:
 
 
 def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
-                   top_p_B: torch.Tensor) -> torch.Tensor:
-    """Log-probs of the sampling distribution: temperature, then top-k, then top-p (nucleus)."""
+                   top_p_B: torch.Tensor, filtered: bool | None = None) -> torch.Tensor:
+    """Log-probs of the sampling distribution: temperature, then top-k, then top-p (nucleus).
+    ``filtered``: whether any row has top-k or top-p on (None: found from the tensors)."""
     logits_BV = logits_BV.float() / temperature_B[:, None]
-    if bool((top_k_B > 0).any()) or bool((top_p_B < 1).any()):
+    if filtered is None:
+        filtered = bool((top_k_B > 0).any()) or bool((top_p_B < 1).any())
+    if filtered:
         sorted_BV, order_BV = logits_BV.sort(dim=-1, descending=True)
         rank_V = torch.arange(logits_BV.shape[-1], device=logits_BV.device)
         drop_BV = (top_k_B[:, None] > 0) & (rank_V[None, :] >= top_k_B[:, None])
@@ -305,8 +308,8 @@ class TorchEngine:
         next_R = torch.tensor([[row.tokens[-1] if row.reason is None else self.pad] for row in b.rows])
         b.attn_BL = torch.cat([b.attn_BL, torch.ones((len(b.rows), 1), dtype=torch.long)], dim=1)
         b.pos_R = b.pos_R + 1
-        out = self.model(input_ids=next_R, attention_mask=b.attn_BL, position_ids=b.pos_R[:, None],
-                         use_cache=True, **{self._cache_kw: b.cache})
+        out = self.model(input_ids=next_R, attention_mask=None if b.dense else b.attn_BL,
+                         position_ids=b.pos_R[:, None], use_cache=True, **{self._cache_kw: b.cache})
         b.logits_BV = out.logits[:, -1]
         return True
 
