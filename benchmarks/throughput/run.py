@@ -16,6 +16,10 @@
   on the same padded batch;
 * packing: ``Trainer.rl_step`` with packed rows (``model.packing``, the default) vs right-padded
   micro-batches, on rows whose lengths spread like the reasoning workload's.
+* microbatch: ``Trainer.rl_step`` on the same rows in micro-batches of
+  ``runtime.micro_batch_tokens`` (2048, the default) vs all of them in one 16384-token
+  micro-batch (the earlier fixed size): seconds, minor page faults and the resident-memory peak
+  of each (measured in a child process of its own, so one's peak does not hide the other's).
 
 Each pair runs interleaved, ``--repeats`` times, and the table reports medians and the ratio
 (rlonce / baseline): this machine is shared and noisy, so only side-by-side ratios mean
@@ -174,6 +178,51 @@ def packing_pair(results: dict, lm, args) -> None:
           f"{max(len(r) for r in rows)} tokens ({waste:.0%} padding), tokens/s", "padded", runs, "tps")
 
 
+def _microbatch_child(model_dir: str, tokens: int, repeats: int, out) -> None:
+    """One trainer, ``repeats`` + 1 ``rl_step``s (the first warms up): per step tokens/s and minor
+    page faults, and the process's peak resident memory, put on ``out``."""
+    import resource
+
+    import torch
+
+    from rlonce.model.loader import load
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    torch.set_num_threads(2)
+    trainer = Trainer(load(model_dir).model, OptimSettings(lr=1e-5), micro_batch_tokens=tokens)
+    rows = _rows(64, 128, spread=0.55)
+    steps = []
+    for _ in range(repeats + 1):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        tps = trainer_train(trainer, rows)
+        steps.append({"tps": tps, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0})
+    out.put({"steps": steps[1:], "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+MICRO_BATCHES = (16384, 2048)
+"""The earlier fixed micro-batch size, and ``runtime.micro_batch_tokens``' default."""
+
+
+def microbatch_pair(results: dict, model_dir: str, args) -> None:
+    """``Trainer.rl_step`` in 2048-token micro-batches vs one 16384-token one, each in a process of its own."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    runs = {}
+    for tokens in MICRO_BATCHES:
+        q = ctx.Queue()
+        p = ctx.Process(target=_microbatch_child, args=(model_dir, tokens, args.repeats, q))
+        p.start()
+        runs[tokens] = q.get()
+        p.join()
+    med = {t: {k: statistics.median(s[k] for s in r["steps"]) for k in ("tps", "faults")} for t, r in runs.items()}
+    big, small = MICRO_BATCHES
+    results["microbatch"] = {
+        "what": f"train step, 64 rows of 58-128 tokens, {small}-token micro-batches, tokens/s",
+        "baseline": f"one {big}-token micro-batch", "raw": med[big]["tps"], "rlonce": med[small]["tps"],
+        "detail": {str(t): {**med[t], "peak_mb": runs[t]["peak_mb"], "steps": runs[t]["steps"]} for t in runs}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="engine and trainer throughput vs their baselines")
     ap.add_argument("--out", required=True)
@@ -183,7 +232,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,reuse,continuous,train,packing",
+    ap.add_argument("--parts", default="decode,reuse,continuous,train,packing,microbatch",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -204,7 +253,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from sessions import record_shapes
 
-    lm = load(resolve(args.model, tempfile.mkdtemp()))
+    model_dir = resolve(args.model, tempfile.mkdtemp())
+    lm = load(model_dir)
     raw_model = copy.deepcopy(lm.model).eval()
     pad = lm.tokenizer.pad_token_id or 0
 
@@ -245,6 +295,8 @@ def main() -> None:
         train_pair(results, lm, args)
     if "packing" in parts:
         packing_pair(results, lm, args)
+    if "microbatch" in parts:
+        microbatch_pair(results, str(model_dir), args)
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -262,6 +314,10 @@ def main() -> None:
         on, off = results[key]["detail"]["rlonce"], results[key]["detail"]["base"]
         extra.append(f"- {key} vs waves: turn latency p50 {on['turn_p50_s']:.3f} s vs {off['turn_p50_s']:.3f} s, "
                      f"p95 {on['turn_p95_s']:.3f} s vs {off['turn_p95_s']:.3f} s")
+    if "microbatch" in results:
+        d = results["microbatch"]["detail"]
+        extra.append("- microbatch: " + "; ".join(f"{t} tokens: {d[str(t)]['faults']:.0f} minor page faults per step, "
+                                                  f"peak memory {d[str(t)]['peak_mb']:.0f} MiB" for t in MICRO_BATCHES))
     extra.append(f"- model {args.model}; peak resident memory of this process {peak_mb:.0f} MiB")
     with open(out / "results.md", "a") as f:
         f.write("\n" + "\n".join(extra) + "\n")
