@@ -147,3 +147,22 @@ def test_many_concurrent_commands_all_run():
     finally:
         for b in boxes:
             b.close()
+
+
+def test_toolfind_commands_are_not_cut_by_a_tight_wall_clock():
+    """A command's CPU is bounded (5 s); its wall clock is not the tight limit, so a command
+    slowed by the host's load (many sessions' commands at once) is not the agent's timeout."""
+    from rlonce.envs.toolfind.env import ToolfindEnv
+    from rlonce.envs.toolfind.tasks import make_task
+
+    env = ToolfindEnv(make_task("train", 0))
+    assert env.limits.cpu_seconds == 5
+
+    async def go():
+        await env.setup()
+        try:
+            return await env.call_tool("bash", {"command": "sleep 5.5; echo waited"})
+        finally:
+            await env.cleanup()
+
+    assert asyncio.run(go()) == "waited"
