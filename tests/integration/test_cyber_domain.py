@@ -142,3 +142,15 @@ def test_a_target_that_cannot_run_is_infrastructure_not_a_zero(tmp_path, cyber_p
 
     seq, grade = asyncio.run(go())
     assert grade is None and seq.status is Status.INFRA and seq.failure is FailureCategory.TESTBED_CORRUPTED
+
+
+def test_a_target_that_spins_is_stopped_by_its_cpu_limit_and_reported_as_out_of_time(tmp_path):
+    """The oracle's wall clock only catches waiting (a loaded host does not cut a run short); a
+    run that computes forever is killed by its CPU limit and reads as timed out, a 0."""
+    from rlonce.envs.cyber.oracle import run_input
+
+    spin = tmp_path / "spin"
+    spin.write_text("#!/bin/sh\nwhile :; do :; done\n")
+    spin.chmod(0o755)
+    run = asyncio.run(run_input(spin, b"x", seconds=1))
+    assert run.timed_out and run.report is None and run.exit_code == 152

@@ -166,3 +166,41 @@ def test_toolfind_commands_are_not_cut_by_a_tight_wall_clock():
             await env.cleanup()
 
     assert asyncio.run(go()) == "waited"
+
+
+def test_an_agent_command_is_bounded_by_cpu_not_by_a_wall_clock_equal_to_it():
+    """``command_limits``: a command that waits past its CPU limit completes; one that computes
+    past it is killed by that limit, long before the wall clock."""
+    from rlonce.sandbox.limits import COMMAND_WALL_S, CPU_EXHAUSTED, command_limits
+
+    assert command_limits(5).wall_seconds == COMMAND_WALL_S == 60.0
+    assert command_limits(60).wall_seconds == 120.0
+    box = BwrapSandbox(command_limits(1))
+    try:
+        waited = run(box, "sleep 1.5; echo waited")
+        assert (waited.exit_code, waited.output, waited.timed_out) == (0, "waited\n", False)
+        spun = run(box, "python3 -c 'while True: pass'")
+        assert spun.exit_code == CPU_EXHAUSTED == 152 and not spun.timed_out and spun.seconds < 30
+    finally:
+        box.close()
+
+
+def test_every_domain_gives_agent_commands_the_load_tolerant_limits():
+    from rlonce.envs.cyber import oracle
+    from rlonce.envs.cyber.env import CyberEnv
+    from rlonce.envs.general.env import GeneralEnv
+    from rlonce.envs.general.tasks import make_task as general_task
+    from rlonce.envs.music.env import MusicEnv
+    from rlonce.envs.music.tasks import make_task as music_task
+    from rlonce.envs.toolfind.env import COMMAND_LIMITS
+    from rlonce.envs.visual.env import VisualEnv
+    from rlonce.envs.visual.tasks import make_task as visual_task
+    from rlonce.sandbox.limits import command_limits
+
+    assert (COMMAND_LIMITS.cpu_seconds, COMMAND_LIMITS.wall_seconds) == (5, 60.0)
+    envs = {10: GeneralEnv(general_task("train", 0)), 20: VisualEnv(visual_task("train", 0)),
+            60: MusicEnv(music_task("train", 0))}
+    for cpu, env in envs.items():
+        assert env.limits == command_limits(cpu, output_bytes=8192), type(env).__name__
+    assert CyberEnv(None).limits == command_limits(10, output_bytes=8192)
+    assert (oracle.limits().cpu_seconds, oracle.limits().wall_seconds) == (10, 60.0)

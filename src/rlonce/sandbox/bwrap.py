@@ -56,12 +56,12 @@ import tempfile
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlonce.core import faults
 from rlonce.sandbox import hostfs, mounts, seccomp
 from rlonce.sandbox.base import ExecResult, SandboxError
+from rlonce.sandbox.limits import Limits
 
 WORKDIR = "/work"
 UID_BASE = 2_000_000_000
@@ -84,20 +84,6 @@ def find_bwrap() -> str:
             "(or run `make quickstart` as root, which installs it)"
         )
     return path
-
-
-@dataclass(frozen=True)
-class Limits:
-    cpu_seconds: int = 10
-    address_space_mb: int = 1024  # 0: no RLIMIT_AS (a browser reserves tens of GB it never uses)
-    processes: int = 64
-    file_size_mb: int = 16
-    wall_seconds: float = 10.0
-    output_bytes: int = 16384
-    workspace_mb: int = 512
-    """Size cap of the workspace (a tmpfs of its own when rlonce runs as root)."""
-    tmp_mb: int = 256
-    """Size cap of each of ``/tmp`` and ``/dev/shm`` inside (fresh for every command)."""
 
 
 class BwrapSandbox:
@@ -249,7 +235,8 @@ class BwrapSandbox:
         if self._setpriv:
             argv += [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         if self._prlimit:
-            argv += [self._prlimit, f"--cpu={lim.cpu_seconds}", f"--as={lim.address_space_mb << 20 or 'unlimited'}",
+            cpu = f"--cpu={lim.cpu_seconds}:{lim.cpu_seconds + 1}"  # SIGXCPU (CPU_EXHAUSTED), SIGKILL a second later
+            argv += [self._prlimit, cpu, "--core=0", f"--as={lim.address_space_mb << 20 or 'unlimited'}",
                      f"--nproc={lim.processes}", f"--fsize={lim.file_size_mb << 20}", "--"]
         if self._keyctl:
             argv += ["/bin/sh", "-c", f'exec 2>&{spare} {spare}>&-; exec "$@"', "sh"]

@@ -25,7 +25,8 @@ from rlonce.envs.cyber.tasks import CyberTask
 from rlonce.envs.cyber.validate import matches
 from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import Limits, command_limits
 
 SYSTEM_PROMPT = ("Reproduce the reported bug of a C program: read src/, write an input file, check it with "
                  "`run-target FILE` (the sanitizer build's report), submit the file's path.")
@@ -49,7 +50,7 @@ def _report_view(run: Run) -> str:
 class CyberEnv:
     def __init__(self, task: CyberTask, limits: Limits | None = None):
         self.task = task
-        self.limits = limits or Limits(cpu_seconds=10, wall_seconds=10.0, output_bytes=8192)
+        self.limits = limits or command_limits(10, output_bytes=8192)
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
 

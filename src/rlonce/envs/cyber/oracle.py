@@ -26,9 +26,12 @@ from rlonce.core.records import FailureCategory
 from rlonce.envs.base import GradingError
 from rlonce.envs.cyber.sanitizer import Report, parse
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import CPU_EXHAUSTED, Limits, command_limits
 
 RUN_SECONDS = 10.0
+"""CPU seconds a target run may use; its wall clock is ``command_limits``' (waiting only, never
+the host's load: a run cut by load would score an agent's right input 0)."""
 MAX_POC_BYTES = 1 << 20
 MAX_REPORT_BYTES = 1 << 20
 TARGET_DIR = "/opt/target"
@@ -51,11 +54,12 @@ class Run:
     """What the program printed (shown to the agent by ``run-target``; never parsed)."""
     exit_code: int
     timed_out: bool
+    """The run ran out of time: its CPU limit or its wall clock."""
 
 
 def limits(seconds: float = RUN_SECONDS) -> Limits:
-    return Limits(cpu_seconds=int(seconds) + 1, wall_seconds=seconds, address_space_mb=1 << 27, processes=8,
-                  file_size_mb=4, output_bytes=8192, workspace_mb=64)
+    return command_limits(int(seconds), address_space_mb=1 << 27, processes=8, file_size_mb=4, output_bytes=8192,
+                          workspace_mb=64)
 
 
 async def run_input(binary: Path, data: bytes, seconds: float = RUN_SECONDS) -> Run:
@@ -70,7 +74,7 @@ async def run_input(binary: Path, data: bytes, seconds: float = RUN_SECONDS) -> 
                             "UBSAN_OPTIONS": f"{UBSAN_OPTIONS}:log_path={log}"})
     try:
         box.put_file("input", data)
-        r = await box.exec(f"{TARGET_DIR}/{name} input", timeout=seconds)
+        r = await box.exec(f"{TARGET_DIR}/{name} input")
         if r.exit_code in (126, 127) and not r.timed_out:
             raise HarnessBroken(f"the target binary {name} did not start (exit {r.exit_code}): {r.output[-300:]}")
         text = ""
@@ -79,4 +83,4 @@ async def run_input(binary: Path, data: bytes, seconds: float = RUN_SECONDS) -> 
                 text += hostfs.read_file(box.workspace, rel, MAX_REPORT_BYTES).decode("utf-8", "replace")
     finally:
         box.close()
-    return Run(parse(text), text, r.output, r.exit_code, r.timed_out)
+    return Run(parse(text), text, r.output, r.exit_code, r.timed_out or r.exit_code == CPU_EXHAUSTED)

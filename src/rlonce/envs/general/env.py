@@ -28,7 +28,8 @@ from rlonce.envs.general.tasks import GeneralTask
 from rlonce.envs.general.world import ME, TODAY, World
 from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import command_limits
 
 SYSTEM_PROMPT = (f"You are an office assistant for {ME}; today is {TODAY}. Use the mcp__ tools to read and change "
                  "mail, calendar, tickets, ledger and documents. Do only what the task asks, then call submit with "
@@ -49,11 +50,13 @@ class GeneralEnv:
         self.services = ServiceHost(list(task.services), {k: v for k, v in self.initial.items()
                                                           if k.split(".")[0].split("/")[0] in task.services},
                                     me=ME, today=TODAY)
+        self.limits = command_limits(10, output_bytes=8192)
+        """The agent's bash commands' limits."""
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
 
     async def setup(self) -> None:
-        self.sandbox = BwrapSandbox(Limits(cpu_seconds=10, wall_seconds=10.0, output_bytes=8192))
+        self.sandbox = BwrapSandbox(self.limits)
         self.sandbox.put_file("README.txt", "Your scratch space. The office's data lives behind the mcp__ tools.\n")
         await self.services.start()
 

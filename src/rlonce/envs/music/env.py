@@ -23,7 +23,8 @@ from rlonce.envs.music.score import feature_score, reward
 from rlonce.envs.music.tasks import MusicTask
 from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import Limits, command_limits
 
 SYSTEM_PROMPT = ("You write tunes in ABC notation. With tools, you may check a file with `abc2midi FILE -o out.mid` "
                  "and submit the tune or the file's path.")
@@ -44,7 +45,7 @@ class MusicEnv:
     def __init__(self, task: MusicTask, *, adherence_weight: float = ADHERENCE_WEIGHT, limits: Limits | None = None):
         self.task = task
         self.adherence_weight = adherence_weight
-        self.limits = limits or Limits(cpu_seconds=60, wall_seconds=60.0, output_bytes=8192)
+        self.limits = limits or command_limits(60, output_bytes=8192)
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
 

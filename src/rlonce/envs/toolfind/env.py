@@ -6,7 +6,8 @@ from rlonce.core.records import Grade, Sequence
 from rlonce.envs.base import function_tool
 from rlonce.envs.toolfind import verify
 from rlonce.envs.toolfind.tasks import ToolfindTask
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import Limits, command_limits
 
 SYSTEM_PROMPT = "Answer from the files in docs/: search them with bash, then submit."
 
@@ -41,12 +42,8 @@ async def run_bash(sandbox, command: str) -> str:
     return format_exec(r.exit_code, r.output, r.timed_out)
 
 
-COMMAND_LIMITS = Limits(cpu_seconds=5, wall_seconds=60.0, output_bytes=8192)
-"""One bash command's limits. The CPU limit bounds the command's own work; the wall limit only
-catches a command that waits (``sleep``, a blocked read), so it leaves room for the host's load:
-at a held-out evaluation's 128 concurrent sessions on a 2-core machine, a 5 s wall limit timed
-out 198 of 374 commands, and each agent saw '[command timed out]' as its own failure (held-out
-success 0.23 against 0.52 with no command timed out)."""
+COMMAND_LIMITS = command_limits(5, output_bytes=8192)
+"""One bash command's limits (``command_limits``: a 60 s wall clock beside the 5 s CPU limit)."""
 
 
 class ToolfindEnv:

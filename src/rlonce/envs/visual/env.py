@@ -31,7 +31,8 @@ from rlonce.envs.visual import render as rd
 from rlonce.envs.visual import similarity as sim
 from rlonce.envs.visual.tasks import VisualTask
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox, Limits
+from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.limits import Limits, command_limits
 
 SYSTEM_PROMPT = ("You write web pages: one HTML file with inline CSS. With tools, write index.html in /work "
                  "and submit its path.")
@@ -119,7 +120,7 @@ class VisualEnv:
     def __init__(self, task: VisualTask, *, shots_dir: Path | None = None, limits: Limits | None = None):
         self.task = task
         self.shots_dir = Path(shots_dir) if shots_dir else None
-        self.limits = limits or Limits(cpu_seconds=20, wall_seconds=20.0, output_bytes=8192)
+        self.limits = limits or command_limits(20, output_bytes=8192)
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
 
