@@ -72,3 +72,15 @@ def test_vllm_engine_without_vllm(tmp_path):
 def test_vllm_engine_actor_without_a_gpu_is_refused(tmp_path):
     check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "--executor", "ray", "engine.backend=vllm"),
                          "ray.engine_gpus")
+
+
+def test_eval_reads_a_config_file(tmp_path):
+    """`rlonce eval` takes the run's config (task, arms) like `rlonce train`; two configs are an error."""
+    cfg = tmp_path / "arith.toml"
+    cfg.write_text('[task]\nname = "reasoning"\ndatasets = ["chain_sum"]\n[harness]\narms = ["single-turn"]\n'
+                   'max_context = 512\n')
+    r = rlonce("eval", "--model", "embedded", str(cfg), "--tasks", "2", "--out", str(tmp_path / "o"), "--quiet")
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "on 2 tasks" in r.stdout and "single-turn" in r.stdout, r.stdout
+    check_one_line_error(rlonce("eval", "--model", "embedded", "--config", str(cfg), str(cfg), "--tasks", "2"),
+                         "two configs given")

@@ -35,12 +35,19 @@ def train_config(args):
         if not (run_dir / "config.json").is_file():
             raise UsageError(f"{run_dir} is not a run directory (no config.json); pass the --out of an earlier run")
         return read_saved_config(run_dir / "config.json", [*args.overrides, f"out={run_dir}"]), True
+    config, overrides = config_file(args)
+    return load_config(config, [*overrides, *([f"out={args.out}"] if args.out else [])]), False
+
+
+def config_file(args) -> tuple[str | None, list[str]]:
+    """``--config FILE`` or a first positional ``FILE.toml`` (``rlonce train configs/x.toml k=v``);
+    the overrides."""
     config, overrides = args.config, list(args.overrides)
-    if overrides and "=" not in overrides[0]:  # `rlonce train configs/x.toml k=v`
+    if overrides and "=" not in overrides[0]:
         if config:
             raise UsageError(f"two configs given: --config {config} and {overrides[0]}")
         config, overrides = overrides[0], overrides[1:]
-    return load_config(config, [*overrides, *([f"out={args.out}"] if args.out else [])]), False
+    return config, overrides
 
 
 def _run(cfg, resume: bool, args) -> int:
@@ -82,7 +89,8 @@ def _eval(args) -> int:
     from rlonce.config import load_config
     from rlonce.rollout.sources import check_sources
 
-    cfg = load_config(None, [*args.overrides, f"out={args.out}"])
+    config, overrides = config_file(args)
+    cfg = load_config(config, [*overrides, f"out={args.out}"])
     check_sources(cfg)
     _writable_dir(cfg.out)
     from rlonce.recipes.grpo import evaluate_model

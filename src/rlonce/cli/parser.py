@@ -102,7 +102,7 @@ def _add_train(sub) -> None:
 
 
 def _add_eval(sub) -> None:
-    e = sub.add_parser("eval", help="held-out success of a model on the embedded domain")
+    e = sub.add_parser("eval", help="held-out success of a model on a config's domain (default: the embedded one)")
     e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
     e.add_argument("--tasks", type=_int(1, 1_000_000), default=200, help="number of held-out tasks (default 200)")
     e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
@@ -114,7 +114,9 @@ def _add_eval(sub) -> None:
                    help="held-out tasks for the outside harness (default 20)")
     e.add_argument("--harness-timeout", type=_float(0, 86_400), default=300.0,
                    help="seconds per outside episode, in (0, 86400] (default 300)")
-    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    e.add_argument("--config", help="TOML config giving the task, harness and evaluation settings (e.g. the run's "
+                                    "configs/general.toml); a first positional FILE.toml works too")
+    e.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE")
     _quiet(e)
 
 
