@@ -67,6 +67,33 @@ def test_limits_format_errors_and_wrong_answers(lm):
     assert wrong.status is Status.SUBMITTED and wrong.reward == 0.0
 
 
+@pytest.mark.parametrize("protocol_arm", ["mini-bash", "mini-claude-code", "mini-codex"])
+def test_format_retries_answer_a_turn_without_a_usable_call_and_the_agent_goes_on(lm, protocol_arm):
+    """``harness.format_retries``: a call of a tool that does not exist is answered with the tools'
+    names (in each wire protocol), the turn stays flagged for the penalties, and the agent solves
+    the task; past the retries such a turn ends the sequence as a format error."""
+    import dataclasses
+
+    from rlonce.harness.arms import get_arm
+
+    task = make_task("train", 3)
+    arm = get_arm(protocol_arm)
+    good = [FMT.assistant_text("", [arm.translate(c)]) for c in optimal_calls(task)]
+    bogus = '<tool_call>\n{"name": "grep_everything", "arguments": {}}\n</tool_call><|im_end|>'
+    s = dataclasses.replace(spec(lm, len(good) + 1), limits=HarnessLimits(max_turns=len(good) + 1, format_retries=1),
+                            arms=(protocol_arm,))
+    engine = ScriptedEngine([bogus, *good], lm.encode)
+    seq = asyncio.run(run_sequence(task, ToolfindEnv, engine, s, arm=protocol_arm))
+    assert seq.status is Status.SUBMITTED and seq.passed and seq.metrics["format_retries"] == 1.0
+    hint = lm.decode(engine.prompts[1][len(engine.prompts[0]):])
+    assert "[error: no usable tool call; call one of these tools: " in hint and "submit" in hint
+    assert [s.flags for s in seq.contexts[0].segments if s.role is Role.MODEL][0] == {"unknown_tool": True,
+                                                                                     "malformed_tool_call": True}
+    twice = asyncio.run(run_sequence(task, ToolfindEnv, ScriptedEngine([bogus, bogus, *good], lm.encode), s,
+                                     arm=protocol_arm))
+    assert twice.status is Status.FORMAT_ERROR and twice.metrics["format_retries"] == 1.0
+
+
 class BrokenEngine(ScriptedEngine):
     async def generate(self, prompt_ids, sampling):
         raise EngineError("engine died")

@@ -14,7 +14,7 @@ def test_step_record_by_hand():
                  metrics={"model_tokens": 30.0, "versions_spanned": 2.0, "prompt_tokens": 300.0,
                           "cached_prompt_tokens": 180.0})
     b = Sequence("t", "mini-codex", reward=0.0, turns=3, metrics={"model_tokens": 50.0, "rollbacks": 1.0,
-                                                                  "prompt_tokens": 100.0})
+                                                                  "prompt_tokens": 100.0, "format_retries": 2.0})
     c = Sequence("t", "mini-bash", status=Status.INFRA, failure=FailureCategory.SANDBOX_ERROR, turns=1,
                  metrics={"model_tokens": 20.0})
     entry = LedgerEntry(3, "toolfind")
@@ -30,6 +30,7 @@ def test_step_record_by_hand():
     assert rec["version_lag_max"] == 1 and rec["version_lag_mean"] == pytest.approx(5 / 15)
     assert rec["version_lag_tokens/1"] == 5.0 and rec["staleness_violations"] == 5.0  # staleness 1: any lag breaks it
     assert rec["sequences_spanning_versions"] == 1.0 and rec["gateway_rollbacks"] == 1.0
+    assert rec["format_retries"] == 2.0
     assert (rec["stale_dropped"], rec["carried_over"], rec["replayed_groups"]) == (2.0, 1.0, 1.0)
     assert rec["reward_mean/mini-bash"] == 1.0 and rec["reward_mean/mini-codex"] == 0.0
     assert rec["loss"] == 0.25 and rec["grs_fallback"] == 0 and rec["version"] == 7

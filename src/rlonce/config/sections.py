@@ -172,6 +172,10 @@ class HarnessConfig(Section):
     """Model turns per sequence."""
     max_obs_chars: int = Field(600, ge=1, le=10_000_000)
     """Characters of a tool result shown to the model (the rest is cut)."""
+    format_retries: int = Field(0, ge=0, le=1000)
+    """Turns without a usable tool call (malformed, or a tool that does not exist) the agent is told
+    about, with the tools' names, and may retry, each using a turn, as mini-swe-agent and Claude
+    Code answer them; past these, such a turn ends the sequence as a format error (0: the first does)."""
     max_context: int = Field(1024, ge=1, le=MAX_TOKENS)
     """Total trajectory budget in tokens, observations included."""
     render_tools: bool = False

@@ -180,6 +180,10 @@ class _Logged:
         self.lines.append(f"[turn {self.turns}] the context was compacted")
         self.client.restart(user)
 
+    def say(self, user: str) -> None:
+        self.lines.append(f"[turn {self.turns}] {_line(user)}")
+        self.client.say(user)
+
     def text(self) -> str:
         return "\n".join(self.lines)
 

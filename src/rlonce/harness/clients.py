@@ -41,6 +41,9 @@ class Client(Protocol):
     def restart(self, user: str) -> None:
         """Start over from the system prompt and ``user`` (compaction)."""
 
+    def say(self, user: str) -> None:
+        """Append a user message (the harness's answer to a turn without a usable tool call)."""
+
 
 class ChatClient:
     protocol = "openai-chat"
@@ -69,6 +72,9 @@ class ChatClient:
     def give(self, results: list[tuple[str, str]]) -> None:
         self.messages += [{"role": "tool", "tool_call_id": cid, "content": text} for cid, text in results]
 
+    def say(self, user: str) -> None:
+        self.messages.append({"role": "user", "content": user})
+
 
 class AnthropicClient:
     protocol = "anthropic-messages"
@@ -95,6 +101,9 @@ class AnthropicClient:
     def give(self, results: list[tuple[str, str]]) -> None:
         self.messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": cid, "content": text} for cid, text in results]})
+
+    def say(self, user: str) -> None:
+        self.messages.append({"role": "user", "content": user})
 
 
 class ResponsesClient:
@@ -127,6 +136,9 @@ class ResponsesClient:
 
     def give(self, results: list[tuple[str, str]]) -> None:
         self.pending += [{"type": "function_call_output", "call_id": cid, "output": text} for cid, text in results]
+
+    def say(self, user: str) -> None:
+        self.pending.append({"role": "user", "content": user})
 
 
 CLIENTS: dict[str, type[Client]] = {c.protocol: c for c in (ChatClient, AnthropicClient, ResponsesClient)}

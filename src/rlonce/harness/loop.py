@@ -26,6 +26,11 @@ class HarnessLimits:
     """Render the tool schemas into the system prompt (a model that learned its tools may skip them)."""
     compact_at: float = 0.75
     """Arms with compaction restart into a new context once a turn fills this fraction of the budget."""
+    format_retries: int = 0
+    """Turns without a usable tool call answered with a hint (``FORMAT_HINT``) before one ends the episode."""
+
+
+FORMAT_HINT = "[error: no usable tool call; call one of these tools: {names}]"
 
 
 async def run_episode(arm: Arm, env: Environment, client: Client, session, limits: HarnessLimits,
@@ -34,6 +39,7 @@ async def run_episode(arm: Arm, env: Environment, client: Client, session, limit
     session (in-process), used to flag turns the penalty module should see."""
     tools = arm.toolset(env)
     log: list[str] = []
+    retries = limits.format_retries
     for turn in range(1, limits.max_turns + 1):
         reply = await client.ask()
         if reply.truncated:
@@ -43,7 +49,12 @@ async def run_episode(arm: Arm, env: Environment, client: Client, session, limit
         if not reply.calls:
             if session is not None:
                 session.flag_last("malformed_tool_call")
-            raise FormatError("the turn holds no usable tool call")
+            if not retries:
+                raise FormatError("the turn holds no usable tool call")
+            retries -= 1
+            env.metrics["format_retries"] = env.metrics.get("format_retries", 0.0) + 1
+            client.say(FORMAT_HINT.format(names=", ".join(tools)))
+            continue
         results = []
         for cid, name, args in reply.calls:
             if name == "submit":

@@ -115,6 +115,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "contexts_per_sequence": _mean([len(s.contexts) for s in seqs], len(seqs)),
         "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
         **{f"status_{k.value}": _mean([s.status is k for s in seqs], len(seqs)) for k in Status},
+        "format_retries": sum(s.metrics.get("format_retries", 0.0) for s in seqs),
         "rollout_seconds": x.rollout_seconds,
         "train_seconds": x.train_seconds,
         "step_seconds": x.rollout_seconds + x.train_seconds,
