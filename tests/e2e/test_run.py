@@ -55,6 +55,13 @@ def test_run_directory_is_complete(tiny_run):
     for r, key in zip(evals, ("baseline_success", "final_success")):
         assert {k: r[f"src/{k}/heldout_success"] for k in ("toolfind", "arith")} == {
             k: v[key] for k, v in summary["sources"].items()}
+    for name, key in (("baseline", "baseline_success"), ("final", "final_success")):  # every attempt, kept
+        rows = read_jsonl(out / "eval" / f"{name}.jsonl")
+        for src, v in summary["sources"].items():
+            mine = [r for r in rows if r["source"] == src and not r["infra_failed"]]
+            assert len(mine) == v["heldout_tasks"] and sum(r["passed"] for r in mine) / len(mine) == v[key]
+    change = summary["heldout_change"]
+    assert change["attempts"] == summary["heldout_tasks"] and change["passed_change_se"] >= 0
 
 
 def test_ledger_balances(tiny_run):

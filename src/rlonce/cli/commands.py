@@ -59,6 +59,10 @@ def _run(cfg, resume: bool, args) -> int:
               f" (mean reward {summary['baseline_reward']:.3f} -> {summary['final_reward']:.3f})")
     print(f"baseline_success {summary['baseline_success']:.3f} -> final_success {summary['final_success']:.3f}{reward} "
           f"on {summary['heldout_tasks']} held-out tasks in {summary['wall_seconds']:.0f}s; run directory {cfg.out}")
+    if ch := summary.get("heldout_change"):
+        print(f"  paired over {ch['attempts']} held-out attempts (eval/baseline.jsonl vs eval/final.jsonl): "
+              f"success {ch['passed_change']:+.3f} ± {ch['passed_change_se']:.3f}, "
+              f"reward {ch['reward_change']:+.3f} ± {ch['reward_change_se']:.3f} (± one standard error)")
     if len(summary["sources"]) > 1:
         for label, src in summary["sources"].items():
             print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
@@ -98,6 +102,7 @@ def _eval(args) -> int:
     res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet, harness_cmd=args.harness_cmd,
                          harness_name=args.harness_name, harness_tasks=args.harness_tasks,
                          harness_timeout=args.harness_timeout)
+    print(f"every attempt: {cfg.out}/eval/eval.jsonl" + (f" and {args.harness_name}.jsonl" if args.harness_cmd else ""))
     print(f"held-out success {res['success']:.3f}, mean reward {res['reward']:.3f} on {res['tasks']} tasks "
           f"({res['infra_failed']} infra failures)")
     for arm, v in res["per_arm"].items():
@@ -109,10 +114,6 @@ def _eval(args) -> int:
         else:
             print(f"  {arm:<18} {v:.3f}  ({res['tasks']} tasks)")
     return 0
-
-
-
-
 
 
 def _tasks(args) -> int:

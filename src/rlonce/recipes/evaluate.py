@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -24,19 +27,71 @@ async def heldout_success(domain: Domain, engine: Engine, spec: RolloutSpec, n: 
     attempt each; ``success`` (the passed share) and ``reward`` (the mean reward: a graded
     domain's score) are means over arms; infrastructure failures are left out."""
     tasks = [domain.task("heldout", i) for i in range(n)]
-    per_arm, rewards, scored_n, infra = {}, {}, 0, 0
+    per_arm, rewards, scored_n, infra, rows = {}, {}, 0, 0, []
     for arm in spec.arms:
         label = desc if len(spec.arms) == 1 else f"{desc} {arm}"
         samples = await collect(tasks, 1, domain.env_factory, engine, spec, arm=arm, desc=label,
                                 concurrency=concurrency, progress=progress, seed=EVAL_SEED, fault="eval.sequence")
         seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
+        rows += [sequence_row(s) for s in seqs]
         per_arm[arm] = sum(s.passed for s in scored) / max(len(scored), 1)
         rewards[arm] = sum(s.reward or 0.0 for s in scored) / max(len(scored), 1)
         scored_n, infra = scored_n + len(scored), infra + len(seqs) - len(scored)
     return {"success": sum(per_arm.values()) / len(per_arm), "per_arm": per_arm,
             "reward": sum(rewards.values()) / len(rewards),
-            "tasks": scored_n // len(per_arm), "infra_failed": infra}
+            "tasks": scored_n // len(per_arm), "infra_failed": infra, "rows": rows}
+
+
+def sequence_row(s) -> dict:
+    """One evaluated attempt as a line of ``RUN/eval/*.jsonl``: what a paired comparison of two
+    evaluations on the same tasks needs."""
+    return {"task_id": s.task_id, "arm": s.arm, "reward": s.reward, "passed": s.passed, "status": s.status.value,
+            "infra_failed": s.infra_failed}
+
+
+def keep_rows(out: Path, desc: str, per_source: dict) -> Path:
+    """Moves each source's ``rows`` out of its result into ``out/eval/<desc>.jsonl`` ("baseline eval"
+    → ``baseline.jsonl``, "eval 10" → ``eval-10.jsonl``); returns the file."""
+    path = out / "eval" / (desc.removesuffix(" eval").replace(" ", "-") + ".jsonl")
+    write_rows(path, [{"source": k, **r} for k, v in per_source.items() for r in v.pop("rows", [])])
+    return path
+
+
+def write_rows(path: Path, rows: list[dict], **extra) -> None:
+    """Every attempt of one evaluation, one JSON line each (``extra`` keys added to each)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps({**extra, **r}) + "\n")
+
+
+def paired_change(before: Path, after: Path) -> dict | None:
+    """Mean per-attempt reward and pass change from ``before`` to ``after`` over the attempts both
+    scored (same source, arm and task), with the standard error of the mean paired difference:
+    the noise a before/after table hides. None when either file is missing or they share no
+    scored attempt."""
+    if not (before.is_file() and after.is_file()):
+        return None
+    def load(p):
+        out = {}
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            if not r["infra_failed"]:
+                out[(r.get("source"), r["arm"], r["task_id"])] = r
+        return out
+
+    a, b = load(before), load(after)
+    keys = sorted(a.keys() & b.keys())
+    if not keys:
+        return None
+    out = {"attempts": len(keys)}
+    for name, f in (("reward", lambda r: r["reward"] or 0.0), ("passed", lambda r: float(r["passed"]))):
+        d = [f(b[k]) - f(a[k]) for k in keys]
+        mean = sum(d) / len(d)
+        var = sum((x - mean) ** 2 for x in d) / (len(d) - 1) if len(d) > 1 else 0.0
+        out[f"{name}_change"], out[f"{name}_change_se"] = mean, math.sqrt(var / len(d))
+    return out
 
 
 async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, command: str, name: str, n: int,
@@ -67,6 +122,7 @@ async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, com
     bar.close()
     scored = [s for s in seqs if not s.infra_failed]
     return {"success": sum(s.passed for s in scored) / max(len(scored), 1), "tasks": len(scored),
+            "rows": [sequence_row(s) for s in seqs],
             "infra_failed": len(seqs) - len(scored),
             "turns_mean": sum(s.turns for s in seqs) / max(len(seqs), 1),
             "statuses": {k.value: sum(s.status is k for s in seqs) for k in Status}}

@@ -35,7 +35,7 @@ from rlonce.model import loader
 from rlonce.model.chat import get_format
 from rlonce.model.precision import wants_autocast
 from rlonce.recipes import provenance
-from rlonce.recipes.evaluate import heldout_success, outside_success
+from rlonce.recipes.evaluate import heldout_success, keep_rows, outside_success, paired_change, write_rows
 from rlonce.recipes.rl import rl_phase
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
@@ -244,6 +244,7 @@ class Job:
             per_source[label] = await heldout_success(
                 src.domain, self.engine, src.spec, count, desc if len(self.sources) == 1 else f"{desc} {label}",
                 concurrency=self.cfg.eval.concurrency, progress=self.progress)
+        keep_rows(self.out, desc, per_source)
         if len(per_source) == 1:
             return {**next(iter(per_source.values())), "per_source": per_source}
         return {"success": sum(self.sources[k].plan.share * v["success"] for k, v in per_source.items()),
@@ -353,6 +354,7 @@ class Job:
             "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
             "final_success_per_arm": final["per_arm"],
             "baseline_success_per_arm": st.baseline_per_arm,
+            "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl", self.out / "eval" / "final.jsonl"),
         }
         if self.grading is not None:
             summary["grading"] = grading_totals(read_jsonl(self.out / "metrics.jsonl"))
@@ -375,6 +377,7 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
         if harness_cmd:
             res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
                                                               harness_timeout))
+            write_rows(job.out / "eval" / f"{harness_name}.jsonl", res["outside"].pop("rows"), source=None)
             res["per_arm"][harness_name] = res["outside"]["success"]
         return res
     finally:

@@ -1,0 +1,46 @@
+"""Per-attempt evaluation records and the paired before/after change, against hand-computed values."""
+
+import json
+
+import pytest
+
+from rlonce.recipes.evaluate import keep_rows, paired_change, write_rows
+
+
+def row(task, reward, passed, infra=False, arm="mini-bash"):
+    return {"task_id": task, "arm": arm, "reward": reward, "passed": passed, "status": "infra" if infra else "submitted",
+            "infra_failed": infra}
+
+
+def test_paired_change_is_the_mean_difference_over_attempts_both_scored(tmp_path):
+    before, after = tmp_path / "b.jsonl", tmp_path / "a.jsonl"
+    write_rows(before, [row("t1", 0.2, False), row("t2", 0.5, True), row("t3", None, False, infra=True),
+                        row("t4", 1.0, True)], source="s")
+    write_rows(after, [row("t1", 0.4, True), row("t2", 0.5, True), row("t3", 1.0, True),
+                       row("t4", None, False, infra=True), row("t5", 1.0, True)], source="s")
+    ch = paired_change(before, after)
+    # t3 and t4 are infrastructure failures on one side, t5 was not evaluated before: t1 and t2 remain.
+    # reward differences 0.2 and 0.0: mean 0.1, sample variance 0.02, SE sqrt(0.02 / 2) = 0.1
+    # pass differences 1 and 0: mean 0.5, sample variance 0.5, SE sqrt(0.5 / 2) = 0.5
+    assert ch["attempts"] == 2
+    assert ch["reward_change"] == pytest.approx(0.1) and ch["reward_change_se"] == pytest.approx(0.1)
+    assert ch["passed_change"] == pytest.approx(0.5) and ch["passed_change_se"] == pytest.approx(0.5)
+
+
+def test_paired_change_needs_both_files_and_a_common_attempt(tmp_path):
+    a = tmp_path / "a.jsonl"
+    write_rows(a, [row("t1", 1.0, True)], source="s")
+    assert paired_change(a, tmp_path / "missing.jsonl") is None
+    other = tmp_path / "o.jsonl"
+    write_rows(other, [row("t1", 1.0, True, arm="mini-codex")], source="s")  # another arm: not the same attempt
+    assert paired_change(a, other) is None
+
+
+def test_keep_rows_moves_each_sources_rows_into_one_file(tmp_path):
+    per_source = {"toolfind": {"success": 1.0, "rows": [row("t1", 1.0, True)]},
+                  "arith": {"success": 0.0, "rows": [row("a1", 0.0, False, arm="single-turn")]}}
+    path = keep_rows(tmp_path, "baseline eval", per_source)
+    assert path == tmp_path / "eval" / "baseline.jsonl"
+    assert [json.loads(x)["source"] for x in path.read_text().splitlines()] == ["toolfind", "arith"]
+    assert all("rows" not in v for v in per_source.values())  # the run state never carries them
+    assert keep_rows(tmp_path, "eval 10", {"s": {"rows": []}}).name == "eval-10.jsonl"
