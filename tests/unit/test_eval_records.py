@@ -8,8 +8,8 @@ from rlonce.recipes.evaluate import keep_rows, paired_change, write_rows
 
 
 def row(task, reward, passed, infra=False, arm="mini-bash"):
-    return {"task_id": task, "arm": arm, "reward": reward, "passed": passed, "status": "infra" if infra else "submitted",
-            "infra_failed": infra}
+    return {"task_id": task, "arm": arm, "reward": reward, "passed": passed,
+            "status": "infra" if infra else "submitted", "infra_failed": infra}
 
 
 def test_paired_change_is_the_mean_difference_over_attempts_both_scored(tmp_path):
