@@ -36,13 +36,16 @@ def build_cyber(args) -> int:
     from rlonce.envs.cyber.build import build_pack, require_clang, target_names
 
     require_clang()
-    names = args.targets.split(",") if args.targets else target_names()
+    names = [] if args.targets == "none" else args.targets.split(",") if args.targets else target_names()
     unknown = [n for n in names if n not in target_names()]
     if unknown:
         raise UsageError(f"unknown target(s) {', '.join(unknown)}; shipped targets: {', '.join(target_names())}")
+    if not names and not args.generated:
+        raise UsageError("--targets none builds nothing; add --generated N")
     out = writable_dir(args.out)
-    tasks = build_pack(out, names, progress=not args.quiet)
-    print(f"wrote {len(tasks)} tasks from {len(names)} targets to {out}; next: rlonce tasks validate {out}")
+    tasks = build_pack(out, names, generated=args.generated, seed=args.seed, progress=not args.quiet)
+    print(f"wrote {len(tasks)} tasks from {len(names) + args.generated} targets to {out}; "
+          f"next: rlonce tasks validate {out}")
     return 0
 
 

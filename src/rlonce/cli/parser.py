@@ -155,7 +155,11 @@ def _add_tasks(sub) -> None:
     tb = tsub.add_parser("build", help="synthesise tasks from real packages (code) or the shipped C targets (cyber)")
     tb.add_argument("domain", choices=["code", "cyber"])
     tb.add_argument("--out", required=True, help="pack directory to write")
-    tb.add_argument("--targets", help="cyber: comma-separated subset of the shipped targets (default: all)")
+    tb.add_argument("--targets", help="cyber: comma-separated subset of the shipped targets (default: all; "
+                    "'none': only generated ones)")
+    tb.add_argument("--generated", type=_int(0, 128), default=32,
+                    help="cyber: also generate this many seeded record-parser targets, 8 bugs each (default 32; "
+                    "0 for the shipped six alone)")
     tb.add_argument("--per-package", type=_int(1, 100_000), default=40, help="tasks per package, >= 1 (default 40)")
     tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
     tb.add_argument("--seed", type=_int(0, 2**32 - 1), default=0)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlonce.envs.cyber.generate import write_targets
 from rlonce.envs.cyber.oracle import run_input
 from rlonce.errors import PackError, RlonceError
 
@@ -63,23 +64,31 @@ async def _describe(pack: Path, name: str, bug: dict) -> tuple[dict | None, str]
             "kind": rep.kind, "function": top.function, "file": top.file, "sanitizer": rep.sanitizer}, ""
 
 
-def build_pack(out: Path, names: list[str] | None = None, *, progress: bool = True) -> list[dict]:
-    """Build ``names`` (default: every shipped target) into the pack ``out``; the tasks written."""
+def build_pack(out: Path, names: list[str] | None = None, *, generated: int = 0, seed: int = 0,
+               progress: bool = True) -> list[dict]:
+    """Build ``names`` (default: every shipped target; ``[]``: none) and ``generated`` targets of
+    ``seed`` (``generate.write_targets``) into the pack ``out``; the tasks written."""
     clang = require_clang()
     out = Path(out)
-    names = names or target_names()
+    names = list(target_names() if names is None else names)
     (out / "bin").mkdir(parents=True, exist_ok=True)
-    hashes = {}
-    for name in tqdm(names, desc="compiling targets", unit="target", disable=not progress, leave=False):
+    for name in names:
         dest = out / "targets" / name
         dest.mkdir(parents=True, exist_ok=True)
         for f in (f"{name}.c", "bugs.json"):
             shutil.copyfile(TARGETS / name / f, dest / f)
+    names += write_targets(out / "targets", generated, seed)
+    if not names:
+        raise PackError("no targets to build: name shipped targets or ask for generated ones")
+    hashes = {}
+    for name in tqdm(names, desc="compiling targets", unit="target", disable=not progress, leave=False):
+        dest = out / "targets" / name
         compile_target(dest / f"{name}.c", out / "bin" / name)
         hashes[name] = hashlib.sha256((dest / f"{name}.c").read_bytes()).hexdigest()
     version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     (out / "pack.json").write_text(json.dumps({"domain": "cyber", "clang": version, "flags": FLAGS,
-                                               "targets": hashes}, indent=2) + "\n")
+                                               "targets": hashes, "generated": {"count": generated, "seed": seed}},
+                                              indent=2) + "\n")
     jobs = [(name, bug) for name in names for bug in json.loads((out / "targets" / name / "bugs.json").read_text())]
 
     async def all_() -> list[tuple[dict | None, str]]:
