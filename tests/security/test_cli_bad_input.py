@@ -109,6 +109,8 @@ CASES = [
     ("eval_harness_tasks_negative", ["eval", "--model", "embedded", "--harness-tasks", "-3"], ["--harness-tasks: -3"]),
     ("eval_harness_timeout_nan", ["eval", "--model", "embedded", "--harness-timeout", "nan"],
      ["--harness-timeout: nan", "(0, 86400]"]),
+    ("eval_harness_concurrency_zero", ["eval", "--model", "embedded", "--harness-concurrency", "0"],
+     ["--harness-concurrency: 0", "1..64"]),
     ("build_per_package_zero", ["tasks", "build", "code", "--out", "{root}/built", "--per-package", "0"],
      ["--per-package: 0", "1..100000"]),
     ("build_unknown_package", ["tasks", "build", "code", "--out", "{root}/built", "--packages", "nope"],

@@ -101,7 +101,7 @@ def _eval(args) -> int:
 
     res = evaluate_model(cfg, args.model, args.tasks, progress=not args.quiet, harness_cmd=args.harness_cmd,
                          harness_name=args.harness_name, harness_tasks=args.harness_tasks,
-                         harness_timeout=args.harness_timeout)
+                         harness_timeout=args.harness_timeout, harness_concurrency=args.harness_concurrency)
     print(f"every attempt: {cfg.out}/eval/eval.jsonl" + (f" and {args.harness_name}.jsonl" if args.harness_cmd else ""))
     print(f"held-out success {res['success']:.3f}, mean reward {res['reward']:.3f} on {res['tasks']} tasks "
           f"({res['infra_failed']} infra failures)")

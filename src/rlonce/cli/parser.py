@@ -114,6 +114,9 @@ def _add_eval(sub) -> None:
                    help="held-out tasks for the outside harness (default 20)")
     e.add_argument("--harness-timeout", type=_float(0, 86_400), default=300.0,
                    help="seconds per outside episode, in (0, 86400] (default 300)")
+    e.add_argument("--harness-concurrency", type=_int(1, 64), default=2,
+                   help="outside agents run at a time, 1-64 (default 2; each is a whole process, the engine batches "
+                        "their turns)")
     e.add_argument("--config", help="TOML config giving the task, harness and evaluation settings (e.g. the run's "
                                     "configs/general.toml); a first positional FILE.toml works too")
     e.add_argument("overrides", nargs="*", metavar="[CONFIG.toml] KEY=VALUE")

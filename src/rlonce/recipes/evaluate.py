@@ -95,9 +95,10 @@ def paired_change(before: Path, after: Path) -> dict | None:
 
 
 async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, command: str, name: str, n: int,
-                          timeout: float, *, progress: bool = True) -> dict:
+                          timeout: float, *, concurrency: int = 2, progress: bool = True) -> dict:
     """Held-out success of an outside agent ``command`` (``rlonce.harness.outside``): the gateway
-    serves the engine over HTTP on loopback; two agents run at a time."""
+    serves the engine over HTTP on loopback; ``concurrency`` agents run at a time (each a whole
+    process; the engine batches their turns)."""
     from rlonce.gateway.http import AsyncServer, make_app
     from rlonce.harness.outside import run_outside
 
@@ -108,7 +109,7 @@ async def outside_success(domain: Domain, engine: Engine, spec: RolloutSpec, com
     gateway = spec.gateway(engine, render_tools=True,  # an outside agent's tools are new to the model
                            offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway"))
     bar = tqdm(total=n, desc=f"eval {name}", unit="seq", disable=not progress, leave=False)
-    sem = asyncio.Semaphore(2)  # outside agents are whole processes
+    sem = asyncio.Semaphore(concurrency)
 
     async def one(task):
         async with sem:

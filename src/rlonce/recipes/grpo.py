@@ -253,13 +253,13 @@ class Job:
                 "tasks": sum(v["tasks"] for v in per_source.values()),
                 "infra_failed": sum(v["infra_failed"] for v in per_source.values()), "per_source": per_source}
 
-    async def evaluate_outside(self, command: str, name: str, n: int, timeout: float) -> dict:
+    async def evaluate_outside(self, command: str, name: str, n: int, timeout: float, concurrency: int = 2) -> dict:
         """Held-out success of an outside agent command, served over HTTP (``rlonce.harness.outside``)."""
         self.ensure_engine()
         self.threads("rollout")
         first = next(iter(self.sources.values()))  # an outside agent works on the first source's domain
         return await outside_success(first.domain, self.engine, first.spec, command, name, n, timeout,
-                                     progress=self.progress)
+                                     concurrency=concurrency, progress=self.progress)
 
     def orchestrator(self) -> Orchestrator:
         """The rollout orchestrator over this job's executor, restored to the run's position."""
@@ -367,7 +367,8 @@ class Job:
 
 
 def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True, harness_cmd: str | None = None,
-                   harness_name: str = "outside", harness_tasks: int = 20, harness_timeout: float = 300.0) -> dict:
+                   harness_name: str = "outside", harness_tasks: int = 20, harness_timeout: float = 300.0,
+                   harness_concurrency: int = 2) -> dict:
     """Held-out success of ``model`` ('embedded' or a folder) under each of ``cfg``'s harness
     arms and, with ``harness_cmd``, under an outside agent served over HTTP."""
     find_bwrap()
@@ -376,7 +377,7 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
         res = job.evaluate("eval", n=tasks)
         if harness_cmd:
             res["outside"] = asyncio.run(job.evaluate_outside(harness_cmd, harness_name, harness_tasks,
-                                                              harness_timeout))
+                                                              harness_timeout, harness_concurrency))
             write_rows(job.out / "eval" / f"{harness_name}.jsonl", res["outside"].pop("rows"), source=None)
             res["per_arm"][harness_name] = res["outside"]["success"]
         return res
