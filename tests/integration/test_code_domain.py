@@ -165,15 +165,59 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
     assert lines[0].startswith("change: 1 file(s), ")
     assert lines[0].endswith(f"hidden tests in a fresh sandbox: {n}/{n} passed")
     assert lines[1:] == [f"passed {i}" + (" (fail-to-pass)" if i in t.f2p else "") for i in [*t.f2p, *t.p2p]]
-    r, m = _run(attempt(lambda env: []))
-    assert r == 0.0 and m["tests_passed"] == len(t.p2p)
-    head = f"change: 0 file(s), 0 diff lines; hidden tests in a fresh sandbox: {len(t.p2p)}/{n} passed"
+    # no change to the package: validation saw this tree fail, so nothing runs (a broken testbed
+    # cannot even be noticed) and the reward is 0
+    for broken in (False, True):
+        r, m = _run(attempt(lambda env: [], break_testbed=broken))
+        assert r == 0.0 and m["graded_unchanged"] == 1.0 and m["tests_passed"] == len(t.p2p), m
+        assert m["tests_total"] == n and m["transcript"].startswith("no change to the package's code")
+    comment = [("bash", {"command": f"echo '# a note' >> {t.mut.path}"})]  # a change that fixes nothing
+    r, m = _run(attempt(lambda env: comment))
+    assert r == 0.0 and m["tests_passed"] == len(t.p2p) and "graded_unchanged" not in m
+    head = f"change: 1 file(s), 7 diff lines; hidden tests in a fresh sandbox: {len(t.p2p)}/{n} passed"
     assert m["transcript"].splitlines()[0] == head
     assert all(not x.startswith("passed") for x in m["transcript"].splitlines()[1:len(t.f2p) + 1])
     from rlonce.envs.code.env import TestbedCorrupted
 
     with pytest.raises(TestbedCorrupted):
-        _run(attempt(lambda env: [], break_testbed=True))
+        _run(attempt(lambda env: comment, break_testbed=True))
+
+
+def test_hidden_test_runs_take_turns_across_rollouts(pack, monkeypatch):
+    """Concurrent gradings run their hidden tests one slot at a time, so a run's time is its own."""
+    import threading
+
+    import rlonce.envs.code.env as code_env
+
+    t = validated_tasks(pack)[0]
+    monkeypatch.setattr(code_env, "_TEST_RUNS", threading.BoundedSemaphore(1))
+    running, most = [0], [0]
+    real = code_env.CodeEnv._run_hidden_now
+
+    async def counted(self, changes):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            return await real(self, changes)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(code_env.CodeEnv, "_run_hidden_now", counted)
+
+    async def one():
+        env = CodeEnv(t)
+        await env.setup()
+        try:
+            await env.call_tool("bash", {"command": f"echo '# a note' >> {t.mut.path}"})
+            return (await env.grade(Sequence(t.task_id, "x"))).reward
+        finally:
+            await env.cleanup()
+
+    async def three():
+        return await asyncio.gather(one(), one(), one())
+
+    assert _run(three()) == [0.0, 0.0, 0.0]
+    assert most[0] == 1 and running[0] == 0
 
 
 def test_hack_probes_earn_nothing_and_controls_hold(pack):

@@ -19,6 +19,13 @@ the runner tampered with, is the agent's when the same run without its change is
 Added library code that reaches into the runner or the process (pytest internals, import
 machinery, frames, tracing, the heap, signals, raw fds, dynamic code) is a confirmed hack:
 reward 0 and ``Sequence.hack_confirmed``.
+
+What grading costs: a workspace whose package code is unchanged is not run — validation ran the
+unchanged buggy tree and saw its fail-to-pass tests fail every time, so its reward is 0 without a
+sandbox (``graded_unchanged``). The hidden-test runs of all rollouts in the process take turns
+through ``TEST_RUN_SLOTS`` (one per usable core), so a run's wall time measures the tests and not
+a queue of sixty others: on two cores, 64 concurrent gradings made 65 % of a step's sequences
+``testbed_corrupted`` (their clean reruns overran the validated timeout too).
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import difflib
 import io
+import os
 import re
 import stat
 import tempfile
+import threading
 import tokenize
 from pathlib import Path
 
@@ -52,6 +61,17 @@ EDITOR_TOOL = function_tool(
      "path": {"type": "string"}, "file_text": {"type": "string"}, "old_str": {"type": "string"},
      "new_str": {"type": "string"}, "insert_line": {"type": "integer"}},
     ["command", "path"])
+
+TEST_RUN_SLOTS = max(1, len(os.sched_getaffinity(0)))
+_TEST_RUNS = threading.BoundedSemaphore(TEST_RUN_SLOTS)
+"""Hidden-test runs at once in this process, over every event loop (rollout threads each run one)."""
+
+
+async def _test_run_slot() -> None:
+    """Wait for a hidden-test slot without blocking the event loop (a cancelled waiter holds none)."""
+    while not _TEST_RUNS.acquire(blocking=False):
+        await asyncio.sleep(0.05)
+
 
 TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)(test_[^/]*|[^/]*_test|conftest)\.py$")
 CARRY_MAX_FILE = 1 << 20
@@ -157,6 +177,12 @@ class CodeEnv:
                 self.metrics["hack_runner_tampering"] = 1.0
                 return Grade(0.0, passed=False, transcript="the change adds test-runner tampering: "
                                                            f"{'; '.join(hits[:5])}: confirmed hack, reward 0")
+            if not changes:  # the validated buggy tree: its fail-to-pass tests fail, nothing to run
+                self.metrics.update({"graded_unchanged": 1.0, "tests_passed": float(len(self.task.p2p)),
+                                     "tests_total": float(len(self.task.f2p) + len(self.task.p2p))})
+                return Grade(0.0, passed=False, transcript="no change to the package's code: validation saw the "
+                                                           f"{len(self.task.f2p)} fail-to-pass test(s) fail on this "
+                                                           "tree, so it is not run again: reward 0")
             outcomes = await self._fresh_run(changes, sequence)
         finally:
             await asyncio.to_thread(hostfs.remove_tree, scratch)
@@ -180,22 +206,20 @@ class CodeEnv:
         rep = await self._run_hidden(changes)
         if rep is not None and not rep.get("tampered"):
             return rep["tests"]
-        # No usable report with the agent's change: a healthy testbed without it means the change
-        # broke or tampered with the run (the model's doing, reward 0); a testbed that fails
-        # anyway is infrastructure.
-        slow = False
-        if changes:
-            clean = await self._run_hidden({})
-            # a clean run slower than half the timeout says the machine, not the change, may
-            # have run the agent's tests out of time: that is infrastructure, not a model failure
-            slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
-            if clean is not None and not clean.get("tampered") and not slow:
-                if rep is not None:
-                    sequence.hack_confirmed = True
-                    self.metrics["hack_runner_tampering"] = 1.0
-                else:
-                    self.metrics["tests_crashed"] = 1.0
-                return {}
+        # No usable report with the agent's change (``changes`` is never empty here): a healthy
+        # testbed without it means the change broke or tampered with the run (the model's doing,
+        # reward 0); a testbed that fails anyway is infrastructure.
+        clean = await self._run_hidden({})
+        # a clean run slower than half the timeout says the machine, not the change, may
+        # have run the agent's tests out of time: that is infrastructure, not a model failure
+        slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
+        if clean is not None and not clean.get("tampered") and not slow:
+            if rep is not None:
+                sequence.hack_confirmed = True
+                self.metrics["hack_runner_tampering"] = 1.0
+            else:
+                self.metrics["tests_crashed"] = 1.0
+            return {}
         if slow:
             raise TestbedCorrupted(f"the agent's test run hit its {self.task.timeout:g} s timeout and the clean run "
                                    f"took {clean['seconds']:.1f} s: the machine is too loaded to tell why")
@@ -204,6 +228,13 @@ class CodeEnv:
         raise TestbedCorrupted(f"the test run without the agent's change failed: {why}")
 
     async def _run_hidden(self, changes: dict[str, bytes | None]) -> dict | None:
+        await _test_run_slot()
+        try:
+            return await self._run_hidden_now(changes)
+        finally:
+            _TEST_RUNS.release()
+
+    async def _run_hidden_now(self, changes: dict[str, bytes | None]) -> dict | None:
         sbx = make_sandbox(self.task.spec, self._tb())
         try:
             await asyncio.to_thread(materialize, self.task, sbx.workspace, git=False)
