@@ -20,6 +20,9 @@
   ``runtime.micro_batch_tokens`` (2048, the default) vs all of them in one 16384-token
   micro-batch (the earlier fixed size): seconds, minor page faults and the resident-memory peak
   of each (measured in a child process of its own, so one's peak does not hide the other's).
+* compile (only when asked: ``--parts compile``): ``torch.compile`` of the decode step with a
+  static cache vs the raw loop, compile time apart, and whether the engine's own path compiles
+  (``compiled.py``).
 
 Each pair runs interleaved, ``--repeats`` times, and the table reports medians and the ratio
 (rlonce / baseline): this machine is shared and noisy, so only side-by-side ratios mean
@@ -274,6 +277,10 @@ def main() -> None:
                          {"tps": engine_decode(eng, args.prompt_len, batch, args.new_tokens)}))
         _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
     eng.close()
+    if "compile" in parts:
+        from compiled import compile_pair
+
+        compile_pair(results, raw_model, engine, args, raw_decode, engine_decode)
 
     workloads = {"toolfind": record_shapes("toolfind", args.model, args.sessions, tempfile.mkdtemp())} \
         if parts & {"reuse", "continuous"} else {}
@@ -297,10 +304,11 @@ def main() -> None:
         packing_pair(results, lm, args)
     if "microbatch" in parts:
         microbatch_pair(results, str(model_dir), args)
+    notes = {k: results.pop(k) for k in [k for k in results if "raw" not in results[k]]}
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    (out / "results.json").write_text(json.dumps({"model": args.model, "peak_rss_mb": peak_mb, **results},
+    (out / "results.json").write_text(json.dumps({"model": args.model, "peak_rss_mb": peak_mb, **results, **notes},
                                                  indent=2) + "\n")
     from rlonce.telemetry.bench import paired_bars, write_table
 
@@ -318,6 +326,16 @@ def main() -> None:
         d = results["microbatch"]["detail"]
         extra.append("- microbatch: " + "; ".join(f"{t} tokens: {d[str(t)]['faults']:.0f} minor page faults per step, "
                                                   f"peak memory {d[str(t)]['peak_mb']:.0f} MiB" for t in MICRO_BATCHES))
+    for key in [k for k in results if k.startswith("compile_")]:
+        d = results[key]["detail"]
+        extra.append(f"- {key}: eager model over the same StaticCache {d['eager_static_tps']:.0f} tokens/s; "
+                     f"compiling took {d['compile_s']:.1f} s")
+    if "compile_engine" in notes:
+        d = notes["compile_engine"]["detail"]
+        extra.append("- TorchEngine with torch.compile(dynamic=True): " + (
+            f"failed after {d['compile_s']:.1f} s: {d['error']}" if d["error"] else
+            "; ".join(f"{b} session(s) {e:.0f} tokens/s eager, {c:.0f} compiled" for b, (e, c) in
+                      d["engine_tps"].items())))
     extra.append(f"- model {args.model}; peak resident memory of this process {peak_mb:.0f} MiB")
     with open(out / "results.md", "a") as f:
         f.write("\n" + "\n".join(extra) + "\n")
