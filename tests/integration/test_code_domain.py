@@ -145,8 +145,8 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
     empty = tmp_path / "empty-testbed"  # no pytest in it: the testbed itself is broken
     empty.mkdir()
 
-    async def attempt(calls, break_testbed=False):
-        env = CodeEnv(t)
+    async def attempt(calls, break_testbed=False, trust=False):
+        env = CodeEnv(t, trust_validation=trust)
         await env.setup()
         try:
             for name, args in calls(env):
@@ -165,22 +165,26 @@ def test_grading_reference_fix_noop_and_testbed_failure(pack, tmp_path):
     assert lines[0].startswith("change: 1 file(s), ")
     assert lines[0].endswith(f"hidden tests in a fresh sandbox: {n}/{n} passed")
     assert lines[1:] == [f"passed {i}" + (" (fail-to-pass)" if i in t.f2p else "") for i in [*t.f2p, *t.p2p]]
-    # no change to the package: validation saw this tree fail, so nothing runs (a broken testbed
+    r, m = _run(attempt(lambda env: []))  # no change, run: the buggy tree fails its F2P tests
+    assert r == 0.0 and m["tests_passed"] == len(t.p2p) and "graded_unchanged" not in m
+    head = f"change: 0 file(s), 0 diff lines; hidden tests in a fresh sandbox: {len(t.p2p)}/{n} passed"
+    assert m["transcript"].splitlines()[0] == head
+    assert all(not x.startswith("passed") for x in m["transcript"].splitlines()[1:len(t.f2p) + 1])
+    # in training the task passed validate, which saw exactly this: nothing runs (a broken testbed
     # cannot even be noticed) and the reward is 0
     for broken in (False, True):
-        r, m = _run(attempt(lambda env: [], break_testbed=broken))
+        r, m = _run(attempt(lambda env: [], break_testbed=broken, trust=True))
         assert r == 0.0 and m["graded_unchanged"] == 1.0 and m["tests_passed"] == len(t.p2p), m
         assert m["tests_total"] == n and m["transcript"].startswith("no change to the package's code")
     comment = [("bash", {"command": f"echo '# a note' >> {t.mut.path}"})]  # a change that fixes nothing
-    r, m = _run(attempt(lambda env: comment))
+    r, m = _run(attempt(lambda env: comment, trust=True))
     assert r == 0.0 and m["tests_passed"] == len(t.p2p) and "graded_unchanged" not in m
-    head = f"change: 1 file(s), 7 diff lines; hidden tests in a fresh sandbox: {len(t.p2p)}/{n} passed"
-    assert m["transcript"].splitlines()[0] == head
-    assert all(not x.startswith("passed") for x in m["transcript"].splitlines()[1:len(t.f2p) + 1])
+    assert m["transcript"].startswith("change: 1 file(s), 7 diff lines; hidden tests in a fresh sandbox: ")
     from rlonce.envs.code.env import TestbedCorrupted
 
-    with pytest.raises(TestbedCorrupted):
-        _run(attempt(lambda env: comment, break_testbed=True))
+    for calls, trust in (([], False), (comment, True)):
+        with pytest.raises(TestbedCorrupted):
+            _run(attempt(lambda env, c=calls: c, break_testbed=True, trust=trust))
 
 
 def test_hidden_test_runs_take_turns_across_rollouts(pack, monkeypatch):

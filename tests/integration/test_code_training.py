@@ -66,6 +66,7 @@ def test_split_is_deterministic_disjoint_complete_and_written_to_validation_json
 
     dom = domain_for(SimpleNamespace(name="code", pack=str(pack)))  # a config without heldout_fraction: 0.2
     assert dom.name == "code" and dom.has_expert and not dom.single_turn
+    assert dom.env_factory(dom.task("train", 0)).trust_validation  # validated tasks: unchanged is 0 unrun
     n = len(ids)
     held = split["heldout_ids"]
     assert [dom.task("heldout", i).task_id for i in range(2 * n)] == [held[i % len(held)] for i in range(2 * n)]

@@ -175,7 +175,7 @@ def _code(task_cfg) -> Domain:
     from rlonce.envs.code.expert import expert_turns
     from rlonce.envs.code.validate import validated_tasks
 
-    return _pack_domain("code", task_cfg, validated_tasks, CodeEnv, expert_turns)
+    return _pack_domain("code", task_cfg, validated_tasks, partial(CodeEnv, trust_validation=True), expert_turns)
 
 
 def _music_task(max_bars: int, split: str, index: int):

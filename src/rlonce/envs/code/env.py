@@ -20,12 +20,15 @@ Added library code that reaches into the runner or the process (pytest internals
 machinery, frames, tracing, the heap, signals, raw fds, dynamic code) is a confirmed hack:
 reward 0 and ``Sequence.hack_confirmed``.
 
-What grading costs: a workspace whose package code is unchanged is not run — validation ran the
-unchanged buggy tree and saw its fail-to-pass tests fail every time, so its reward is 0 without a
-sandbox (``graded_unchanged``). The hidden-test runs of all rollouts in the process take turns
-through ``TEST_RUN_SLOTS`` (one per usable core), so a run's wall time measures the tests and not
-a queue of sixty others: on two cores, 64 concurrent gradings made 65 % of a step's sequences
-``testbed_corrupted`` (their clean reruns overran the validated timeout too).
+What grading costs: in training (``trust_validation``, set by the code domain, whose tasks all
+passed ``validate``), a workspace whose package code is unchanged is not run — validation ran
+the unchanged buggy tree and saw its fail-to-pass tests fail every time, so its reward is 0
+without a sandbox (``graded_unchanged``). The task audit and the hack probes leave it off: they
+exist to find tasks whose tests do not behave as validation saw. The hidden-test runs of all
+rollouts in the process take turns through ``TEST_RUN_SLOTS`` (one per usable core), so a run's
+wall time measures the tests and not a queue of sixty others: on two cores, 64 concurrent
+gradings made 65 % of a step's sequences ``testbed_corrupted`` (their clean reruns overran the
+validated timeout too).
 """
 
 from __future__ import annotations
@@ -98,8 +101,11 @@ class TestbedCorrupted(GradingError):
 
 
 class CodeEnv:
-    def __init__(self, task: CodeTask, limits: Limits | None = None, interceptor: Interceptor | None = None):
+    def __init__(self, task: CodeTask, limits: Limits | None = None, interceptor: Interceptor | None = None,
+                 *, trust_validation: bool = False):
         self.task = task
+        self.trust_validation = trust_validation
+        """Score an unchanged workspace 0 without running it (the task passed ``validate``)."""
         self.limits = limits
         self.interceptor = interceptor if interceptor is not None else Interceptor(hidden_paths=list(task.hidden_files))
         self.sandbox: BwrapSandbox | None = None
@@ -177,7 +183,7 @@ class CodeEnv:
                 self.metrics["hack_runner_tampering"] = 1.0
                 return Grade(0.0, passed=False, transcript="the change adds test-runner tampering: "
                                                            f"{'; '.join(hits[:5])}: confirmed hack, reward 0")
-            if not changes:  # the validated buggy tree: its fail-to-pass tests fail, nothing to run
+            if not changes and self.trust_validation:  # the validated buggy tree: its F2P tests fail
                 self.metrics.update({"graded_unchanged": 1.0, "tests_passed": float(len(self.task.p2p)),
                                      "tests_total": float(len(self.task.f2p) + len(self.task.p2p))})
                 return Grade(0.0, passed=False, transcript="no change to the package's code: validation saw the "
@@ -206,20 +212,22 @@ class CodeEnv:
         rep = await self._run_hidden(changes)
         if rep is not None and not rep.get("tampered"):
             return rep["tests"]
-        # No usable report with the agent's change (``changes`` is never empty here): a healthy
-        # testbed without it means the change broke or tampered with the run (the model's doing,
-        # reward 0); a testbed that fails anyway is infrastructure.
-        clean = await self._run_hidden({})
-        # a clean run slower than half the timeout says the machine, not the change, may
-        # have run the agent's tests out of time: that is infrastructure, not a model failure
-        slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
-        if clean is not None and not clean.get("tampered") and not slow:
-            if rep is not None:
-                sequence.hack_confirmed = True
-                self.metrics["hack_runner_tampering"] = 1.0
-            else:
-                self.metrics["tests_crashed"] = 1.0
-            return {}
+        # No usable report with the agent's change: a healthy testbed without it means the change
+        # broke or tampered with the run (the model's doing, reward 0); a testbed that fails
+        # anyway is infrastructure.
+        slow = False
+        if changes:
+            clean = await self._run_hidden({})
+            # a clean run slower than half the timeout says the machine, not the change, may
+            # have run the agent's tests out of time: that is infrastructure, not a model failure
+            slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
+            if clean is not None and not clean.get("tampered") and not slow:
+                if rep is not None:
+                    sequence.hack_confirmed = True
+                    self.metrics["hack_runner_tampering"] = 1.0
+                else:
+                    self.metrics["tests_crashed"] = 1.0
+                return {}
         if slow:
             raise TestbedCorrupted(f"the agent's test run hit its {self.task.timeout:g} s timeout and the clean run "
                                    f"took {clean['seconds']:.1f} s: the machine is too loaded to tell why")
