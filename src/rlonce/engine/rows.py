@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlonce.engine import kvcache
+from rlonce.engine import kvcache, solo
 from rlonce.engine.base import Generation, SamplingParams, Watch
 
 
@@ -54,6 +54,8 @@ class Row:
         self.sizes: list[int] | None = [] if s.records_candidates else None
         self.reason: str | None = None
         self.t0, self.prefill_s, self.batch_size = time.perf_counter(), 0.0, 0
+        self.compiled = 0
+        """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.solo``)."""
 
     def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> bool:
         """Append the token (and its candidate-set size, where top-k/top-p is on) and decide whether
@@ -81,7 +83,7 @@ class Row:
         return Generation(self.tokens, self.logps, [version] * len(self.tokens), self.reason or "length",
                           metrics={"wave_size": self.batch_size, "wave_seconds": time.perf_counter() - self.t0,
                                    "prefill_seconds": self.prefill_s, "prompt_tokens": len(self.req.prompt_ids),
-                                   "cached_prompt_tokens": self.reused},
+                                   "cached_prompt_tokens": self.reused, "compiled_tokens": self.compiled},
                           candidates=self.sizes)
 
 
@@ -107,6 +109,10 @@ class Batch:
         self.rows = [row for p in parts for row in p.rows]
         self._sampling_key: list[int] | None = None
         self._sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
+        self.static = None
+        """While the batch is one row decoding compiled: its static cache, ``n`` columns filled
+        (``cache`` is then None)."""
+        self.n = 0
         self.dense = bool(self.attn_BL.all())
         """No masked column: the model needs no attention mask (decoding appends unmasked columns)."""
         for row in self.rows:
@@ -128,7 +134,7 @@ class Batch:
         return Part(self.kv(), self.attn_BL, self.pos_R, self.logits_BV, self.rows)
 
     def kv(self) -> kvcache.KV:
-        return kvcache.kv_of(self.cache)
+        return solo.kv_of(self.static, self.n) if self.static is not None else kvcache.kv_of(self.cache)
 
     @property
     def live(self) -> int:

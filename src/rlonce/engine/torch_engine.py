@@ -16,6 +16,9 @@ trainer renormalises over.
 turn of an agent session — runs the model only on its new tokens. A weight load drops every
 kept cache (they belong to the old weights), so a partial rollout continued after an update
 re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joiners.
+
+**Compiled one-row decoding** (``compile_solo``): a batch down to one row decodes with the model
+``torch.compile``-d over a static cache (``rlonce.engine.solo``); off by default.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rlonce.core import faults
 from rlonce.engine import kvcache
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.engine.rows import Batch, Part, Request, Row, left_pad
+from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
 from rlonce.model import precision
 
@@ -71,7 +75,7 @@ class TorchEngine:
     def __init__(self, model, *, eos_token_ids: list[int], pad_token_id: int, max_batch_size: int = 64,
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
                  compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
-                 threads: int | None = None):
+                 threads: int | None = None, compile_solo: bool = False):
         self.model = model.eval()
         self.eos = set(eos_token_ids)
         self.pad = pad_token_id
@@ -87,6 +91,8 @@ class TorchEngine:
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
+        self.solo = Solo(self.model) if compile_solo else None
+        """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # held while a batch runs, and for a weight load
@@ -159,6 +165,8 @@ class TorchEngine:
         if self.prefixes is not None:
             out.update({f"prefix_{k}": v for k, v in self.prefixes.stats.items()})
             out["prefix_kept_mb"] = self.prefixes.used / 2**20
+        if self.solo is not None:
+            out.update(self.solo.stats)
         return out
 
     # ---- worker --------------------------------------------------------------------------
@@ -308,10 +316,43 @@ class TorchEngine:
         next_R = torch.tensor([[row.tokens[-1] if row.reason is None else self.pad] for row in b.rows])
         b.attn_BL = torch.cat([b.attn_BL, torch.ones((len(b.rows), 1), dtype=torch.long)], dim=1)
         b.pos_R = b.pos_R + 1
-        out = self.model(input_ids=next_R, attention_mask=None if b.dense else b.attn_BL,
-                         position_ids=b.pos_R[:, None], use_cache=True, **{self._cache_kw: b.cache})
-        b.logits_BV = out.logits[:, -1]
+        logits = self._solo_step(b, next_R) if self.solo is not None and len(b.rows) == 1 else None
+        if logits is None:
+            out = self.model(input_ids=next_R, attention_mask=None if b.dense else b.attn_BL,
+                             position_ids=b.pos_R[:, None], use_cache=True, **{self._cache_kw: b.cache})
+            logits = out.logits[:, -1]
+        b.logits_BV = logits
         return True
+
+    def _solo_step(self, b: Batch, next_R: torch.Tensor) -> torch.Tensor | None:
+        """Run the one row's new token compiled over a static cache (moving its cache there first);
+        None: run it eagerly (compiling failed, or the static cache is full)."""
+        solo, row = self.solo, b.rows[0]
+        if solo.failed is not None:
+            return None
+        if b.static is not None and b.n >= b.static.layers[0].max_cache_len:  # full: back to a growing cache
+            b.cache, b.static = kvcache.new_cache(b.kv()), None
+        if b.static is None:
+            if b.cache is None:
+                return None
+            kv = kvcache.row_of(b.kv(), b.attn_BL[:, :-1], 0)  # its attended columns, holes dropped
+            n = kv[0][0].shape[-2]
+            static = solo.start(kv, max(1, min(row.max_new - len(row.tokens), self.max_context - n)))
+            try:
+                faults.point("engine.compile", EngineError)
+                logits = solo.step(static, n, next_R, b.pos_R[:, None])
+            except Exception as e:  # noqa: BLE001 - compiling failed: say so once, decode eagerly
+                solo.give_up(e)
+                return None
+            solo.stats["compiled_entries"] += 1
+            b.static, b.cache, b.dense = static, None, True
+        else:
+            n = b.n
+            logits = solo.step(b.static, n, next_R, b.pos_R[:, None])
+        b.n = n + 1
+        b.attn_BL = torch.ones((1, b.n), dtype=torch.long)
+        row.compiled += 1
+        return logits
 
     def _finish(self, b: Batch, r: int, row: Row, lane: str) -> None:
         """Answer row ``r`` now, and keep its cache for a later turn that starts with its tokens."""
