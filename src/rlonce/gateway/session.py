@@ -284,7 +284,7 @@ class Session:
         sizes = None if gen.candidates is None and more.candidates is None else (
             (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
         metrics = {**gen.metrics, **more.metrics}
-        for k in ("prompt_tokens", "cached_prompt_tokens"):  # both prefills count
+        for k in ("prompt_tokens", "cached_prompt_tokens", "compiled_tokens"):  # both parts count
             if k in gen.metrics or k in more.metrics:
                 metrics[k] = gen.metrics.get(k, 0) + more.metrics.get(k, 0)
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
@@ -389,4 +389,5 @@ def session_metrics(s: Session) -> dict[str, float]:
             "reasoning_branches": float(sum(1 for e in s.events if e.get("reasoning_rewritten"))),
             "interrupts": float(s.interrupts),
             "prompt_tokens": float(sum(g.metrics.get("prompt_tokens", 0) for g in s.generations)),
-            "cached_prompt_tokens": float(sum(g.metrics.get("cached_prompt_tokens", 0) for g in s.generations))}
+            "cached_prompt_tokens": float(sum(g.metrics.get("cached_prompt_tokens", 0) for g in s.generations)),
+            "compiled_tokens": float(sum(g.metrics.get("compiled_tokens", 0) for g in s.generations))}

@@ -120,6 +120,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "train_seconds": x.train_seconds,
         "step_seconds": x.rollout_seconds + x.train_seconds,
         "generated_tokens_per_s": gen_tokens / max(x.rollout_seconds, 1e-9),
+        "compiled_decode_share": sum(s.metrics.get("compiled_tokens", 0.0) for s in seqs) / max(gen_tokens, 1.0),
         **_prefill(seqs),
         "retained_rows": x.retained_rows,
         "version": x.version,
