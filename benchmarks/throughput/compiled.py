@@ -1,4 +1,5 @@
-"""``--parts compile``: would ``torch.compile`` pay for decoding on this CPU?
+"""``--parts compile``: would ``torch.compile`` pay for decoding on this CPU? ``--parts solo``: what the
+engine's compiled one-row decoding (``engine.compile_solo``) buys.
 
 Greedy decoding of one model, three ways at the same batch size: the eager model over a growing
 ``DynamicCache`` (the raw baseline of the decode part), the eager model over a transformers
@@ -9,7 +10,16 @@ calls at each batch size (compilation) are timed apart and reported, not hidden 
 Then the engine's own decode path: a ``TorchEngine`` whose model is ``torch.compile(...,
 dynamic=True)`` (its caches grow by a column each step, so static shapes would recompile at every
 token). Whether that compiles, and its tokens/s when it does, are reported next to the eager
-engine. Nothing here is used by the product: it is the measurement that decides whether to build it.
+engine. Every loop's time includes its prompt's prefill, as the raw loop's does.
+
+``train_compile``: a training forward + backward (full-vocabulary cross-entropy, padded rows of
+80–128 tokens, two threads, as the trainer runs) eager vs ``torch.compile(..., dynamic=True)``,
+compile time apart — whether compiling the training step would pay.
+
+``solo_pair``: the engine with ``compile_solo`` (a batch down to one row decodes compiled over a
+static cache) vs the raw loop and the eager engine at one session, and vs the eager engine on a
+ragged wave — 16 sessions of 16 to 256 new tokens, whose tail runs one row at a time. The first
+calls (compiling each static cache size) are timed apart.
 """
 
 from __future__ import annotations
@@ -23,11 +33,11 @@ def static_decode(model, fwd, prompt_len: int, batch: int, new_tokens: int) -> f
     from transformers import StaticCache
 
     ids = torch.randint(10, 700, (batch, prompt_len))
+    t0 = time.perf_counter()
     with torch.inference_mode():
         cache = StaticCache(config=model.config, max_batch_size=batch, max_cache_len=prompt_len + new_tokens,
                             dtype=next(model.parameters()).dtype)
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt_len))
-        t0 = time.perf_counter()
         for i in range(new_tokens):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             p = prompt_len + i
@@ -75,3 +85,86 @@ def compile_pair(results: dict, raw_model, make_engine, args, raw_decode, engine
     results["compile_engine"] = {"what": "TorchEngine, torch.compile(dynamic=True)", "detail": detail}
     eager.close()
     dyn.close()
+
+
+def ragged_decode(engine, prompt_len: int, sessions: int = 16, longest: int = 256) -> float:
+    """Tokens/s of ``sessions`` concurrent requests asking for 16 to ``longest`` new tokens."""
+    import asyncio
+
+    import torch
+
+    from rlonce.engine.base import SamplingParams
+
+    lengths = [16 + (longest - 16) * i // max(1, sessions - 1) for i in range(sessions)]
+    prompts = [torch.randint(10, 700, (prompt_len,)).tolist() for _ in lengths]
+
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=n))
+                                      for p, n in zip(prompts, lengths)))
+
+    t0 = time.perf_counter()
+    gens = asyncio.run(go())
+    return sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0)
+
+
+def solo_pair(results: dict, raw_model, make_engine, args, raw_decode, engine_decode) -> None:
+    eager, solo = make_engine(), make_engine(compile_solo=True)
+    t0 = time.perf_counter()
+    engine_decode(solo, args.prompt_len, 1, 8)  # the static cache size of one session of this benchmark
+    ragged_decode(solo, args.prompt_len)  # and of the ragged wave's longest rows
+    compile_s = time.perf_counter() - t0
+    if solo.solo.failed:
+        results["solo_failed"] = {"what": "engine.compile_solo", "detail": {"error": solo.solo.failed}}
+        return
+    engine_decode(eager, args.prompt_len, 1, 8)
+    ragged_decode(eager, args.prompt_len)
+    one, ragged = [], []
+    for _ in range(args.repeats):
+        one.append((raw_decode(raw_model, args.prompt_len, 1, args.new_tokens),
+                    engine_decode(eager, args.prompt_len, 1, args.new_tokens),
+                    engine_decode(solo, args.prompt_len, 1, args.new_tokens)))
+        for _ in range(3):  # a short measurement, and a noisy one
+            ragged.append((ragged_decode(eager, args.prompt_len), ragged_decode(solo, args.prompt_len)))
+    med = [sorted(r[i] for r in one)[len(one) // 2] for i in range(3)]
+    results["solo_1"] = {
+        "what": "decode, 1 session, engine.compile_solo, tokens/s", "baseline": "raw model", "raw": med[0],
+        "rlonce": med[2], "detail": {"eager_engine_tps": med[1], "compile_s": compile_s, "runs": one,
+                                     "stats": solo.stats}}
+    rmed = [sorted(r[i] for r in ragged)[len(ragged) // 2] for i in range(2)]
+    results["solo_ragged"] = {
+        "what": "decode, 16 sessions of 16-256 new tokens, engine.compile_solo, tokens/s", "baseline": "eager engine",
+        "raw": rmed[0], "rlonce": rmed[1], "detail": {"runs": ragged}}
+    eager.close()
+    solo.close()
+
+
+def train_compile(results: dict, raw_model, args) -> None:
+    import copy
+
+    import torch
+
+    shapes = [(16, 96), (16, 128), (16, 112), (16, 80)]
+
+    def run(fwd, model) -> float:
+        t0 = time.perf_counter()
+        for B, T in shapes:
+            ids = torch.randint(10, 700, (B, T))
+            logits = fwd(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, :-1]
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                              ids[:, 1:].reshape(-1)).backward()
+            model.zero_grad(set_to_none=True)
+        return sum(B * T for B, T in shapes) / (time.perf_counter() - t0)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    eager, other = copy.deepcopy(raw_model).train(), copy.deepcopy(raw_model).train()
+    compiled = torch.compile(other, dynamic=True)
+    t0 = time.perf_counter()
+    run(compiled, other)
+    compile_s = time.perf_counter() - t0
+    runs = [(run(eager, eager), run(compiled, other)) for _ in range(args.repeats)]
+    torch.set_num_threads(threads)
+    med = [sorted(r[i] for r in runs)[len(runs) // 2] for i in range(2)]
+    results["compile_train"] = {
+        "what": "train forward+backward, 64 padded rows of 80-128 tokens, torch.compile(dynamic=True), tokens/s",
+        "baseline": "eager", "raw": med[0], "rlonce": med[1], "detail": {"compile_s": compile_s, "runs": runs}}

@@ -20,8 +20,13 @@
   ``runtime.micro_batch_tokens`` (2048, the default) vs all of them in one 16384-token
   micro-batch (the earlier fixed size): seconds, minor page faults and the resident-memory peak
   of each (measured in a child process of its own, so one's peak does not hide the other's).
-* compile (only when asked: ``--parts compile``): ``torch.compile`` of the decode step with a
-  static cache vs the raw loop, compile time apart, and whether the engine's own path compiles
+* solo: the engine with ``engine.compile_solo`` (a batch down to one row decodes compiled over
+  a static cache) at one session vs the raw loop (and the eager engine), and on a ragged wave of
+  16 sessions (16–256 new tokens: the tail runs one row at a time) vs the eager engine; compile
+  time apart (``compiled.py``).
+* compile (only when asked: ``--parts compile``): ``torch.compile`` of the model over a
+  transformers ``StaticCache`` vs the raw loop, compile time apart, whether the engine's
+  growing-cache path compiles, and a compiled training forward + backward vs the eager one
   (``compiled.py``).
 
 Each pair runs interleaved, ``--repeats`` times, and the table reports medians and the ratio
@@ -235,7 +240,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,reuse,continuous,train,packing,microbatch",
+    ap.add_argument("--parts", default="decode,solo,reuse,continuous,train,packing,microbatch",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -277,10 +282,15 @@ def main() -> None:
                          {"tps": engine_decode(eng, args.prompt_len, batch, args.new_tokens)}))
         _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
     eng.close()
+    if "solo" in parts:
+        from compiled import solo_pair
+
+        solo_pair(results, raw_model, engine, args, raw_decode, engine_decode)
     if "compile" in parts:
-        from compiled import compile_pair
+        from compiled import compile_pair, train_compile
 
         compile_pair(results, raw_model, engine, args, raw_decode, engine_decode)
+        train_compile(results, raw_model, args)
 
     workloads = {"toolfind": record_shapes("toolfind", args.model, args.sessions, tempfile.mkdtemp())} \
         if parts & {"reuse", "continuous"} else {}
@@ -326,10 +336,18 @@ def main() -> None:
         d = results["microbatch"]["detail"]
         extra.append("- microbatch: " + "; ".join(f"{t} tokens: {d[str(t)]['faults']:.0f} minor page faults per step, "
                                                   f"peak memory {d[str(t)]['peak_mb']:.0f} MiB" for t in MICRO_BATCHES))
-    for key in [k for k in results if k.startswith("compile_")]:
+    for key in [k for k in results if k.startswith("compile_") and k != "compile_train"]:
         d = results[key]["detail"]
         extra.append(f"- {key}: eager model over the same StaticCache {d['eager_static_tps']:.0f} tokens/s; "
                      f"compiling took {d['compile_s']:.1f} s")
+    if "compile_train" in results:
+        extra.append(f"- compile_train: compiling took {results['compile_train']['detail']['compile_s']:.1f} s")
+    if "solo_1" in results:
+        d = results["solo_1"]["detail"]
+        extra.append(f"- solo_1: the eager engine {d['eager_engine_tps']:.0f} tokens/s; compiling the static cache "
+                     f"sizes took {d['compile_s']:.1f} s (first calls, not in the rates)")
+    if "solo_failed" in notes:
+        extra.append(f"- engine.compile_solo did not compile: {notes['solo_failed']['detail']['error']}")
     if "compile_engine" in notes:
         d = notes["compile_engine"]["detail"]
         extra.append("- TorchEngine with torch.compile(dynamic=True): " + (
