@@ -101,10 +101,12 @@ def test_the_next_turn_reuses_the_compiled_rows_cache(solo, lm):
     assert torch.allclose(_recomputed(lm.model, turn2, g2.token_ids), torch.tensor(g2.logprobs), atol=2e-4)
 
 
-def test_compiled_steps_see_new_weights(lm):
+def test_warming_compiles_up_front_and_compiled_steps_see_new_weights(lm):
     eng = _engine(lm, compile_solo=True)
     try:
-        _one(eng, PROMPT, SamplingParams(max_tokens=6, seed=1))  # compiled with the first weights
+        assert eng.warm_solo() is None and eng.stats["compiled_steps"] == 0  # compiled, no row's step
+        g = _one(eng, PROMPT, SamplingParams(max_tokens=6, seed=1))  # with the first weights
+        assert g.metrics["compiled_tokens"] == 5 and eng.stats["compiled_steps"] == 5
         new = copy.deepcopy(lm.model)
         with torch.no_grad():
             for p in new.parameters():
@@ -119,6 +121,12 @@ def test_compiled_steps_see_new_weights(lm):
 
 
 def test_a_failed_compile_decodes_eagerly(lm, monkeypatch, caplog):
+    off = _engine(lm)
+    try:
+        assert off.warm_solo() == "compile_solo is off"
+    finally:
+        off.close()
+
     monkeypatch.setattr(faults, "_plan", faults._parse("engine.compile:raise@1"))
     eng = _engine(lm, compile_solo=True)
     try:

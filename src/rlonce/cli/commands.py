@@ -286,6 +286,12 @@ def _serve(args) -> int:
         offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:
+        if args.compile:
+            print("compiling the one-session decode step (torch.compile: seconds for the embedded model, "
+                  "about a minute for SmolLM2)", flush=True)
+            failed = await asyncio.get_running_loop().run_in_executor(None, engine.warm_solo)
+            if failed:
+                print(f"  compiling failed, decoding eagerly: {failed}", flush=True)
         app = make_app(gw, admin_key=admin_key, api_keys=keys or None)
         async with AsyncServer(app, host=args.host, port=args.port) as srv:
             print(f"rlonce gateway for {name} at {srv.base_url}\n"

@@ -151,7 +151,8 @@ def _add_serve(sub) -> None:
                     "latency could otherwise tell them what another served recently)")
     sv.add_argument("--compile", action="store_true",
                     help="decode a lone session with the model torch.compile-d over a static cache (faster per "
-                    "token; each cache size compiles once, a few seconds, on first use)")
+                    "token on tiny models; the smallest cache size compiles before serving, larger ones "
+                    "once each on first use)")
     _quiet(sv)
 
 

@@ -62,6 +62,21 @@ class Solo:
         self.stats["compiled_steps"] += 1
         return out.logits[:, -1]
 
+    def warm(self) -> None:
+        """Compile for the smallest static cache: one step over a one-column cache of zeros."""
+        if self.failed is not None:
+            return
+        cfg = self.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        x = torch.zeros((1, heads, 1, dim), dtype=next(self.model.parameters()).dtype)
+        cache = self.start([(x, x)] * cfg.num_hidden_layers, 1)
+        try:
+            self.step(cache, 1, torch.zeros((1, 1), dtype=torch.long), torch.ones((1, 1), dtype=torch.long))
+            self.stats["compiled_steps"] -= 1  # not a row's step
+        except Exception as e:  # noqa: BLE001 - compiling failed: the engine decodes eagerly
+            self.give_up(e)
+
     def give_up(self, e: Exception) -> None:
         self.failed = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
         log.warning("compiled decoding is off for this engine (compiling failed: %s); decoding eagerly", self.failed)

@@ -148,6 +148,16 @@ class TorchEngine:
         round of lockstep sequences starts from none."""
         self._queue.put(_FORGET_WAVES)
 
+    def warm_solo(self) -> str | None:
+        """Compile the one-row decode for the smallest static cache now, in the engine's thread,
+        rather than on the first lone row's turn; why compiling failed, or None."""
+        if self.solo is None:
+            return "compile_solo is off"
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+        return self.solo.failed
+
     def pause(self) -> None:
         """Stop the running batch at its next token ('abort') and hold new requests until resume()."""
         self._paused.set()
@@ -184,6 +194,11 @@ class TorchEngine:
                     with self._lock:
                         if self.prefixes is not None:
                             self.prefixes.clear("wave")
+                    continue
+                if isinstance(first, threading.Event):  # ``warm_solo``
+                    with self._lock, torch.inference_mode(), precision.autocast(self.model):
+                        self.solo.warm()
+                    first.set()
                     continue
                 if isinstance(first, list):  # ``generate_wave``: these requests alone, in this order
                     for i in range(0, len(first), self.max_batch_size):
