@@ -19,7 +19,9 @@ compile time apart — whether compiling the training step would pay.
 ``solo_pair``: the engine with ``compile_solo`` (a batch down to one row decodes compiled over a
 static cache) vs the raw loop and the eager engine at one session, and vs the eager engine on a
 ragged wave — 16 sessions of 16 to 256 new tokens, whose tail runs one row at a time. The first
-calls (compiling each static cache size) are timed apart.
+calls (compiling each static cache size) are timed apart. ``solo_mismatch``: how far the engine's
+log-probs are from the trainer's recomputation, eager and compiled, in float32 and under bfloat16
+autocast (the gap a run's ``mismatch_*`` metrics report).
 """
 
 from __future__ import annotations
@@ -168,3 +170,36 @@ def train_compile(results: dict, raw_model, args) -> None:
     results["compile_train"] = {
         "what": "train forward+backward, 64 padded rows of 80-128 tokens, torch.compile(dynamic=True), tokens/s",
         "baseline": "eager", "raw": med[0], "rlonce": med[1], "detail": {"compile_s": compile_s, "runs": runs}}
+
+
+def solo_mismatch(results: dict, model_dir: str, prompts: int = 4, new_tokens: int = 64) -> None:
+    """Largest and mean |engine log-prob - trainer log-prob| over ``prompts`` generations, per mode."""
+    import asyncio
+    import copy
+
+    import torch
+
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.model.loader import load
+    from rlonce.train.trainer import token_logprobs
+
+    detail = {}
+    for autocast in (False, True):
+        lm = load(model_dir, autocast=autocast)
+        for compiled in (False, True):
+            eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, compile_solo=compiled)
+            gaps = []
+            for i in range(prompts):
+                prompt = [1] + torch.randint(10, 700, (40,), generator=torch.Generator().manual_seed(i)).tolist()
+                g = asyncio.run(eng.generate(prompt, SamplingParams(max_tokens=new_tokens, seed=i)))
+                ids = torch.tensor([prompt + g.token_ids])
+                with torch.no_grad():
+                    lp, _ = token_logprobs(lm.model, ids, torch.ones_like(ids))
+                gaps.append((lp[0, len(prompt) - 1:] - torch.tensor(g.logprobs)).abs())
+            gap = torch.cat(gaps)
+            detail[f"{'bfloat16' if autocast else 'float32'}, {'compiled' if compiled else 'eager'}"] = {
+                "max_abs": gap.max().item(), "mean_abs": gap.mean().item(),
+                "compiled_steps": eng.stats.get("compiled_steps", 0)}
+            eng.close()
+    results["solo_mismatch"] = {"what": "engine vs trainer log-probs, |difference|", "detail": detail}

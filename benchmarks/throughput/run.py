@@ -23,7 +23,8 @@
 * solo: the engine with ``engine.compile_solo`` (a batch down to one row decodes compiled over
   a static cache) at one session vs the raw loop (and the eager engine), and on a ragged wave of
   16 sessions (16–256 new tokens: the tail runs one row at a time) vs the eager engine; compile
-  time apart (``compiled.py``).
+  time apart; and the engine's log-prob gap to the trainer, eager and compiled, float32 and
+  bfloat16 autocast (``compiled.py``).
 * compile (only when asked: ``--parts compile``): ``torch.compile`` of the model over a
   transformers ``StaticCache`` vs the raw loop, compile time apart, whether the engine's
   growing-cache path compiles, and a compiled training forward + backward vs the eager one
@@ -283,9 +284,10 @@ def main() -> None:
         _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
     eng.close()
     if "solo" in parts:
-        from compiled import solo_pair
+        from compiled import solo_mismatch, solo_pair
 
         solo_pair(results, raw_model, engine, args, raw_decode, engine_decode)
+        solo_mismatch(results, str(model_dir))
     if "compile" in parts:
         from compiled import compile_pair, train_compile
 
@@ -346,6 +348,9 @@ def main() -> None:
         d = results["solo_1"]["detail"]
         extra.append(f"- solo_1: the eager engine {d['eager_engine_tps']:.0f} tokens/s; compiling the static cache "
                      f"sizes took {d['compile_s']:.1f} s (first calls, not in the rates)")
+    if "solo_mismatch" in notes:
+        extra.append("- engine vs trainer log-probs, max / mean |difference|: " + "; ".join(
+            f"{k} {v['max_abs']:.1e} / {v['mean_abs']:.1e}" for k, v in notes["solo_mismatch"]["detail"].items()))
     if "solo_failed" in notes:
         extra.append(f"- engine.compile_solo did not compile: {notes['solo_failed']['detail']['error']}")
     if "compile_engine" in notes:
