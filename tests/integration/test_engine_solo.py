@@ -63,13 +63,15 @@ def test_a_lone_row_decodes_compiled_with_the_trainers_logprobs(solo, lm):
 
 
 def test_a_joiner_moves_the_row_back_and_it_returns_when_alone(solo, lm):
-    """Row A decodes alone (compiled); B joins (eager, batched); B ends first, A is alone again."""
-    seen = threading.Event()
+    """Row A decodes alone (compiled); B joins (eager, batched); B ends first, A is alone again.
+    A's 10th token holds the engine until B is queued, so B joins at A's next step."""
+    seen, queued = threading.Event(), threading.Event()
 
     def watch(_tok, n=[0]):  # noqa: B006 - a counter private to this watch
         n[0] += 1
         if n[0] == 10:
             seen.set()
+            assert queued.wait(30)
         return False
 
     other = [1, 300, 301, 302]
@@ -78,17 +80,38 @@ def test_a_joiner_moves_the_row_back_and_it_returns_when_alone(solo, lm):
         loop = asyncio.get_running_loop()
         a = asyncio.ensure_future(solo.generate(PROMPT, SamplingParams(max_tokens=120, seed=1), watch))
         await loop.run_in_executor(None, seen.wait)
-        b = await solo.generate(other, SamplingParams(max_tokens=8, seed=2))
-        return await a, b
+        b = asyncio.ensure_future(solo.generate(other, SamplingParams(max_tokens=8, seed=2)))
+        await asyncio.sleep(0)  # B's request is in the engine's queue
+        queued.set()
+        return await a, await b
 
     entries = solo.stats["compiled_entries"]
     a, b = asyncio.run(go())
     assert len(a.token_ids) == 120 and len(b.token_ids) == 8
     # A's token logits: 1 from its prefill, 7 from steps batched (eagerly) with B's tokens 1-7, the rest compiled
-    assert a.metrics["compiled_tokens"] == 119 - 7
+    assert a.metrics["compiled_tokens"] == 119 - 7 and b.metrics["compiled_tokens"] == 0
     assert a.metrics["wave_size"] == 2
     assert solo.stats["compiled_entries"] - entries == 2  # alone at the start, alone again after B
     for prompt, g in ((PROMPT, a), (other, b)):
+        assert torch.allclose(_recomputed(lm.model, prompt, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
+
+
+def test_a_straggler_with_a_hole_in_its_cache_decodes_compiled(solo, lm):
+    """Two next turns from kept caches of different lengths run as one wave: the shorter kept cache
+    is left-padded and the fewer new tokens leave a masked hole after it. The longer reply's last
+    tokens run alone, compiled, from that cache with the hole dropped."""
+    p1, p2 = PROMPT, [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
+
+    async def wave(reqs):
+        return await solo.generate_wave([(p, SamplingParams(max_tokens=n, seed=s), None) for p, n, s in reqs])
+
+    g1, g2 = asyncio.run(wave([(p1, 4, 1), (p2, 4, 2)]))
+    # t1: 9 kept columns (left-padded to t2's 15), 3 new tokens after a hole of 5 (t2 has 8 new)
+    t1, t2 = p1 + g1.token_ids + [1, 7], p2 + g2.token_ids + [1, 7, 8, 9, 10, 11, 12]
+    h1, h2 = asyncio.run(wave([(t1, 30, 3), (t2, 6, 4)]))
+    assert (h1.metrics["cached_prompt_tokens"], h2.metrics["cached_prompt_tokens"]) == (len(p1) + 3, len(p2) + 3)
+    assert h1.metrics["wave_size"] == 2 and h1.metrics["compiled_tokens"] == 29 - 5  # alone after h2's 6th token
+    for prompt, g in ((t1, h1), (t2, h2)):
         assert torch.allclose(_recomputed(lm.model, prompt, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
 
 
@@ -126,6 +149,9 @@ def test_a_failed_compile_decodes_eagerly(lm, monkeypatch, caplog):
         assert off.warm_solo() == "compile_solo is off"
     finally:
         off.close()
+    closed = _engine(lm, compile_solo=True)
+    closed.close()
+    assert closed.warm_solo() == "the engine is closed"  # answered, not waited for forever
 
     monkeypatch.setattr(faults, "_plan", faults._parse("engine.compile:raise@1"))
     eng = _engine(lm, compile_solo=True)

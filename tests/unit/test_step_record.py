@@ -12,7 +12,7 @@ from rlonce.telemetry.step import StepInputs, step_record
 def test_step_record_by_hand():
     a = Sequence("t", "mini-bash", reward=1.0, passed=True, turns=2,
                  metrics={"model_tokens": 30.0, "versions_spanned": 2.0, "prompt_tokens": 300.0,
-                          "cached_prompt_tokens": 180.0, "compiled_tokens": 24.0})
+                          "cached_prompt_tokens": 180.0, "compiled_tokens": 24.0, "sampled_tokens": 40.0})
     b = Sequence("t", "mini-codex", reward=0.0, turns=3, metrics={"model_tokens": 50.0, "rollbacks": 1.0,
                                                                   "prompt_tokens": 100.0, "format_retries": 2.0})
     c = Sequence("t", "mini-bash", status=Status.INFRA, failure=FailureCategory.SANDBOX_ERROR, turns=1,
@@ -36,5 +36,6 @@ def test_step_record_by_hand():
     assert rec["loss"] == 0.25 and rec["grs_fallback"] == 0 and rec["version"] == 7
     # 400 prompt tokens sent, 180 of them from kept caches: 220 run, a reuse rate of 0.45
     assert rec["prefill_tokens"] == 220.0 and rec["prefix_reuse_rate"] == pytest.approx(0.45)
-    # 100 tokens generated, 24 of them from compiled one-row steps (engine.compile_solo)
-    assert rec["compiled_decode_share"] == pytest.approx(0.24)
+    # 40 tokens sampled (a rolled-back turn's too), 24 of them after compiled one-row steps
+    # (engine.compile_solo); b's 50 model tokens have no sampled count: not in the share
+    assert rec["compiled_decode_share"] == pytest.approx(24 / 40)

@@ -11,8 +11,9 @@ needs it). A request that joins the batch moves the row back: ``Batch.kv()`` han
 columns to the ordinary merge. Unfilled columns are masked by the model (the mask is built from
 ``cache_position``), so the log-probs are the eager ones up to float rounding.
 
-If compiling fails (no C++ compiler, an inductor error), the engine says so once and decodes
-eagerly from then on; the row that found out loses nothing.
+If compiling fails (no C++ compiler, an inductor error, dynamo's recompile limit, which all
+compiled models of a process share), the engine says so once and decodes eagerly from then on;
+the row that found out loses nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import logging
 import torch
 from transformers import StaticCache
 
+from rlonce.core import faults
 from rlonce.engine import kvcache
+from rlonce.engine.base import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,10 @@ def columns_for(n: int, room: int) -> int:
 class Solo:
     """The compiled model and the static caches it decodes over (module docstring)."""
 
-    def __init__(self, model):
+    def __init__(self, model, cache_kw: str = "past_key_values"):
         self.model = model
+        self.cache_kw = cache_kw
+        """The model's name for its cache argument (``cache`` in newer transformers)."""
         self.compiled = torch.compile(model, dynamic=False)
         self.failed: str | None = None
         """Why compiling failed (then the engine decodes eagerly); None while it works."""
@@ -57,24 +62,39 @@ class Solo:
 
     def step(self, cache: StaticCache, n: int, ids_R1: torch.Tensor, pos_R1: torch.Tensor) -> torch.Tensor:
         """Run token ``ids_R1`` at position ``pos_R1`` into column ``n`` of ``cache``: its next-token logits."""
-        out = self.compiled(input_ids=ids_R1, position_ids=pos_R1, past_key_values=cache, use_cache=True,
-                            cache_position=torch.tensor([n]))
+        out = self.compiled(input_ids=ids_R1, position_ids=pos_R1, use_cache=True, cache_position=torch.tensor([n]),
+                            **{self.cache_kw: cache})
         self.stats["compiled_steps"] += 1
         return out.logits[:, -1]
 
-    def warm(self) -> None:
-        """Compile for the smallest static cache: one step over a one-column cache of zeros."""
+    def enter(self, kv: kvcache.KV, room: int, ids_R1: torch.Tensor, pos_R1: torch.Tensor):
+        """Move a row's cache ``kv`` into a static cache and run its next token there — the step
+        that may compile. Returns (cache, logits), or None once compiling has failed (the row's
+        own cache is untouched: it runs eagerly)."""
         if self.failed is not None:
-            return
-        cfg = self.model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        x = torch.zeros((1, heads, 1, dim), dtype=next(self.model.parameters()).dtype)
-        cache = self.start([(x, x)] * cfg.num_hidden_layers, 1)
+            return None
         try:
-            self.step(cache, 1, torch.zeros((1, 1), dtype=torch.long), torch.ones((1, 1), dtype=torch.long))
-            self.stats["compiled_steps"] -= 1  # not a row's step
-        except Exception as e:  # noqa: BLE001 - compiling failed: the engine decodes eagerly
+            faults.point("engine.compile", EngineError)
+            cache = self.start(kv, room)
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # not a silent eager fallback
+                logits = self.step(cache, kv[0][0].shape[-2], ids_R1, pos_R1)
+        except Exception as e:  # noqa: BLE001 - compiling failed: say so once, decode eagerly
+            self.give_up(e)
+            return None
+        self.stats["compiled_entries"] += 1
+        return cache, logits
+
+    def warm(self) -> None:
+        """Compile for the smallest static cache: a one-token prompt run eagerly (so the cache has
+        the dtypes real rows' have), then one step compiled after it."""
+        try:
+            cache = kvcache.new_cache()
+            self.model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{self.cache_kw: cache})
+            one = torch.ones((1, 1), dtype=torch.long)
+            if self.enter(kvcache.kv_of(cache), 1, one, one) is not None:
+                self.stats["compiled_steps"] -= 1  # not a row's step
+                self.stats["compiled_entries"] -= 1
+        except Exception as e:  # noqa: BLE001 - the eager one-token forward failed: nothing will compile
             self.give_up(e)
 
     def give_up(self, e: Exception) -> None:

@@ -91,7 +91,7 @@ class TorchEngine:
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
-        self.solo = Solo(self.model) if compile_solo else None
+        self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._queue: queue.Queue = queue.Queue()
@@ -155,7 +155,9 @@ class TorchEngine:
             return "compile_solo is off"
         done = threading.Event()
         self._queue.put(done)
-        done.wait()
+        while not done.wait(0.5):
+            if not self._worker.is_alive():
+                return "the engine is closed"
         return self.solo.failed
 
     def pause(self) -> None:
@@ -196,9 +198,11 @@ class TorchEngine:
                             self.prefixes.clear("wave")
                     continue
                 if isinstance(first, threading.Event):  # ``warm_solo``
-                    with self._lock, torch.inference_mode(), precision.autocast(self.model):
-                        self.solo.warm()
-                    first.set()
+                    try:
+                        with self._lock, torch.inference_mode(), precision.autocast(self.model):
+                            self.solo.warm()
+                    finally:
+                        first.set()
                     continue
                 if isinstance(first, list):  # ``generate_wave``: these requests alone, in this order
                     for i in range(0, len(first), self.max_batch_size):
@@ -331,7 +335,8 @@ class TorchEngine:
         next_R = torch.tensor([[row.tokens[-1] if row.reason is None else self.pad] for row in b.rows])
         b.attn_BL = torch.cat([b.attn_BL, torch.ones((len(b.rows), 1), dtype=torch.long)], dim=1)
         b.pos_R = b.pos_R + 1
-        logits = self._solo_step(b, next_R) if self.solo is not None and len(b.rows) == 1 else None
+        logits = self._solo_step(b, next_R) if self.solo is not None and self.solo.failed is None \
+            and len(b.rows) == 1 else None
         if logits is None:
             out = self.model(input_ids=next_R, attention_mask=None if b.dense else b.attn_BL,
                              position_ids=b.pos_R[:, None], use_cache=True, **{self._cache_kw: b.cache})
@@ -341,30 +346,20 @@ class TorchEngine:
 
     def _solo_step(self, b: Batch, next_R: torch.Tensor) -> torch.Tensor | None:
         """Run the one row's new token compiled over a static cache (moving its cache there first);
-        None: run it eagerly (compiling failed, or the static cache is full)."""
+        None: run it eagerly (compiling failed)."""
         solo, row = self.solo, b.rows[0]
-        if solo.failed is not None:
-            return None
-        if b.static is not None and b.n >= b.static.layers[0].max_cache_len:  # full: back to a growing cache
-            b.cache, b.static = kvcache.new_cache(b.kv()), None
-        if b.static is None:
-            if b.cache is None:
-                return None
+        if b.static is not None and b.n < b.static.layers[0].max_cache_len:
+            logits = solo.step(b.static, b.n, next_R, b.pos_R[:, None])
+        else:  # entering (its cache is sized for the row's budget: it does not fill up)
             kv = kvcache.row_of(b.kv(), b.attn_BL[:, :-1], 0)  # its attended columns, holes dropped
             n = kv[0][0].shape[-2]
-            static = solo.start(kv, max(1, min(row.max_new - len(row.tokens), self.max_context - n)))
-            try:
-                faults.point("engine.compile", EngineError)
-                logits = solo.step(static, n, next_R, b.pos_R[:, None])
-            except Exception as e:  # noqa: BLE001 - compiling failed: say so once, decode eagerly
-                solo.give_up(e)
+            got = solo.enter(kv, max(1, min(row.max_new - len(row.tokens), self.max_context - n)), next_R,
+                             b.pos_R[:, None])
+            if got is None:
                 return None
-            solo.stats["compiled_entries"] += 1
-            b.static, b.cache, b.dense = static, None, True
-        else:
-            n = b.n
-            logits = solo.step(b.static, n, next_R, b.pos_R[:, None])
-        b.n = n + 1
+            b.static, logits = got
+            b.cache, b.n, b.dense = None, n, True
+        b.n += 1
         b.attn_BL = torch.ones((1, b.n), dtype=torch.long)
         row.compiled += 1
         return logits

@@ -390,4 +390,5 @@ def session_metrics(s: Session) -> dict[str, float]:
             "interrupts": float(s.interrupts),
             "prompt_tokens": float(sum(g.metrics.get("prompt_tokens", 0) for g in s.generations)),
             "cached_prompt_tokens": float(sum(g.metrics.get("cached_prompt_tokens", 0) for g in s.generations)),
+            "sampled_tokens": float(sum(len(g.token_ids) for g in s.generations)),  # rolled-back turns too
             "compiled_tokens": float(sum(g.metrics.get("compiled_tokens", 0) for g in s.generations))}

@@ -28,7 +28,7 @@ from rlonce.errors import UsageError
 
 RESUME_FREE = ("out", "rl.steps", "eval.", "checkpoint.", "tracker.", "runtime.rollout_threads",
                "runtime.train_threads", "ray.", "engine.max_batch_size", "engine.batch_wait_s",
-               "engine.continuous", "engine.prefix_cache_mb", "engine.compile_solo")
+               "engine.continuous", "engine.prefix_cache_mb")
 """Config keys a resume may change freely: none of them changes what was trained or how."""
 FILE = "provenance.json"
 

@@ -120,7 +120,8 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "train_seconds": x.train_seconds,
         "step_seconds": x.rollout_seconds + x.train_seconds,
         "generated_tokens_per_s": gen_tokens / max(x.rollout_seconds, 1e-9),
-        "compiled_decode_share": sum(s.metrics.get("compiled_tokens", 0.0) for s in seqs) / max(gen_tokens, 1.0),
+        "compiled_decode_share": sum(s.metrics.get("compiled_tokens", 0.0) for s in seqs)
+        / max(sum(s.metrics.get("sampled_tokens", 0.0) for s in seqs), 1.0),
         **_prefill(seqs),
         "retained_rows": x.retained_rows,
         "version": x.version,
