@@ -121,12 +121,11 @@ def solo_pair(results: dict, raw_model, make_engine, args, raw_decode, engine_de
     engine_decode(eager, args.prompt_len, 1, 8)
     ragged_decode(eager, args.prompt_len)
     one, ragged = [], []
-    for _ in range(args.repeats):
+    for _ in range(3 * args.repeats):  # short measurements, and noisy ones
         one.append((raw_decode(raw_model, args.prompt_len, 1, args.new_tokens),
                     engine_decode(eager, args.prompt_len, 1, args.new_tokens),
                     engine_decode(solo, args.prompt_len, 1, args.new_tokens)))
-        for _ in range(3):  # a short measurement, and a noisy one
-            ragged.append((ragged_decode(eager, args.prompt_len), ragged_decode(solo, args.prompt_len)))
+        ragged.append((ragged_decode(eager, args.prompt_len), ragged_decode(solo, args.prompt_len)))
     med = [sorted(r[i] for r in one)[len(one) // 2] for i in range(3)]
     results["solo_1"] = {
         "what": "decode, 1 session, engine.compile_solo, tokens/s", "baseline": "raw model", "raw": med[0],
