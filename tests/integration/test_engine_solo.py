@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from rlonce.core import faults
 from rlonce.engine.base import SamplingParams
@@ -128,8 +129,10 @@ def test_warming_compiles_up_front_and_compiled_steps_see_new_weights(lm):
     eng = _engine(lm, compile_solo=True)
     try:
         assert eng.warm_solo() is None and eng.stats["compiled_steps"] == 0  # compiled, no row's step
+        graphs = counters["stats"]["unique_graphs"]
         g = _one(eng, PROMPT, SamplingParams(max_tokens=6, seed=1))  # with the first weights
         assert g.metrics["compiled_tokens"] == 5 and eng.stats["compiled_steps"] == 5
+        assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled what real rows run
         new = copy.deepcopy(lm.model)
         with torch.no_grad():
             for p in new.parameters():

@@ -287,11 +287,7 @@ def _serve(args) -> int:
 
     async def main() -> None:
         if args.compile:
-            print("compiling the one-session decode step (torch.compile: seconds for the embedded model, "
-                  "about a minute for SmolLM2)", flush=True)
-            failed = await asyncio.get_running_loop().run_in_executor(None, engine.warm_solo)
-            if failed:
-                print(f"  compiling failed, decoding eagerly: {failed}", flush=True)
+            await _warm_compiled(engine)
         app = make_app(gw, admin_key=admin_key, api_keys=keys or None)
         async with AsyncServer(app, host=args.host, port=args.port) as srv:
             print(f"rlonce gateway for {name} at {srv.base_url}\n"
@@ -308,6 +304,17 @@ def _serve(args) -> int:
     finally:
         engine.close()
     return 0
+
+
+async def _warm_compiled(engine) -> None:
+    """``serve --compile``: compile the one-session decode before listening, not on a client's turn."""
+    import asyncio
+
+    print("compiling the one-session decode step (torch.compile: seconds for the embedded model, "
+          "about a minute for SmolLM2)", flush=True)
+    failed = await asyncio.get_running_loop().run_in_executor(None, engine.warm_solo)
+    if failed:
+        print(f"  compiling failed, decoding eagerly: {failed}", flush=True)
 
 
 def _config_show(args) -> int:

@@ -90,8 +90,9 @@ class Solo:
         try:
             cache = kvcache.new_cache()
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True, **{self.cache_kw: cache})
-            one = torch.ones((1, 1), dtype=torch.long)
-            if self.enter(kvcache.kv_of(cache), 1, one, one) is not None:
+            ids, pos = torch.ones((1, 1), dtype=torch.long), torch.ones((1, 1), dtype=torch.long)  # two
+            # tensors: one passed as both would compile a graph for that aliasing, not for real steps
+            if self.enter(kvcache.kv_of(cache), 1, ids, pos) is not None:
                 self.stats["compiled_steps"] -= 1  # not a row's step
                 self.stats["compiled_entries"] -= 1
         except Exception as e:  # noqa: BLE001 - the eager one-token forward failed: nothing will compile
