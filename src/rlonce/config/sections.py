@@ -106,9 +106,10 @@ class EngineConfig(Section):
     prompt starts with one (least recently used out first; 0 turns reuse off)."""
     compile_solo: bool = False
     """torch: a batch down to one row (a lone session, a wave's last straggler) decodes with the
-    model ``torch.compile``-d over a static cache: faster per token, but each cache size (256,
-    512, 1024, … columns) compiles once, a few seconds, the first time a row needs it
-    (``docs/performance.md``). Falls back to eager decoding if compiling fails."""
+    model ``torch.compile``-d over a static cache: faster per token on tiny models, but each cache
+    size (256, 512, 1024, … columns) compiles once, the first time a row needs it (seconds for
+    the embedded model, about a minute for SmolLM2; ``docs/performance.md``). Falls back to eager
+    decoding if compiling fails."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vllm: share of the GPU's memory vLLM takes for weights and KV cache."""
     max_model_len: int | None = Field(None, ge=1, le=MAX_TOKENS)

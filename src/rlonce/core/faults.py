@@ -35,8 +35,8 @@ POINTS = {
     "summary": "the run's last checkpoint is written, summary.json is not",
     "sandbox.exec": "(raise) a sandbox command is about to run: SandboxError",
     "engine.wave": "(raise) the engine is about to run a wave: EngineError",
-    "engine.compile": "(raise) the engine is about to run its first compiled one-row step: EngineError "
-                      "(it then decodes eagerly)",
+    "engine.compile": "(raise) the engine is about to move a lone row into a static cache and run it "
+                      "compiled: EngineError (it then decodes eagerly)",
 }
 
 _plan: dict[str, tuple] | None = None

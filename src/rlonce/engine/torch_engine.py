@@ -359,8 +359,8 @@ class TorchEngine:
                 return None
             b.static, logits = got
             b.cache, b.n, b.dense = None, n, True
+            b.attn_BL = torch.ones((1, n + 1), dtype=torch.long)  # holes dropped; later steps append ones
         b.n += 1
-        b.attn_BL = torch.ones((1, b.n), dtype=torch.long)
         row.compiled += 1
         return logits
 
