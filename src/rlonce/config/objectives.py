@@ -20,9 +20,9 @@ class PPOObjective(Section):
     name: Literal["ppo"] = "ppo"
     """Selects this variant (``algo.objective = "ppo"``)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
-    """Ratio floor 1 - clip_low for positive advantages."""
+    """Ratio floor 1 - clip_low (binds for negative advantages)."""
     clip_high: float = Field(0.28, ge=0, le=100)
-    """Ratio ceiling 1 + clip_high (clip-higher)."""
+    """Ratio ceiling 1 + clip_high (clip-higher; binds for positive advantages)."""
     clip_c: float | None = Field(3.0, gt=1, le=1000)
     """Dual-clip bound for negative advantages (None disables it)."""
 
