@@ -61,8 +61,12 @@ quickstart: system-deps venv
 	$(VENV)/bin/rlonce doctor
 	$(VENV)/bin/rlonce quickstart --out runs/quickstart
 
+# The default suite runs on $(TEST_WORKERS) pytest-xdist workers, a test module per worker at a time
+# (--dist loadscope keeps module fixtures built once); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 test: system-deps venv-dev
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 doctor: venv
 	$(VENV)/bin/rlonce doctor

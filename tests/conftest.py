@@ -27,16 +27,35 @@ def embedded_dir(tmp_path_factory):
     return materialize_embedded(tmp_path_factory.mktemp("model") / "embedded")
 
 
+def built_once(tmp_path_factory, name, build):
+    """``name``/pack, made by ``build(folder)`` once per test run: under pytest-xdist the workers
+    share it (the first to ask builds it under a file lock, the others wait and reuse it)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above each worker's own
+    out, done = root / name / "pack", root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out.parent, ignore_errors=True)
+            out.parent.mkdir(parents=True)
+            build(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def cyber_pack(tmp_path_factory):
     """A cyber pack of one shipped target (8 tasks), built with clang and validated (2 reruns)."""
     from rlonce.envs.cyber.build import build_pack
     from rlonce.envs.cyber.validate import validate_pack
 
-    out = tmp_path_factory.mktemp("cyber") / "pack"
-    build_pack(out, ["strutil"], progress=False)
-    validate_pack(out, reruns=2, progress=False)
-    return out
+    def build(out):
+        build_pack(out, ["strutil"], progress=False)
+        validate_pack(out, reruns=2, progress=False)
+
+    return built_once(tmp_path_factory, "cyber", build)
 
 
 @pytest.fixture(scope="session")
@@ -52,10 +71,11 @@ def code_pack(tmp_path_factory):
     mini = Path(__file__).resolve().parent / "data" / "minipkg"
     spec = PackageSpec("minicalc", "0.0.0", "", ".", ("minicalc/__init__.py",), ("tests",), local=str(mini),
                        test_timeout=30.0)
-    out = tmp_path_factory.mktemp("codepack") / "pack"
-    build_pack(out, [spec], 6, seed=3, progress=False)
-    validate_pack(out, reruns=2, progress=False)
-    return out
+    def build(out):
+        build_pack(out, [spec], 6, seed=3, progress=False)
+        validate_pack(out, reruns=2, progress=False)
+
+    return built_once(tmp_path_factory, "codepack", build)
 
 
 @pytest.fixture(scope="session")
