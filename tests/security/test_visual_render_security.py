@@ -7,6 +7,7 @@ too large are refused before anything starts.
 Network probes reach only a test server on this machine's loopback."""
 
 import asyncio
+import io
 import os
 import threading
 import time
@@ -235,3 +236,19 @@ def test_page_files_that_are_links_or_too_many_or_too_large_are_refused(tmp_path
             check_files(bad, "index.html")
     with pytest.raises(ValueError, match="relative"):
         asyncio.run(render({"index.html": b"x", "../../etc/x": b"y"}))
+
+
+def test_a_late_paint_is_caught_at_load_however_slow_the_host():
+    """The page's clock (timers, animation frames, ``Date``) is the renderer's: it moves by exactly
+    each capture's delay, so a page that paints 150 ms after load is blank at 149 ms and painted
+    at 151 ms, even when a screenshot takes longer than that (a loaded host: the attack that
+    made the wall-clock capture "at load" see the late paint)."""
+    from PIL import Image
+
+    late = ("<body style='margin:0;background:#fff'><div id=b style='width:100vw;height:100vh'></div><script>"
+            "const t0 = Date.now(); setTimeout(() => { b.style.background = '#f00'; b.title = Date.now() - t0 }, 150)"
+            "</script></body>")
+    r = page(late, delays_ms=(0, 149, 151))
+    assert r.runtime_ok and not r.timed_out
+    colours = [Image.open(io.BytesIO(c.png)).convert("RGB").getpixel((5, 5)) for c in r.captures]
+    assert colours == [(255, 255, 255), (255, 255, 255), (255, 0, 0)], colours

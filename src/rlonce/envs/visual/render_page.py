@@ -31,6 +31,10 @@ CHROMIUM = "/usr/lib/chromium/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--disable-breakpad",
         "--disable-blink-features=AutomationControlled", "--js-flags=--max-old-space-size=256"]
+PAGE_EPOCH_MS = 1_767_225_600_000
+"""The page's clock starts paused at 2026-01-01 00:00 UTC (``Date.now()``, timers, animation frames:
+Playwright's fake clock) and moves only by each capture's delay: a first capture "at load" sees the
+page before any of its timers fire, on an idle host or a loaded one."""
 MAX_ITEMS = 100
 MAX_CHARS = 1000
 SLACK_S = 0.3
@@ -199,12 +203,17 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
     page.on("crash", lambda p: report.set("crashed", True))
     page.on("dialog", quietly(lambda d: d.dismiss()))
     page.on("popup", quietly(lambda p: p.close()))
+    await page.clock.install(time=PAGE_EPOCH_MS)
+    await page.clock.pause_at(PAGE_EPOCH_MS + 1000)  # the page's timers wait for run_for below
     await page.goto(PAGE_ROOT + job["entry"], wait_until="load", timeout=left_ms(deadline))
-    loaded = time.time()
+    loaded, page_ms = time.time(), 0
     report.set("phases", round(loaded - t0, 4), f"load_{name}")
     for k, delay in enumerate(job["delays_ms"]):
+        # the page's clock moves by exactly the delay (timers due at load run first), however slow this host is
+        await page.clock.run_for(max(delay - page_ms, 0))
+        page_ms = max(delay, page_ms)
         wait = delay / 1000 - (time.time() - loaded)
-        if wait > 0:
+        if wait > 0:  # and the wall clock at least as far (CSS animations run on it)
             await asyncio.sleep(wait)
         png = await page.screenshot(timeout=left_ms(deadline))
         with open(f"{OUT}/{job['viewport_index'][name]}-{k}.png", "wb") as f:
