@@ -282,7 +282,7 @@ def _serve(args) -> int:
         engine, lm.encode, lm.decode, get_format(lm.chat_format), sampling=SamplingParams(max_tokens=args.max_tokens),
         budgets=Budgets(args.max_tokens, limit), model_name=name, auto_open=True, honor_client_sampling=True,
         idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0), tokenizer=lm.tokenizer,
-        max_inflight=args.max_inflight, context_errors=True,
+        max_inflight=args.max_inflight, busy_wait=args.busy_wait, context_errors=True,
         offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:

@@ -145,6 +145,9 @@ def _add_serve(sub) -> None:
     sv.add_argument("--max-inflight", type=_int(1, 1_000_000), default=64,
                     help="turns sampled at once; past it a request is answered 429 (Anthropic: 529) with "
                     "retry-after (default 64)")
+    sv.add_argument("--busy-wait", type=_float(0, 86_400), default=300.0,
+                    help="seconds a request waits for its session's turn in flight (clients that send side "
+                    "requests in parallel on one key) before a 409 with retry-after (default 300; 0: refuse at once)")
     sv.add_argument("--prefix-cache-mb", type=_float(0, 1 << 20, open_low=False), default=1024.0,
                     help="memory for finished turns' key/value caches, reused when a later prompt starts with one "
                     "(default 1024; 0 turns reuse off — do that for mutually distrusting clients, whose turn "

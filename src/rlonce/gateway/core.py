@@ -31,6 +31,9 @@ from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.session import Budgets, GatewaySettings, Session
 from rlonce.gateway.streams import TextStream, TurnStream
 
+MAX_QUEUED = 8
+"""The most requests one session holds waiting for its turn in flight (``GatewaySettings.busy_wait``)."""
+
 
 class Gateway:
     __slots__ = ("settings", "sessions", "_swept", "inflight")  # built whole from its settings
@@ -116,16 +119,18 @@ class Gateway:
             session_id = session_id if session_id is not None else key
         else:
             session = self.get(session_id)
-        if session is not None and session.lock.locked():
-            raise ProtocolError(f"session {session_id!r} is busy with another request", status=409)
-        cap = self.settings.max_inflight
-        if cap is not None and self.inflight >= cap:
-            raise Overloaded(self.inflight)
-        req = adapter.parse(body, session.responses if session is not None else None)
-        if not req.model:
-            req = replace(req, model=self.settings.model_name)
+        held = session is not None and session.lock.locked()
+        if held:
+            await self._queue(session, session_id)  # returns holding the session
+        try:
+            req = self._accept(adapter, body, session)
+        except BaseException:
+            if held:
+                session.lock.release()
+            raise
         session = session or self.open(session_id, key=key)
-        await session.lock.acquire()  # free (checked above, nothing awaited since): taken at once
+        if not held:
+            await session.lock.acquire()  # free (checked above, nothing awaited since): taken at once
         self.inflight += 1  # the slot is this request's from now on, whatever happens to it
         session.last_used = time.monotonic()
         if not req.stream:
@@ -157,6 +162,38 @@ class Gateway:
             task.result()
             first = None
         return self._events(out, session, req, task, tokens, first)
+
+    def _accept(self, adapter, body, session: Session | None):
+        """The request parsed, if the engine has a slot for it (``Overloaded`` otherwise)."""
+        cap = self.settings.max_inflight
+        if cap is not None and self.inflight >= cap:
+            raise Overloaded(self.inflight)
+        req = adapter.parse(body, session.responses if session is not None else None)
+        return req if req.model else replace(req, model=self.settings.model_name)
+
+    async def _queue(self, session: Session, session_id: str) -> None:
+        """Take ``session`` once its turn in flight ends, waiting at most ``settings.busy_wait``
+        seconds behind at most ``MAX_QUEUED`` others; else 409 with ``retry-after``."""
+        busy = ProtocolError(f"session {session_id!r} is busy with another request: send one request at a time "
+                             "per session, or use one session per parallel agent", status=409, retry_after=1.0)
+        if self.settings.busy_wait <= 0 or session.queued >= MAX_QUEUED:
+            raise busy
+        session.queued += 1
+        try:
+            async with asyncio.timeout(self.settings.busy_wait):
+                await session.lock.acquire()
+        except TimeoutError:
+            raise busy from None
+        finally:
+            session.queued -= 1
+
+    def count_tokens(self, body) -> dict:
+        """Anthropic's ``/v1/messages/count_tokens``: the input tokens the request's messages and
+        tools take as a new context's prompt, rendered and encoded as a turn would. No session is
+        read or opened."""
+        req = PROTOCOLS["anthropic-messages"].parse(body)
+        tools = req.tools if self.settings.render_tools else []
+        return {"input_tokens": len(self.settings.encode(self.settings.fmt.render(req.messages, tools)))}
 
     def _done(self, session: Session) -> None:
         self.inflight -= 1

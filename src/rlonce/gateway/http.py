@@ -36,6 +36,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from rlonce.core.timeouts import Expired
@@ -44,7 +45,7 @@ from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import MAX_DEPTH, Overloaded, ProtocolError, loads
 from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.server import AsyncServer, ServerThread  # noqa: F401 - served from here too
-from rlonce.gateway.session import Session
+from rlonce.gateway.session import Session, SessionClosed
 
 
 class _Open(BaseModel):
@@ -159,6 +160,9 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
         app.add_api_route(f"/v1/{path}", by_key, methods=["POST"], openapi_extra=extra, name=f"{protocol} (by key)")
         app.add_api_route(f"/sessions/{{session_id}}/v1/{path}", by_path, methods=["POST"], openapi_extra=extra,
                           name=f"{protocol} (by path)")
+    for path in ("/v1/messages/count_tokens", "/sessions/{session_id}/v1/messages/count_tokens"):
+        app.add_api_route(path, count_tokens, methods=["POST"], openapi_extra=_body_schema(MessagesBody),
+                          name="Anthropic token count")
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/sessions/{session_id}/v1/models", session_models, methods=["GET"])
     app.include_router(admin)
@@ -166,6 +170,7 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.add_api_route("/", health, methods=["GET", "HEAD"], include_in_schema=False)  # clients' connectivity checks
     app.add_exception_handler(ProtocolError, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _no_route)
     return app
 
 
@@ -192,6 +197,8 @@ def error_response(e: ProtocolError, protocol: str = "openai-chat", *, close: bo
     headers = {"connection": "close"} if close else {}
     if e.retry_after is not None:
         headers["retry-after"] = f"{e.retry_after:g}"
+    if isinstance(e, SessionClosed):  # the SDKs retry a 409 unless told: this one never succeeds
+        headers["x-should-retry"] = "false"
     status = 529 if isinstance(e, Overloaded) and protocol == "anthropic-messages" else e.status
     return JSONResponse(PROTOCOLS[protocol].error(e), status_code=status, headers=headers or None)
 
@@ -199,6 +206,17 @@ def error_response(e: ProtocolError, protocol: str = "openai-chat", *, close: bo
 async def _refused(request: Request, exc: ProtocolError) -> JSONResponse:
     """A refusal raised outside the protocol routes (the admin key, the trainer's routes)."""
     return error_response(exc)
+
+
+async def _no_route(request: Request, exc: HTTPException) -> JSONResponse:
+    """An unknown path or method (404, 405), in the error shape of the client's protocol."""
+    protocol = "anthropic-messages" if "anthropic-version" in request.headers else "openai-chat"
+    msg = (f"{request.method} {request.url.path}: {exc.detail}; this gateway serves POST /v1/chat/completions, "
+           "/v1/messages, /v1/messages/count_tokens and /v1/responses (also under /sessions/ID), GET /v1/models")
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    out = error_response(ProtocolError(msg, status=exc.status_code, kind=kind), protocol)
+    out.headers.update(exc.headers or {})
+    return out
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -238,18 +256,24 @@ async def by_path(session_id: str, request: Request):  # the session its path na
     return await _serve(request, session_id)
 
 
+def _client_key(request: Request) -> str:
+    """The request's API key, if the gateway accepts it (401 otherwise)."""
+    key = _key(request)
+    if key is None:
+        raise ProtocolError("no API key: send the session's key (Authorization: Bearer KEY or x-api-key: "
+                            "KEY)", status=401, kind="authentication_error")
+    allowed = request.app.state.api_keys
+    if allowed is not None and not any(hmac.compare_digest(key.encode(), k) for k in allowed):
+        raise ProtocolError("invalid API key: send one of the keys this gateway was started with (--api-key)",
+                            status=401, kind="authentication_error")
+    return key
+
+
 async def _serve(request: Request, session_id: str | None):
     gateway: Gateway = request.app.state.gateway
     protocol = PROTOCOL_AT[request.scope["route"].path]
     try:
-        key = _key(request)
-        if key is None:
-            raise ProtocolError("no API key: send the session's key (Authorization: Bearer KEY or x-api-key: "
-                                "KEY)", status=401, kind="authentication_error")
-        allowed = request.app.state.api_keys
-        if allowed is not None and not any(hmac.compare_digest(key.encode(), k) for k in allowed):
-            raise ProtocolError("invalid API key: send one of the keys this gateway was started with (--api-key)",
-                                status=401, kind="authentication_error")
+        key = _client_key(request)
         body = await read_json(request)
         out = await gateway.call(protocol, body, session_id, key=key)
     except ProtocolError as e:
@@ -261,6 +285,19 @@ async def _serve(request: Request, session_id: str | None):
                                             kind="timeout_error"), protocol)
     if not isinstance(out, dict):  # a streamed turn: its events as they are sampled
         return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return JSONResponse(out)
+
+
+async def count_tokens(request: Request):
+    """Anthropic's token count (Claude Code asks it to size its context): ``{"input_tokens": N}``
+    for a Messages body, rendered off the event loop; no session is read or opened."""
+    gateway: Gateway = request.app.state.gateway
+    try:
+        _client_key(request)
+        body = await read_json(request)
+        out = await asyncio.get_running_loop().run_in_executor(gateway.settings.offload, gateway.count_tokens, body)
+    except ProtocolError as e:
+        return error_response(e, "anthropic-messages", close=e.status in (408, 413))
     return JSONResponse(out)
 
 

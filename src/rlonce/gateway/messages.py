@@ -297,7 +297,8 @@ def top_k_of(body: dict) -> int | None:
 
 def request_fields(body: dict) -> dict:
     """The ``ChatRequest`` fields every protocol names alike: stream, model, temperature, top_p."""
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream  # null is the default, as the APIs document
     if not isinstance(stream, bool):
         raise ProtocolError("'stream' must be a boolean", param="stream")
     model = body.get("model", "")

@@ -103,6 +103,8 @@ class Session:
         """Turns continued after the engine paused mid-generation (partial rollout)."""
         self.last_used = time.monotonic()
         self.lock = asyncio.Lock()
+        self.queued = 0
+        """Requests waiting for the turn in flight to end (``GatewaySettings.busy_wait``)."""
         self.prompt_tokens = 0
         """The prompt length of the turn being sampled (or last sampled)."""
         self.responses: dict[str, list[Message]] = {}

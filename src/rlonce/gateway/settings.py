@@ -57,6 +57,11 @@ class GatewaySettings:
     request fails with ``Expired(model_timeout)`` and no context changes (None: unbounded)."""
     tokenizer: Any = None
     """A Hugging Face tokenizer with the model's chat template, for the re-rendering report."""
+    busy_wait: float = 0.0
+    """Seconds a request may wait for its session's turn in flight to end (queued in arrival order,
+    at most ``MAX_QUEUED`` at once) before it is refused with 409 and ``retry-after``. 0: refused at
+    once (the trainer's gateways: a rollout's agent takes one turn at a time). ``rlonce serve``
+    waits, for clients that send side requests in parallel on one key."""
     max_inflight: int | None = None
     """The most turns sampled at once; a request past it is refused as overloaded (429, Anthropic
     529) with ``retry-after``, the session untouched (None: no limit — the trainer's gateways)."""
