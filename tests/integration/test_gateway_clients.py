@@ -105,8 +105,8 @@ def test_an_ended_session_tells_the_sdks_not_to_retry(lm):
         first = httpx.post(srv.base_url + "/v1/messages", json=body, headers=headers)
         assert first.status_code == 200 and first.json()["stop_reason"] == "max_tokens"
         seen = []
-        client = anthropic.Anthropic(base_url=srv.base_url, api_key="short", max_retries=3, http_client=anthropic.DefaultHttpxClient(
-            event_hooks={"request": [lambda req: seen.append(req.url.path)]}))
+        hooks = anthropic.DefaultHttpxClient(event_hooks={"request": [lambda req: seen.append(req.url.path)]})
+        client = anthropic.Anthropic(base_url=srv.base_url, api_key="short", max_retries=3, http_client=hooks)
         try:
             client.messages.create(**body)
             raise AssertionError("an ended session took a turn")
