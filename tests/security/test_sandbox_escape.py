@@ -43,7 +43,7 @@ def syscall(nr: int, *args: int) -> str:
             "print(r, ctypes.get_errno())\"")
 
 
-EPERM, ENOSYS = "-1 1", "-1 38"
+EPERM, ENOSYS, EAFNOSUPPORT = "-1 1", "-1 38", "-1 97"
 
 # name -> (command, what the output must show). Each is one system call the seccomp filter denies.
 DENIED_SYSCALLS = {
@@ -70,6 +70,10 @@ DENIED_SYSCALLS = {
     "settimeofday": (syscall(164, 0, 0), EPERM),
     "open_by_handle_at": (syscall(304, 0, 0, 0), EPERM),
     "chroot": (syscall(161, 0), EPERM),
+    "socket_vsock_to_the_hypervisor": (syscall(41, 40, 1, 0), EAFNOSUPPORT),  # AF_VSOCK has no namespace
+    "socketpair_vsock": (syscall(53, 40, 1, 0, 0), EAFNOSUPPORT),
+    "socket_packet": (syscall(41, 17, 3, 0), EAFNOSUPPORT),
+    "socket_bluetooth": (syscall(41, 31, 1, 0), EAFNOSUPPORT),
 }
 
 
@@ -78,6 +82,12 @@ def test_seccomp_denies(sb, name):
     cmd, want = DENIED_SYSCALLS[name]
     r = run(sb, cmd)
     assert r.output.strip() == want, r.output
+
+
+def test_the_socket_families_agents_use_still_open(sb):
+    code = ("import socket; [socket.socket(f, t).close() for f, t in ((socket.AF_UNIX, 1), (socket.AF_INET, 1), "
+            "(socket.AF_INET6, 2), (socket.AF_NETLINK, 3))]; a, b = socket.socketpair(); print('opened')")
+    assert run(sb, f'python3 -c "{code}"').output.strip() == "opened"
 
 
 def test_32_bit_syscall_entry_kills_the_process(sb):

@@ -53,3 +53,28 @@ def test_partial_shortcuts_stay_far_below_a_replication(graded):
     assert graded["reference"][0] == 1.0
     for route in PARTIAL:
         assert graded[route][0] < 0.5, route
+
+
+@pytest.mark.parametrize("how", ["linked_folder", "climbing_path"])
+def test_a_page_folder_outside_the_workspace_is_never_read(tmp_path, how):
+    """The host reads the answer's folder as root: a link the agent planted to a host folder, or a
+    path that climbs out with ``..``, must not bring a host file (here a perfect page, as a secret
+    would be) into the render."""
+    from rlonce.envs.visual.env import VisualEnv
+
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    task = make_task("heldout", 1)
+    (secret / "index.html").write_text(task.reference_html)
+    env = VisualEnv(task)
+
+    async def attempt():
+        try:
+            await env.call_tool("bash", {"command": f"ln -s {secret} site && ls -ld site"})
+            answer = "/work/site/index.html" if how == "linked_folder" else f"/work/../../../..{secret}/index.html"
+            return env.page_files(answer)
+        finally:
+            await env.cleanup()
+
+    files, entry, how_found = asyncio.run(attempt())
+    assert files is None and entry == "index.html" and how_found.startswith("could not read"), how_found

@@ -18,6 +18,7 @@ library, hence the component walk.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -70,6 +71,26 @@ def _walk_to_parent(root: Path, rel: str, *, create: bool = False) -> tuple[int,
         os.close(fd)
         raise
     return fd, parts[-1]
+
+
+@contextlib.contextmanager
+def opened_dir(root: Path, rel: str) -> Iterator[Path]:
+    """``root/rel`` reached one component at a time without following a link (HostileFile for a
+    link on the way or a climb out of ``root``), held open while the block runs and named by its
+    ``/proc/self/fd`` path: what is walked and read below it stays inside it, whatever the agent
+    renames or relinks meanwhile. An empty ``rel`` is ``root`` itself."""
+    if not _parts(rel):
+        yield root
+        return
+    parent, name = _walk_to_parent(root, rel)
+    try:
+        fd = _open_dir(parent, name)
+    finally:
+        os.close(parent)
+    try:
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def read_file(root: Path, rel: str, max_bytes: int) -> bytes:

@@ -21,6 +21,12 @@ with ``EPERM``; everything else is allowed. The list:
     ``quotactl``, ``iopl``/``ioperm``, ``vhangup``, ``uselib``, NUMA page moves, file handles
     (``open_by_handle_at``, ``name_to_handle_at``), ``lookup_dcookie``, ``fanotify_init``.
 
+Sockets of any family but Unix, IPv4, IPv6 and netlink fail with ``EAFNOSUPPORT``
+(``socket``, ``socketpair``): the network namespace isolates IP, but not every family has a
+namespace — ``AF_VSOCK`` shares the host's port space and reaches the hypervisor's agents
+(Docker's profile denies it too), and packet, Bluetooth or CAN sockets are kernel surface an
+agent does not need.
+
 Any other ABI is killed: 32-bit ``int 0x80`` calls from a 64-bit process (a classic way round
 a filter written for one table) and the x32 ABI. Only x86-64 is built here; on another
 architecture ``program()`` raises and the sandbox refuses to start without the filter.
@@ -71,6 +77,9 @@ X86_64_DENIED: dict[str, int] = {
     "open_by_handle_at": 304, "name_to_handle_at": 303, "lookup_dcookie": 212, "fanotify_init": 300,
 }
 X86_64_CLONE, X86_64_CLONE3 = 56, 435
+X86_64_SOCKET, X86_64_SOCKETPAIR = 41, 53
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+"""The socket families a sandbox may open; any other is ``EAFNOSUPPORT``."""
 
 
 class SeccompUnavailable(RlonceError, RuntimeError):
@@ -85,32 +94,26 @@ def program() -> bytes:
     """The filter as ``struct sock_filter`` bytes, ready for ``bwrap --seccomp FD``."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise SeccompUnavailable(f"the sandbox's seccomp filter is built for x86-64 only, not {platform.machine()}")
-    denied = sorted(X86_64_DENIED.values())
-    ret_errno = SECCOMP_RET_ERRNO | errno.EPERM
-    n = len(denied)
-    # Layout: [0] ld arch, [1] jeq x86_64, [2] ld nr, [3] jge x32, [4] jeq clone3, [5] jeq clone,
-    # [6 .. 6+n) jeq denied, [6+n] allow, [7+n] ld arg0, [8+n] jset ns flags, [9+n] allow,
-    # [10+n] ENOSYS, [11+n] EPERM, [12+n] kill.
-    enosys, eperm, kill = 10 + n, 11 + n, 12 + n
-    out = [
-        _ins(LD_W_ABS, ARCH),
-        _ins(JEQ_K, AUDIT_ARCH_X86_64, 0, kill - 2),
-        _ins(LD_W_ABS, NR),
-        _ins(JGE_K, X32_SYSCALL_BIT, kill - 4, 0),
-        _ins(JEQ_K, X86_64_CLONE3, enosys - 5, 0),
-        _ins(JEQ_K, X86_64_CLONE, (7 + n) - 6, 0),
-    ]
-    for i, nr in enumerate(denied):
-        here = 6 + i
-        out.append(_ins(JEQ_K, nr, eperm - here - 1, 0))
-    out += [
-        _ins(RET_K, SECCOMP_RET_ALLOW),
-        _ins(LD_W_ABS, ARG0_LO),
-        _ins(JSET_K, CLONE_NAMESPACE_FLAGS, eperm - (8 + n) - 1, 0),
-        _ins(RET_K, SECCOMP_RET_ALLOW),
-        _ins(RET_K, SECCOMP_RET_ERRNO | errno.ENOSYS),
-        _ins(RET_K, ret_errno),
-        _ins(RET_K, SECCOMP_RET_KILL_PROCESS),
-    ]
-    assert len(out) == kill + 1
-    return b"".join(out)
+    code: list[tuple[int, int, str | int, str | int]] = []  # jumps name their target, resolved below
+    labels: dict[str, int] = {}
+    code += [(LD_W_ABS, ARCH, 0, 0), (JEQ_K, AUDIT_ARCH_X86_64, 0, "kill"), (LD_W_ABS, NR, 0, 0),
+             (JGE_K, X32_SYSCALL_BIT, "kill", 0), (JEQ_K, X86_64_CLONE3, "enosys", 0),
+             (JEQ_K, X86_64_CLONE, "clone", 0), (JEQ_K, X86_64_SOCKET, "socket", 0),
+             (JEQ_K, X86_64_SOCKETPAIR, "socket", 0)]
+    code += [(JEQ_K, nr, "eperm", 0) for nr in sorted(X86_64_DENIED.values())]
+    code.append((RET_K, SECCOMP_RET_ALLOW, 0, 0))
+    labels["clone"] = len(code)  # a clone that makes a namespace is refused
+    code += [(LD_W_ABS, ARG0_LO, 0, 0), (JSET_K, CLONE_NAMESPACE_FLAGS, "eperm", 0), (RET_K, SECCOMP_RET_ALLOW, 0, 0)]
+    labels["socket"] = len(code)  # the family is the first argument
+    code.append((LD_W_ABS, ARG0_LO, 0, 0))
+    code += [(JEQ_K, family, "allow", 0) for family in SOCKET_FAMILIES.values()]
+    code.append((RET_K, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT, 0, 0))
+    for name, ret in (("allow", SECCOMP_RET_ALLOW), ("enosys", SECCOMP_RET_ERRNO | errno.ENOSYS),
+                      ("eperm", SECCOMP_RET_ERRNO | errno.EPERM), ("kill", SECCOMP_RET_KILL_PROCESS)):
+        labels[name] = len(code)
+        code.append((RET_K, ret, 0, 0))
+
+    def offset(here: int, target: str | int) -> int:
+        return target if isinstance(target, int) else labels[target] - here - 1  # forward jumps only
+
+    return b"".join(_ins(op, k, offset(i, jt), offset(i, jf)) for i, (op, k, jt, jf) in enumerate(code))

@@ -153,9 +153,9 @@ class VisualEnv:
         if self.sandbox is not None and _is_path(answer):
             rel = answer.strip().removeprefix("/work/").lstrip("/") or "index.html"
             folder, _, entry = rel.rpartition("/")
-            root = self.sandbox.workspace / folder if folder else self.sandbox.workspace
-            try:
-                files = rd.read_page_files(root)
+            try:  # the folder is the agent's: no link followed, no climbing out of the workspace
+                with hostfs.opened_dir(self.sandbox.workspace, folder) as root:
+                    files = rd.read_page_files(root)
             except (hostfs.HostileFile, OSError) as e:
                 return None, entry, f"could not read {rel!r}: {e}"
             if not folder:
