@@ -228,3 +228,67 @@ def test_restart_replays_waiting_groups_and_reissues_prompts_without_double_coun
     assert len(trained) == len(set(trained)) == 8  # 2 groups a step, none twice
     for r in before + after:
         r.ledger["s"].check()
+
+
+class TwoArms:
+    """Each group: arm ``a`` with contrast (1, 0), arm ``b`` without (0, 0)."""
+
+    async def run_group(self, group, n):
+        tid = group.task.task_id
+        return [Sequence(s.task_id, arm, s.contexts, reward=r)
+                for s, arm, r in ((_seq(tid, 0), "a", 1.0), (_seq(tid, 0), "a", 0.0), (_seq(tid, 0), "b", 0.0),
+                                  (_seq(tid, 0), "b", 0.0))]
+
+
+def test_grouped_by_arm_a_flat_arm_is_filtered_once_and_its_twin_retained():
+    """``harness.group_by_arm``: the group is accepted for its arm with contrast; the flat arm's
+    two sequences are counted filtered when judged, and only the two kept are booked retained
+    when the step takes the group (they were booked twice and the ledger check stopped the run)."""
+
+    async def run():
+        mixer = SampleMixer({"s": SourceStats(target=1, acceptance=1.0, duration=0.01, seen=1, share=1.0)},
+                            MixerSettings(budget=1.0))
+        o = Orchestrator(TwoArms(), lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(),
+                         OrchestratorSettings(mode="sync", group_size=4, staleness=1, batch=1, dispatch_cap=1.0,
+                                              group_by_arm=True))
+        try:
+            return await o.collect(1)
+        finally:
+            await o.close()
+
+    r = asyncio.run(run())
+    e = r.ledger["s"]
+    assert (e.dispatched, e.no_contrast_filtered, e.retained, e.carried_over) == (4, 2, 2, 0)
+    assert [row.group_id for row in r.rows] == ["s/0/a@1"] * 2  # arm a's pair: rewards 1, 0 less their mean
+    assert sorted(row.advantages[-1] for row in r.rows) == [-0.5, 0.5]
+
+
+def test_a_reissued_task_is_still_not_reissued_twice_after_a_restart():
+    """A stale task's reissue (``stale_policy = "reissue"``) that a checkpoint caught waiting keeps
+    its mark: going stale again after the restart drops it, as the uninterrupted run does."""
+    from rlonce.rollout.groups import FINISHED, Group
+    from rlonce.rollout.orchestrator import SourceRules
+
+    def orch():
+        mixer = SampleMixer({"s": SourceStats(target=1, acceptance=1.0, duration=0.01, seen=1, share=1.0)},
+                            MixerSettings(budget=1.0))
+        return Orchestrator(None, lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(),
+                            OrchestratorSettings(mode="sync", group_size=4, staleness=1,
+                                                 rules={"s": SourceRules(1, "reissue")}))
+
+    seqs = [_seq("s/5", float(k % 2)) for k in range(4)]
+    runs = []
+    for resumed in (False, True):
+        o = orch()
+        g = Group("s:5@2", T("s/5"), "s", 2, 0, index=5, again=True, state=FINISHED, accepted=True, retained=4,
+                  sequences=seqs)
+        o.groups[g.gid] = g
+        if resumed:
+            snap, o = o.state_dict(), orch()
+            o.load_state_dict(snap)
+            o.step = 3
+            o._restore_open_work()
+        o.step = 3
+        o._evict_stale()
+        runs.append((o.requeue["s"], o.window["s"].stale_reissued, o.window["s"].stale_dropped))
+    assert runs[0] == runs[1] == ([], 0, 4)

@@ -46,6 +46,9 @@ class Group:
     sequences: list[Sequence] = field(default_factory=list)
     rows: list[TrainingRow] = field(default_factory=list)
     accepted: bool = False
+    retained: int = 0
+    """Its sequences the judge retained (an accepted group's count when a step takes it: with
+    ``group_by_arm`` an arm without contrast is filtered while the group's other arms are kept)."""
     seconds: float = 0.0
     job: asyncio.Task | None = None
     payload: object | None = None
@@ -100,7 +103,7 @@ class Judge:
 def waiting_state(g: Group) -> dict:
     """An accepted group still waiting for a step, as plain data (a remote payload kept as is)."""
     w = {"source": g.source, "index": g.index, "dispatch_step": g.dispatch_step, "seconds": g.seconds,
-         "signal": g.signal}
+         "signal": g.signal, "retained": g.retained, "again": g.again}
     if g.payload is not None:  # fetched only if a checkpoint is written (``materialize``)
         w["payload"] = g.payload
     else:
@@ -111,9 +114,11 @@ def waiting_state(g: Group) -> dict:
 def replayed_group(w: dict, tasks: Callable[[str, int], object], order: int) -> Group:
     """The accepted group ``waiting_state`` saved, restored with its dispatch step; ``tasks`` gives
     the task of its source and index."""
+    seqs = [sequence_from_dict(x) for x in w["sequences"]]
+    retained = w.get("retained", sum(not s.infra_failed for s in seqs))  # checkpoints before the count
     return Group(f"{w['source']}:{w['index']}@{w['dispatch_step']}", tasks(w["source"], w["index"]),
-                 w["source"], w["dispatch_step"], order, index=w["index"], state=FINISHED, accepted=True,
-                 seconds=w["seconds"], sequences=[sequence_from_dict(x) for x in w["sequences"]],
+                 w["source"], w["dispatch_step"], order, index=w["index"], again=w.get("again", False),
+                 state=FINISHED, accepted=True, retained=retained, seconds=w["seconds"], sequences=seqs,
                  rows=[TrainingRow(**r) for r in w["rows"]], signal=w.get("signal", {}))
 
 

@@ -101,9 +101,9 @@ class Orchestrator:
                 and (g.state in (PENDING, RUNNING) or (g.state == FINISHED and g.accepted))]
 
     def _open_count(self, g: Group) -> int:
-        """Sequences of ``g`` not yet accounted for: all of a running group; the non-infra ones
-        of a finished group (its infrastructure failures were counted when it finished)."""
-        return self.s.group_size if g.state != FINISHED else sum(not s.infra_failed for s in g.sequences)
+        """Sequences of ``g`` not yet accounted for: all of a running group; the retained ones of
+        a finished group (its infrastructure failures and filtered arms were counted when it finished)."""
+        return self.s.group_size if g.state != FINISHED else g.retained
 
     def in_flight(self, source: str | None = None) -> list[Group]:
         return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
@@ -124,10 +124,11 @@ class Orchestrator:
                       key=lambda g: g.order)
 
     # ---- dispatch ------------------------------------------------------------------------
-    def dispatch(self, source: str, *, index: int | None = None, counted: bool = True) -> Group:
+    def dispatch(self, source: str, *, index: int | None = None, counted: bool = True, again: bool = False) -> Group:
         """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart:
-        its age restamped, its sequences already counted as carried in, not dispatched)."""
-        i, task, again = (index, self.tasks(source, index), False) if index is not None else self._next_task(source)
+        its age restamped, its sequences already counted as carried in, not dispatched; ``again``
+        if it was itself a stale task's reissue, which is not reissued a second time)."""
+        i, task, again = (index, self.tasks(source, index), again) if index is not None else self._next_task(source)
         g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i, again=again)
         self.order += 1
         self.groups[g.gid] = g
@@ -197,7 +198,7 @@ class Orchestrator:
         for k in ("hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked"):
             setattr(w, k, getattr(w, k) + getattr(ev, k))
         self.signal_stats.update(stats)
-        g.rows, g.accepted = rows, ev.retained > 0
+        g.rows, g.accepted, g.retained = rows, ev.retained > 0, ev.retained
         g.state = FINISHED if ev.finished else FAILED
         if ev.finished:  # infrastructure failures say nothing about the source's acceptance or difficulty
             self.step_finished[g.source] += 1
@@ -364,7 +365,7 @@ class Orchestrator:
             if g.state == FINISHED and g.accepted:
                 waiting.append(waiting_state(g))
             elif g.state in (PENDING, RUNNING):
-                flight.append({"source": g.source, "index": g.index})
+                flight.append({"source": g.source, "index": g.index, "again": g.again})
         return {"mixer": self.mixer.state_dict(), "next_index": dict(self.next_index), "order": self.order,
                 "waiting": waiting, "in_flight": flight, "requeue": {n: list(q) for n, q in self.requeue.items()},
                 "difficulty": {n: f.state_dict() for n, f in self.difficulty.items()}}
@@ -394,7 +395,7 @@ class Orchestrator:
             self._entry(g.source).carried_in += self._open_count(g)
             self.replayed += 1
         for f in self._reissue:
-            g = self.dispatch(f["source"], index=f["index"], counted=False)
+            g = self.dispatch(f["source"], index=f["index"], counted=False, again=f.get("again", False))
             self._entry(g.source).carried_in += self.s.group_size
             self.reissued += 1
         self._replay, self._reissue = [], []
