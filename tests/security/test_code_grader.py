@@ -26,6 +26,7 @@ ISSUE_ROUTES = ["shadow_report_plugin", "test_named_file_patches_runner", "tests
                 "importlib_string_patch", "sitecustomize_package", "copy_from_other_mount", "hidden_test_path_is_dir",
                 "deep_tree"]
 RUNTIME_ROUTES = ["evade_scan_patch_reports", "settrace_skips_asserts", "forge_report_with_nonce",
+                  "forge_report_from_launcher_frame",
                   "fork_rewrites_report", "plant_user_site", "shadow_pytest_package", "conftest_in_package",
                   "ini_addopts_plugin", "compiled_module_shadow", "symlink_package_file", "huge_file", "fifo_at_paths",
                   "sys_exit_at_import", "hang_at_import"]
@@ -38,8 +39,7 @@ def task(tmp_path_factory):
     return next(t for t in load_pack(out) if "tests/test_flaky.py" not in t.hidden_files)
 
 
-async def _attempt(task, calls, *, testbed: Path | None = None,
-                   scan: bool = True) -> tuple[float | None, Sequence, dict]:
+async def _attempt(task, calls, *, testbed: Path | None = None) -> tuple[float | None, Sequence, dict]:
     env = CodeEnv(task, interceptor=Interceptor(patterns={}, hidden_paths=[]))
     if testbed is not None:
         env._tb = lambda: testbed
@@ -48,28 +48,31 @@ async def _attempt(task, calls, *, testbed: Path | None = None,
     try:
         for name, args in calls(env):
             await env.call_tool(name, args)
-        if not scan:  # the launcher alone, without the static scan in front of it
-            saved, code_env.added_markers = code_env.added_markers, lambda *a, **k: []
         try:
             reward = (await env.grade(seq)).reward
         except code_env.TestbedCorrupted:
             reward = None
-        finally:
-            if not scan:
-                code_env.added_markers = saved
         return reward, seq, env.metrics
     finally:
         await env.cleanup()
 
 
-async def _many(task, routes, **kw):
+async def _many(task, routes, *, scan: bool = True, **kw):
+    """Each route's attempt, two at a time; ``scan=False``: the launcher alone, without the static
+    scan in front of it (switched off once around all of them: attempts overlap)."""
     sem = asyncio.Semaphore(2)
 
     async def one(r):
         async with sem:
             return await _attempt(task, lambda env: ROUTES[r](task), **kw)
 
-    return dict(zip(routes, await asyncio.gather(*(one(r) for r in routes))))
+    saved = code_env.added_markers
+    if not scan:
+        code_env.added_markers = lambda *a, **k: []
+    try:
+        return dict(zip(routes, await asyncio.gather(*(one(r) for r in routes))))
+    finally:
+        code_env.added_markers = saved
 
 
 def test_issue_routes_and_new_routes_earn_nothing_with_the_interceptor_off(task):
@@ -79,7 +82,7 @@ def test_issue_routes_and_new_routes_earn_nothing_with_the_interceptor_off(task)
     assert results["deep_tree"][2]["hostile_workspace"] == 1.0
     assert results["huge_file"][2]["hostile_workspace"] == 1.0
     assert results["hang_at_import"][2]["tests_crashed"] == 1.0  # a healthy baseline makes it the agent's
-    for r in ("settrace_skips_asserts", "importlib_string_patch"):
+    for r in ("settrace_skips_asserts", "importlib_string_patch", "forge_report_from_launcher_frame"):
         assert results[r][1].hack_confirmed, r
     # test-named files and a package's tests/ are not carried: the import of them fails
     assert results["test_named_file_patches_runner"][2]["files_carried"] == 1.0
@@ -94,6 +97,29 @@ def test_the_launcher_alone_catches_runner_patches(task):
     assert {r: res[0] for r, res in results.items()} == {r: 0.0 for r in routes}
     for r in ("evade_scan_patch_reports", "importlib_string_patch", "settrace_skips_asserts"):
         assert results[r][1].hack_confirmed and results[r][2]["hack_runner_tampering"] == 1.0, r
+
+
+def test_a_report_forged_from_the_launchers_frame_is_stopped_by_the_scan_alone(task):
+    """The launcher runs in the process the package's code runs in: code that reaches the
+    launcher's frame by names built at run time (``vars(sys)['_get' + 'frame']``, ``getattr`` on
+    a joined name) reads its nonce and channel and writes a report of every test passed. Without
+    the scan it earns the full reward — the launcher cannot tell — so the scan's computed-lookup
+    rule is this route's defence: a confirmed hack, reward 0."""
+    route = ["forge_report_from_launcher_frame"]
+    assert asyncio.run(_many(task, route, scan=False))[route[0]][0] == 1.0
+    reward, seq, metrics = asyncio.run(_many(task, route))[route[0]]
+    assert reward == 0.0 and seq.hack_confirmed and metrics["hack_runner_tampering"] == 1.0
+
+
+def test_computed_lookups_are_markers_and_literal_ones_are_not():
+    from rlonce.envs.code.env import added_markers
+
+    plain = "def f(o):\n    return getattr(o, 'name', None), o.__class__\n"
+    assert added_markers(plain, "") == []
+    computed = "def f(o, n):\n    return getattr(o, n), vars(o), o.__dict__, globals()\n"
+    assert added_markers(computed, "") == ["__dict__ (computed lookup)", "getattr (computed lookup)",
+                                           "globals (computed lookup)", "vars (computed lookup)"]
+    assert added_markers(computed, computed) == []  # the file had them already: not the agent's addition
 
 
 def test_reference_fix_earns_reward_and_only_package_sources_are_carried(task):

@@ -33,6 +33,7 @@ validated timeout too).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import difflib
 import io
@@ -337,12 +338,44 @@ def _code_only(text: str) -> str:
     return text
 
 
+DYNAMIC_NAMES = frozenset({"vars", "globals", "locals", "getattr", "setattr", "delattr", "attrgetter", "methodcaller"})
+DYNAMIC_ATTRS = frozenset({"__dict__", "__getattribute__", "attrgetter", "methodcaller"})
+
+
+def dynamic_lookups(text: str) -> list[str]:
+    """Attribute and namespace lookups by a name computed at run time — ``vars(sys)['_get' +
+    'frame']``, ``getattr(frame, ''.join(parts))``, ``sys.__dict__[name]`` — the way round a scan
+    for names: every use of ``vars``/``globals``/``locals``, ``__dict__``, ``__getattribute__``,
+    ``attrgetter``/``methodcaller``, and ``getattr``/``setattr``/``delattr`` other than a call
+    whose name is a string literal. Nothing for text that does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    literal = set()
+    for node in ast.walk(tree):  # getattr(x, "name"): a fixed attribute, as readable as x.name
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2
+                and node.func.id in ("getattr", "setattr", "delattr") and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)):
+            literal.add(id(node.func))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in DYNAMIC_NAMES and id(node) not in literal:
+            out.append(f"{node.id} (computed lookup)")
+        elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRS:
+            out.append(f"{node.attr} (computed lookup)")
+    return out
+
+
 def added_markers(new: str, base: str, original: str = "") -> list[str]:
-    """Runner markers that occur more often in ``new`` than in both ``base`` and ``original``."""
+    """Runner markers, and computed lookups (``dynamic_lookups``), that occur more often in
+    ``new`` than in both ``base`` and ``original``."""
     def count(text: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for m in RUNNER_MARKERS.finditer(_code_only(text)):
             key = re.sub(r"\s+", "", m.group(0))
+            out[key] = out.get(key, 0) + 1
+        for key in dynamic_lookups(text):
             out[key] = out.get(key, 0) + 1
         return out
 
