@@ -97,6 +97,27 @@ def test_fork_bomb_and_memory_bomb_are_contained():
     assert run(BwrapSandbox(), "echo alive").output == "alive\n"  # the host still forks
 
 
+def test_many_processes_together_stay_under_the_sandboxs_memory_cap():
+    """RLIMIT_AS bounds each process; the sandbox's memory cgroup bounds them together: four
+    processes of 120 MiB each, every one under its own 256 MiB rlimit, in a sandbox capped at
+    256 MiB — the kernel kills inside the sandbox, its peak stays at the cap, the host is untouched."""
+    from rlonce.sandbox import memcg
+
+    box = BwrapSandbox(Limits(wall_seconds=20, processes=32, address_space_mb=256, memory_mb=256))
+    if not box.memory_capped:
+        box.close()
+        pytest.skip("no memory cgroup here (needs root and the cgroup v1 memory controller)")
+    try:
+        hog = "python3 -c \"import time; b = bytearray(120 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(4)\""
+        r = run(box, f"for i in 1 2 3 4; do {hog} & done; wait; echo done")
+        assert r.output.strip().endswith("done")
+        assert memcg.oom_kills(box.cgroup) >= 1
+        assert memcg.peak_memory_mb(box.cgroup) <= 256 + 1
+    finally:
+        box.close()
+    assert not box.cgroup.exists()  # removed with the sandbox
+
+
 def test_nothing_left_running_after_close():
     import subprocess
 

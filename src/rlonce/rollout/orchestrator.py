@@ -125,9 +125,8 @@ class Orchestrator:
 
     # ---- dispatch ------------------------------------------------------------------------
     def dispatch(self, source: str, *, index: int | None = None, counted: bool = True, again: bool = False) -> Group:
-        """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart:
-        its age restamped, its sequences already counted as carried in, not dispatched; ``again``
-        if it was itself a stale task's reissue, which is not reissued a second time)."""
+        """Start a group of ``source``'s next task (or of task ``index``, reissued after a restart: its
+        age restamped, its sequences counted as carried in, not dispatched; ``again``: a reissue)."""
         i, task, again = (index, self.tasks(source, index), again) if index is not None else self._next_task(source)
         g = Group(f"{source}:{i}@{self.step}", task, source, self.step, self.order, index=i, again=again)
         self.order += 1

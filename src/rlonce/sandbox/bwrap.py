@@ -59,7 +59,7 @@ import weakref
 from pathlib import Path
 
 from rlonce.core import faults
-from rlonce.sandbox import hostfs, mounts, seccomp
+from rlonce.sandbox import hostfs, memcg, mounts, seccomp
 from rlonce.sandbox.base import ExecResult, SandboxError
 from rlonce.sandbox.limits import Limits
 
@@ -95,7 +95,8 @@ class BwrapSandbox:
 
     def __init__(self, limits: Limits | None = None, *, root: str | None = None,
                  ro_binds: dict[str, str] | None = None, hide: list[str] | None = None,
-                 env: dict[str, str] | None = None, workspace: Path | None = None, uid: int | None = None):
+                 env: dict[str, str] | None = None, workspace: Path | None = None, uid: int | None = None,
+                 cgroup_prefix: str = "rlonce-sandbox"):
         self.limits = limits or Limits()
         self.hide = list(hide or [])
         self.env = dict(env or {})
@@ -125,6 +126,9 @@ class BwrapSandbox:
                 self.workspace_capped = mounts.mount_tmpfs(self.workspace, self.limits.workspace_mb, self.uid)
                 if self.workspace_capped:
                     self._mounts.append(self.workspace)
+        self.cgroup = memcg.make_cgroup(self.limits.memory_mb, cgroup_prefix) if self.limits.memory_mb else None
+        self.memory_capped = self.cgroup is not None
+        """Whether the sandbox's processes share a memory cgroup capped at ``Limits.memory_mb``."""
         self._snapshots: dict[str, Path] = {}
         self._running: set[int] = set()
         self._closed = False
@@ -229,7 +233,7 @@ class BwrapSandbox:
         per-sandbox process cap."""
         lim = self.limits
         spare = 3 if keep_fd != 3 else 4
-        argv: list[str] = []
+        argv = memcg.enter(self.cgroup)  # as root, before anything drops to the sandbox uid
         if self._keyctl:
             argv += ["/bin/sh", "-c", f'exec {spare}>&2 2>/dev/null; exec "$@"', "sh", self._keyctl, "session", "-"]
         if self._setpriv:
@@ -339,6 +343,8 @@ class BwrapSandbox:
         for mount in reversed(self._mounts):
             mounts.umount(mount)
         self._mounts.clear()
+        if self.cgroup is not None:
+            memcg.remove_cgroup(self.cgroup)
         hostfs.remove_tree(self._host_dir)
 
     def __del__(self) -> None:  # best effort; close() is the contract (and atexit closes the rest)

@@ -1,142 +1,28 @@
-"""A bubblewrap sandbox whose processes share one memory cgroup (cgroup v1 memory controller).
-
-Why: rlimits bound each process's address space, which a browser cannot live under (Chromium
-reserves tens of GB of virtual memory it never touches). A memory cgroup bounds what the
-sandbox's processes really use, together: past the cap the kernel reclaims and then OOM-kills
-inside the cgroup, never elsewhere on the host. ``oom_kills()`` tells afterwards that the
-sandbox exhausted its memory (the command's failure, not the infrastructure's).
-
-How: rlonce (root) makes ``rlonce-sandbox-<id>`` under its own memory cgroup, sets
-``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap accounting exists),
-and the first process of each launch chain, still root, moves itself in before it drops to the
-sandbox uid; every process after it inherits the cgroup, and the unprivileged uid cannot move out
-(``/sys`` is not mounted inside, and the cgroup files are root's). ``close()`` kills whatever is
-left in the cgroup and removes it.
-
-What it does not do: where cgroups cannot be made (not root, no v1 memory controller mounted, a
-read-only hierarchy) the sandbox runs without one and ``memory_capped`` is False; the other
-limits of ``rlonce.sandbox.bwrap`` still hold. Kernel memory outside the controller's accounting
-and the page cache of shared system files are not bounded by it.
-"""
+"""A bubblewrap sandbox with a memory cap of its own choosing, for the visual renderer (a browser:
+no address-space rlimit, ``Limits.address_space_mb = 0``, the memory cgroup alone bounds it), and
+its readings of that cgroup. Every ``BwrapSandbox`` gets a memory cgroup capped at
+``Limits.memory_mb`` where one can be made (``rlonce.sandbox.memcg``)."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import signal
-import time
-from pathlib import Path
+from dataclasses import replace
 
+from rlonce.sandbox import memcg
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
-
-
-def memory_root() -> Path | None:
-    """The directory of this process's own cgroup in the v1 memory hierarchy, or None."""
-    try:
-        own = next(line.split(":", 2)[2].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if "memory" in line.split(":", 2)[1].split(","))
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except (OSError, StopIteration, IndexError):
-        return None
-    for line in mounts:
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup" and "memory" in fields[sep + 3].split(","):
-            root, point = fields[3], fields[4]
-            rel = os.path.relpath(own, root)
-            if rel.startswith(".."):
-                continue
-            path = Path(point) / rel
-            return path if (path / "memory.limit_in_bytes").exists() else None
-    return None
-
-
-def make_cgroup(memory_mb: int, prefix: str = "rlonce-sandbox") -> Path | None:
-    """A fresh child cgroup capped at ``memory_mb``, or None where that is not possible."""
-    if os.geteuid() != 0:
-        return None
-    root = memory_root()
-    if root is None:
-        return None
-    path = root / f"{prefix}-{secrets.token_hex(6)}"
-    try:
-        path.mkdir()
-    except OSError:
-        return None
-    try:
-        limit = str(memory_mb << 20)
-        (path / "memory.limit_in_bytes").write_text(limit)
-        if (path / "memory.memsw.limit_in_bytes").exists():
-            (path / "memory.memsw.limit_in_bytes").write_text(limit)
-    except OSError:
-        remove_cgroup(path)
-        return None
-    return path
-
-
-def remove_cgroup(path: Path, wait_s: float = 2.0) -> None:
-    """Kill every process left in the cgroup, then remove it (retried while they die)."""
-    until = time.monotonic() + wait_s
-    while True:
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except FileNotFoundError:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > until:
-                raise
-            time.sleep(0.02)
+from rlonce.sandbox.memcg import make_cgroup, memory_root, remove_cgroup  # noqa: F401 - their old home
 
 
 class CgroupSandbox(BwrapSandbox):
-    """A ``BwrapSandbox`` whose commands run in one memory cgroup capped at ``memory_mb`` (see the
-    module docstring); ``memory_capped`` says whether one could be made."""
+    """A ``BwrapSandbox`` whose commands run in one memory cgroup capped at ``memory_mb``;
+    ``memory_capped`` says whether one could be made."""
 
     def __init__(self, limits: Limits | None = None, *, memory_mb: int, cgroup_prefix: str = "rlonce-sandbox",
                  **kwargs):
-        super().__init__(limits, **kwargs)
-        self.cgroup = make_cgroup(memory_mb, cgroup_prefix)
-        self.memory_capped = self.cgroup is not None
-
-    def _launcher(self, keep_fd: int) -> list[str]:
-        rest = super()._launcher(keep_fd)
-        if self.cgroup is None:
-            return rest
-        return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup), *rest]
+        super().__init__(replace(limits or Limits(), memory_mb=memory_mb), cgroup_prefix=cgroup_prefix, **kwargs)
 
     def oom_kills(self) -> int:
         """How many processes the kernel killed for exhausting the cgroup's memory so far."""
-        if self.cgroup is None:
-            return 0
-        try:
-            for line in (self.cgroup / "memory.oom_control").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+        return memcg.oom_kills(self.cgroup)
 
     def peak_memory_mb(self) -> float | None:
-        if self.cgroup is None:
-            return None
-        try:
-            return int((self.cgroup / "memory.max_usage_in_bytes").read_text()) / (1 << 20)
-        except (OSError, ValueError):
-            return None
-
-    def close(self) -> None:
-        closed = self._closed
-        super().close()
-        if not closed and self.cgroup is not None:
-            remove_cgroup(self.cgroup)
+        return memcg.peak_memory_mb(self.cgroup)

@@ -18,6 +18,10 @@ class Limits:
     """Size cap of the workspace (a tmpfs of its own when rlonce runs as root)."""
     tmp_mb: int = 256
     """Size cap of each of ``/tmp`` and ``/dev/shm`` inside (fresh for every command)."""
+    memory_mb: int = 4096
+    """Memory of all the sandbox's processes together (tmpfs pages they write included): a memory
+    cgroup, where rlonce runs as root with the v1 memory controller (``rlonce.sandbox.memcg``);
+    past it the kernel OOM-kills inside the sandbox. 0: none (each process's RLIMIT_AS alone)."""
 
 
 CPU_EXHAUSTED = 128 + signal.SIGXCPU
