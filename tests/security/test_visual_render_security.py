@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from rlonce.envs.visual.render import MAX_PAGE_BYTES, VIEWPORTS, check_files, read_page_files, render
-from rlonce.sandbox.cgroup import memory_root
 from rlonce.sandbox.hostfs import HostileFile
+from rlonce.sandbox.memcg import memory_root
 
 DESKTOP = (VIEWPORTS[0],)
 
@@ -33,6 +33,10 @@ def all_text(r) -> str:
     return "\n".join(t["text"] for ts in r.texts.values() for t in ts)
 
 
+MINE = f"rlonce-render-{os.getpid()}-"
+"""The names of this process's render cgroups (another pytest worker renders beside it)."""
+
+
 def render_pids() -> set[int]:
     """Processes in a render's memory cgroup below this process's own (what renders started)."""
     root = memory_root()
@@ -45,14 +49,14 @@ def render_pids() -> set[int]:
             lines = (p / "cgroup").read_text().splitlines()
         except (OSError, ValueError):
             continue
-        if any(line.split(":", 2)[2].startswith(f"{own}/rlonce-render-") for line in lines if ":memory:" in line):
+        if any(line.split(":", 2)[2].startswith(f"{own}/{MINE}") for line in lines if ":memory:" in line):
             pids.add(int(p.name))
     return pids
 
 
 def leftover_cgroups() -> list[str]:
     root = memory_root()
-    return sorted(p.name for p in root.glob("rlonce-render-*")) if root else []
+    return sorted(p.name for p in root.glob(f"{MINE}*")) if root else []
 
 
 def live() -> tuple[set[int], set[str]]:

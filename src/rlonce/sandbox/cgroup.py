@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from rlonce.sandbox import memcg
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
-from rlonce.sandbox.memcg import make_cgroup, memory_root, remove_cgroup  # noqa: F401 - their old home
 
 
 class CgroupSandbox(BwrapSandbox):

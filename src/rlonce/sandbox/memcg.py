@@ -7,7 +7,7 @@ address-space rlimit at all (Chromium reserves tens of GB it never touches). A m
 bounds what the sandbox's processes really use, together: past the cap the kernel reclaims and
 then OOM-kills inside the cgroup, never elsewhere on the host.
 
-How: rlonce (root) makes ``<prefix>-<id>`` under its own memory cgroup, sets
+How: rlonce (root) makes ``<prefix>-<pid>-<id>`` under its own memory cgroup, sets
 ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap accounting exists),
 and the first process of each launch chain, still root, moves itself in (``enter``) before it
 drops to the sandbox uid; every process after it inherits the cgroup, and the unprivileged uid
@@ -57,7 +57,7 @@ def make_cgroup(memory_mb: int, prefix: str = "rlonce-sandbox") -> Path | None:
     root = memory_root()
     if root is None:
         return None
-    path = root / f"{prefix}-{secrets.token_hex(6)}"
+    path = root / f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}"  # whose it is, for anyone sweeping
     try:
         path.mkdir()
     except OSError:

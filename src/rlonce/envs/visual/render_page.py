@@ -208,10 +208,10 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
     await page.goto(PAGE_ROOT + job["entry"], wait_until="load", timeout=left_ms(deadline))
     loaded, page_ms = time.time(), 0
     report.set("phases", round(loaded - t0, 4), f"load_{name}")
-    for k, delay in enumerate(job["delays_ms"]):
+    for k, delay in enumerate(job["delays_ms"]):  # sorted
         # the page's clock moves by exactly the delay (timers due at load run first), however slow this host is
-        await page.clock.run_for(max(delay - page_ms, 0))
-        page_ms = max(delay, page_ms)
+        await page.clock.run_for(delay - page_ms)
+        page_ms = delay
         wait = delay / 1000 - (time.time() - loaded)
         if wait > 0:  # and the wall clock at least as far (CSS animations run on it)
             await asyncio.sleep(wait)
