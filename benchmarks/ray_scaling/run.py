@@ -151,7 +151,8 @@ def quickstart(executor: str, out: Path, steps: int | None) -> dict:
     steps_s = [r["step_seconds"] for r in recs if "step_seconds" in r]
     ledger = [json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines()]
     balanced = all(e["carried_in"] + e["dispatched"] == e["infra_failed"] + e["no_contrast_filtered"]
-                   + e["penalty_rejected"] + e["stale_dropped"] + e["retained"] + e["carried_over"] for e in ledger)
+                   + e["penalty_rejected"] + e.get("unfinished_dropped", 0) + e["stale_dropped"] + e["retained"]
+                   + e["carried_over"] for e in ledger)
     r = {"executor": executor, "process_seconds": wall, "job_seconds": summary["wall_seconds"],
          "rl_step_seconds_mean": sum(steps_s) / len(steps_s), "rl_steps": summary["rl_steps"],
          "baseline_success": summary["baseline_success"], "final_success": summary["final_success"],

@@ -177,10 +177,14 @@ def test_mask_unfinished_drops_budget_cut_failures_but_keeps_their_score_in_the_
     assert [r.advantages[3] for r in rows] == pytest.approx([0.5, -0.5, 0.5])
     e = ledger["s"]
     assert (e.retained, e.unfinished_masked, e.zero_advantage, m["unfinished_masked"]) == (4, 1, 0, 1)
-    # a group whose every sequence is masked has nothing left to train: rejected, both counted
+    # a group whose every sequence is masked has nothing left to train: dropped as unfinished (not
+    # as a penalty's rejection), both counted
     cut = [_seq(0.0, Status.LIMITS), _seq(0.5, Status.LIMITS)]
     rows, ledger, _ = learning_signal([Sample("b", "s", 1, cut)], 1, SignalSettings(mask_unfinished=True))
-    assert rows == [] and (ledger["s"].penalty_rejected, ledger["s"].unfinished_masked) == (2, 2)
+    e = ledger["s"]
+    assert rows == [] and (e.unfinished_dropped, e.penalty_rejected, e.retained, e.unfinished_masked) == (2, 0, 0, 2)
+    with pytest.raises(LedgerImbalance, match="unfinished 1"):
+        LedgerEntry(1, "x", dispatched=2, finished=2, unfinished_dropped=1).check()
     with pytest.raises(LedgerImbalance, match="unfinished_masked"):
         LedgerEntry(1, "x", dispatched=1, finished=1, retained=1, unfinished_masked=2).check()
 

@@ -20,7 +20,7 @@ def test_step_record_by_hand():
     entry = LedgerEntry(3, "toolfind")
     entry.stale_dropped, entry.carried_over = 2, 1
     rec = step_record(StepInputs(3, [a, b, c], [a, b], {"toolfind": entry}, rollout_seconds=4.0, train_seconds=1.0,
-                                 retained_rows=2, version=7, staleness=1, replayed=1, reissued=0,
+                                 retained_rows=2, version=7, violations=5, replayed=1, reissued=0,
                                  arms=["mini-bash", "mini-codex"], lag_counts=Counter({0: 10, 1: 5})),
                       {"grs_fallback": 0}, {"loss": 0.25})
     assert rec["reward_mean"] == 0.5 and rec["success_rate"] == 0.5  # the infra sequence is not scored
@@ -28,7 +28,7 @@ def test_step_record_by_hand():
     assert rec["generated_tokens_per_s"] == 25.0 and rec["step_seconds"] == 5.0
     assert rec["status_infra"] == pytest.approx(1 / 3) and rec["status_submitted"] == pytest.approx(2 / 3)
     assert rec["version_lag_max"] == 1 and rec["version_lag_mean"] == pytest.approx(5 / 15)
-    assert rec["version_lag_tokens/1"] == 5.0 and rec["staleness_violations"] == 5.0  # staleness 1: any lag breaks it
+    assert rec["version_lag_tokens/1"] == 5.0 and rec["staleness_violations"] == 5.0
     assert rec["sequences_spanning_versions"] == 1.0 and rec["gateway_rollbacks"] == 1.0
     assert rec["format_retries"] == 2.0
     assert (rec["stale_dropped"], rec["carried_over"], rec["replayed_groups"]) == (2.0, 1.0, 1.0)
@@ -39,3 +39,18 @@ def test_step_record_by_hand():
     # 40 tokens sampled (a rolled-back turn's too), 24 of them after compiled one-row steps
     # (engine.compile_solo); b's 50 model tokens have no sampled count: not in the share
     assert rec["compiled_decode_share"] == pytest.approx(24 / 40)
+
+
+def test_staleness_violations_hold_each_row_to_its_own_source_s_staleness():
+    from rlonce.core.records import TrainingRow, staleness_violations
+
+    def row(group: str, versions: list[int]) -> TrainingRow:
+        n = len(versions) + 1
+        return TrainingRow([1] * n, [0] + [1] * len(versions), [0.0] * n, [0.0] * n, [-1] + versions, group_id=group)
+
+    # trainer at version 5; source "code" allows staleness 3 (lag ≤ 2), "math" staleness 1 (lag 0)
+    rows = [row("c@2", [5, 4, 3, 2]), row("m@4", [5, 4, 4])]
+    limit = {"c@2": 3, "m@4": 1}
+    assert staleness_violations(rows, 5, limit.__getitem__) == 1 + 2  # code's lag-3 token, math's two lag-1 tokens
+    # the run-wide maximum (3) would have counted only code's lag-3 token
+    assert staleness_violations(rows, 5, lambda g: 3) == 1

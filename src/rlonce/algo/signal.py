@@ -267,8 +267,11 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         alive = [sum(r.loss_mask) > 0 for r in rows]
         entry.contexts_dropped += alive.count(False)
         survivors = {owner[k] for k, ok in enumerate(alive) if ok}
-        if not survivors:
-            entry.penalty_rejected += len(seqs)
+        if not survivors:  # every sequence masked as unfinished, or the penalties dropped what was left
+            if masked == len(seqs):
+                entry.unfinished_dropped += len(seqs)
+            else:
+                entry.penalty_rejected += len(seqs)
             continue
         entry.zero_advantage += len(seqs) - len(survivors) - masked
         entry.retained += len(seqs)

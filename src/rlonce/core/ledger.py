@@ -1,13 +1,16 @@
 """The step ledger: where every dispatched sequence went. Its sums must balance.
 
     carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
-                              + stale_dropped + retained + carried_over
+                              + unfinished_dropped + stale_dropped + retained + carried_over
     infra_failed            = Σ infra_by_category
 
 ``carried_in``/``carried_over`` are sequences still open (running, or finished and waiting in
 the replay buffer) at the step's start/end; with a synchronous batch both are 0 and the
-equation reads ``dispatched = infra_failed + filtered + rejected + retained``. ``finished``
-counts sequences that ended this step without an infrastructure failure.
+equation reads ``dispatched = infra_failed + filtered + rejected + unfinished + retained``.
+``unfinished_dropped`` counts groups (in sequences) left with nothing to train on because every
+sequence was cut by a budget without a pass under ``algo.mask_unfinished``; ``penalty_rejected``
+those whose every context the penalty module dropped. ``finished`` counts sequences that ended
+this step without an infrastructure failure.
 
 Counted per task source. Rewrites that keep a sequence are counted beside the partition:
 ``hack_zeroed`` (a confirmed hack's reward set to 0), ``length_penalized`` (a length
@@ -40,6 +43,7 @@ class LedgerEntry:
     infra_failed: int = 0
     no_contrast_filtered: int = 0
     penalty_rejected: int = 0
+    unfinished_dropped: int = 0
     retained: int = 0
     hack_zeroed: int = 0
     length_penalized: int = 0
@@ -55,14 +59,14 @@ class LedgerEntry:
     infra_by_category: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> None:
-        out = (self.infra_failed + self.no_contrast_filtered + self.penalty_rejected + self.stale_dropped
-               + self.retained + self.carried_over)
+        out = (self.infra_failed + self.no_contrast_filtered + self.penalty_rejected + self.unfinished_dropped
+               + self.stale_dropped + self.retained + self.carried_over)
         if self.carried_in + self.dispatched != out:
             raise LedgerImbalance(
                 f"step {self.step} {self.source}: carried_in {self.carried_in} + dispatched {self.dispatched} != "
                 f"infra_failed {self.infra_failed} + filtered {self.no_contrast_filtered} + rejected "
-                f"{self.penalty_rejected} + stale {self.stale_dropped} + retained {self.retained} + carried_over "
-                f"{self.carried_over}")
+                f"{self.penalty_rejected} + unfinished {self.unfinished_dropped} + stale {self.stale_dropped} "
+                f"+ retained {self.retained} + carried_over {self.carried_over}")
         if self.unfinished_masked > self.finished:
             raise LedgerImbalance(f"step {self.step} {self.source}: unfinished_masked {self.unfinished_masked} > "
                                   f"finished {self.finished}")

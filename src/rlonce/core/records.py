@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -317,3 +318,11 @@ def sequence_from_dict(d: dict) -> Sequence:
 def version_lags(rows: list[TrainingRow], version: int) -> Counter:
     """How many trained tokens lag the trainer's ``version`` by each number of versions."""
     return Counter(version - v for r in rows for v, m in zip(r.policy_versions, r.loss_mask) if m)
+
+
+def staleness_violations(rows: list[TrainingRow], version: int, staleness: Callable[[str], int]) -> int:
+    """Trained tokens older than their source allows: a source with staleness s trains tokens at
+    most s − 1 versions behind the trainer's ``version``; ``staleness(group_id)`` is the s of the
+    row's group's source."""
+    return sum(1 for r in rows for v, m in zip(r.policy_versions, r.loss_mask)
+               if m and version - v > staleness(r.group_id) - 1)

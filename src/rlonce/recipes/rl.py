@@ -23,6 +23,7 @@ from collections import Counter
 from tqdm.auto import tqdm
 
 from rlonce.core import faults
+from rlonce.core.records import staleness_violations
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
 from rlonce.telemetry.rollouts import write_step
@@ -70,9 +71,13 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
     arms = sorted({a for x in job.sources.values() for a in x.plan.arms})
     shares = {n: x.plan.share for n, x in job.sources.items()}
+    remote = bool(res.payloads and cfg.storage.remote_rows)  # the Ray executor's rows: in the object store
+    rows = res.rows + ([r for p in res.payloads for r in p.fetch()[1]] if remote else [])
+    limit = {x.group_id: orch.s.rule(x.source).staleness for x in samples}
+    violations = staleness_violations(rows, trained_version, lambda g: limit.get(g, orch.s.staleness))
     rec = step_record(StepInputs(
         step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
-        orch.s.staleness, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
+        violations, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
         Counter(x.source for x in samples)), res.metrics, train_m)
     if job.grading is not None:
         rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),
@@ -85,10 +90,9 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
         shown = res.payloads[0].fetch()[0]
     write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
-    trainer_lp = job.backend.trained_logprobs() if hasattr(job.backend, "trained_logprobs") and res.rows else None
-    rows = res.rows
-    if res.payloads and cfg.storage.remote_rows:  # the Ray executor's rows: from the object store
-        rows, trainer_lp = rows + [r for p in res.payloads for r in p.fetch()[1]], None
+    trainer_lp = None
+    if hasattr(job.backend, "trained_logprobs") and res.rows and not remote:
+        trainer_lp = job.backend.trained_logprobs()
     rec["rollouts_bytes"] = float(write_step(
         job.out, step, rows, samples, train_version=trained_version, rows_remote=res.row_count - len(rows),
         staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step),

@@ -18,7 +18,7 @@ s when ``s - d + 1 > staleness`` (running or waiting; under ``reissue`` its task
 **Ledger** (per step and source, in sequences), checked every step::
 
     carried_in + dispatched = infra_failed + no_contrast_filtered + penalty_rejected
-                              + stale_dropped + retained + carried_over
+                              + unfinished_dropped + stale_dropped + retained + carried_over
 
 The executor runs one group (``LocalExecutor`` here; ``RayExecutor`` in a harness-pool actor,
 which judges where the tokens are and leaves the rows in the object store). An executor failure
@@ -192,9 +192,8 @@ class Orchestrator:
         w.infra_failed += ev.infra_failed
         for k, v in ev.infra_by_category.items():
             w.infra_by_category[k] = w.infra_by_category.get(k, 0) + v
-        w.no_contrast_filtered += ev.no_contrast_filtered
-        w.penalty_rejected += ev.penalty_rejected
-        for k in ("hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked"):
+        for k in ("no_contrast_filtered", "penalty_rejected", "unfinished_dropped", "hack_zeroed", "length_penalized",
+                  "zero_advantage", "contexts_dropped", "unfinished_masked"):
             setattr(w, k, getattr(w, k) + getattr(ev, k))
         self.signal_stats.update(stats)
         g.rows, g.accepted, g.retained = rows, ev.retained > 0, ev.retained

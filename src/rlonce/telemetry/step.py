@@ -28,7 +28,8 @@ class StepInputs:
     train_seconds: float
     retained_rows: int
     version: int
-    staleness: int
+    violations: int
+    """Trained tokens older than their source's staleness allows (``core.records.staleness_violations``)."""
     replayed: int = 0
     reissued: int = 0
     arms: list[str] = field(default_factory=list)
@@ -61,6 +62,7 @@ def source_metrics(x: StepInputs) -> dict:
             k + "retained_groups": float(taken[n]),
             k + "dispatched": float(e.dispatched),
             k + "filtered": float(e.no_contrast_filtered + e.penalty_rejected),
+            k + "unfinished_dropped": float(e.unfinished_dropped),
             k + "stale_dropped": float(e.stale_dropped),
             k + "infra_failed": float(e.infra_failed),
             **{k + f"infra/{c}": float(v) for c, v in sorted(e.infra_by_category.items())},
@@ -128,7 +130,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "version_lag_max": max(lags) if lags else 0,
         "version_lag_mean": sum(k * n for k, n in lags.items()) / lags_n if lags_n else 0.0,
         **{f"version_lag_tokens/{k}": float(n) for k, n in sorted(lags.items())},
-        "staleness_violations": float(sum(n for k, n in lags.items() if k > x.staleness - 1)),
+        "staleness_violations": float(x.violations),
         "sequences_spanning_versions": float(sum(s.metrics.get("versions_spanned", 0.0) > 1 for s in x.trained)),
         "interrupted_turns": sum(s.metrics.get("interrupts", 0.0) for s in seqs),
         "stale_dropped": float(sum(e.stale_dropped for e in x.ledger.values())),

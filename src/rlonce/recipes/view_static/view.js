@@ -64,7 +64,7 @@ async function openStep(step) {
     `mismatch KL ${fmt(m.mismatch_kl, 6)}, clipped ${fmt(m.clipfrac)}`),
     el("div", {}, "ledger: ", s.ledger.map((e) =>
       `${e.source}: dispatched ${e.dispatched}, retained ${e.retained}, filtered ${e.no_contrast_filtered}, ` +
-      `stale ${e.stale_dropped}, infra ${e.infra_failed}`).join(" | ")));
+      `rejected ${e.penalty_rejected}, unfinished ${e.unfinished_dropped ?? 0}, stale ${e.stale_dropped}, infra ${e.infra_failed}`).join(" | ")));
   fillFilters();
   renderGroups();
 }
