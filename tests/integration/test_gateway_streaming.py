@@ -243,8 +243,12 @@ def test_reasoning_is_split_from_content_in_every_protocol(lm):
             assert [b.type for b in m.content] == ["thinking", "text"]
             assert m.content[0].thinking == want and m.content[1].text == "Looking."
         oc = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="r-o", max_retries=0)
-        msg = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}]).choices[0].message
+        reply = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        msg = reply.choices[0].message
         assert msg.content == "Looking." and msg.model_extra["reasoning_content"] == want
+        # the reasoning's tokens, its markup included: what the text up to </think> encodes to
+        thinking = len(lm.encode(THOUGHT[: THOUGHT.index("</think>") + len("</think>")]))
+        assert reply.usage.completion_tokens_details.reasoning_tokens == thinking < reply.usage.completion_tokens
         streamed = [c.choices[0].delta for c in oc.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "q"}], stream=True) if c.choices]
         assert "".join(d.content or "" for d in streamed) == "Looking."
@@ -255,7 +259,7 @@ def test_reasoning_is_split_from_content_in_every_protocol(lm):
         for r in (oc.responses.create(model="m", input="q"),
                   oc.responses.stream(model="m", input="q").__enter__().get_final_response()):
             assert [o.type for o in r.output] == ["reasoning", "message"] and r.output_text == "Looking."
-            assert r.output[0].content[0].text == want
+            assert r.output[0].content[0].text == want and r.usage.output_tokens_details.reasoning_tokens == thinking
     seg = gw.sessions["r-a"].contexts[0].segments[-1]
     assert lm.decode(seg.token_ids).startswith("<think>")  # the tokens are recorded as sampled
 

@@ -134,6 +134,8 @@ class Turn:
     dialogue: list[Message] = field(default_factory=list)
     """The dialogue after this turn as the session recorded it (the model's turn included when
     one was sampled): what a later request continues by response id."""
+    reasoning_tokens: int = 0
+    """How many of the sampled tokens the reasoning took, its markup included (``reasoning_tokens``)."""
 
 
 class Adapter(Protocol):
@@ -226,7 +228,8 @@ def parse_arguments(raw, where: str) -> dict:
 
 
 def text_of(content, where: str) -> str:
-    """A message's text: a string, or a list of text parts (``text``/``input_text``/``output_text``)."""
+    """A message's text: a string, or a list of text parts (``text``/``input_text``/``output_text``)
+    joined by newlines, as vLLM's OpenAI server joins them."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -242,7 +245,7 @@ def text_of(content, where: str) -> str:
                 continue  # images, files, thinking: not rendered by a text-only chat template
             else:
                 raise ProtocolError(f"{where}[{i}] is not a content part", param=where)
-        return "".join(parts)
+        return "\n".join(parts)
     raise ProtocolError(f"{where} must be a string or a list of content parts", param=where)
 
 

@@ -119,7 +119,8 @@ class OpenAIChat:
 
     def usage(self, turn: Turn) -> dict:
         return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
-                "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+                "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+                "completion_tokens_details": {"reasoning_tokens": turn.reasoning_tokens}}
 
     def reply(self, turn: Turn, req: ChatRequest) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
@@ -186,11 +187,11 @@ class AnthropicMessages:
                 else:
                     raise ProtocolError(f"{where}.content[{j}] needs a 'type'", param=where)
             if role == "assistant":
-                msgs.append(Message("assistant", "".join(texts), tuple(calls), reasoning="".join(thoughts)))
+                msgs.append(Message("assistant", "\n".join(texts), tuple(calls), reasoning="\n".join(thoughts)))
             else:
                 msgs += results
                 if texts or not results:
-                    msgs.append(Message("user", "".join(texts)))
+                    msgs.append(Message("user", "\n".join(texts)))
         tools = []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
@@ -334,7 +335,7 @@ class OpenAIResponses:
                 "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens,
                           "total_tokens": turn.prompt_tokens + turn.completion_tokens,
                           "input_tokens_details": {"cached_tokens": 0},
-                          "output_tokens_details": {"reasoning_tokens": 0}}}
+                          "output_tokens_details": {"reasoning_tokens": turn.reasoning_tokens}}}
 
     def new_id(self) -> str:
         return f"resp_{uuid.uuid4().hex[:24]}"

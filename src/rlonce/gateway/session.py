@@ -342,8 +342,9 @@ class Session:
             self.status = "truncated"
             self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
         dialogue = list(b.messages if gen.token_ids else req.messages)
+        thought = self.settings.fmt.reasoning_length(gen.token_ids, self.settings.decode) if reasoning else 0
         return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, stopped, reasoning,
-                    dialogue)
+                    dialogue, thought)
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:

@@ -74,6 +74,9 @@ class ChatFormat(Protocol):
         """A sampled turn as (reasoning, the rest): the text inside the format's reasoning
         markup when the turn opens with it, else ("", text)."""
 
+    def reasoning_length(self, ids: list[int], decode) -> int:
+        """How many of a reasoning turn's sampled ``ids`` its reasoning took, markup included."""
+
 
 class _ChatML:
     """ChatML turns (``<|im_start|>role ... <|im_end|>``) and ``<tool_call>`` blocks, shared by
@@ -87,6 +90,18 @@ class _ChatML:
     @property
     def stream_holds(self) -> tuple[str, ...]:
         return ("<tool_call>", self.turn_end, self.reasoning_tags[0])
+
+    def reasoning_length(self, ids: list[int], decode) -> int:
+        """The shortest prefix of ``ids`` whose text holds the closing markup (all of them when the
+        reasoning never closed): a prefix holds it from some length on, so bisect for that length."""
+        end = self.reasoning_tags[1]
+        if end not in decode(ids):
+            return len(ids)
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if end in decode(ids[:mid]) else (mid + 1, hi)
+        return lo
 
     def split_reasoning(self, text: str) -> tuple[str, str]:
         start, end = self.reasoning_tags
