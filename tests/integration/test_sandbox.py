@@ -225,3 +225,44 @@ def test_every_domain_gives_agent_commands_the_load_tolerant_limits():
         assert env.limits == command_limits(cpu, output_bytes=8192), type(env).__name__
     assert CyberEnv(None).limits == command_limits(10, output_bytes=8192)
     assert (oracle.limits().cpu_seconds, oracle.limits().wall_seconds) == (10, 60.0)
+
+
+def _mounted(path: Path) -> bool:
+    from rlonce.sandbox.sweep import mounts_under
+
+    return bool(mounts_under(path))
+
+
+def test_a_killed_process_s_sandboxes_are_swept_and_a_live_one_s_are_kept(tmp_path):
+    """A process SIGKILLed with a sandbox open leaves its directory, workspace tmpfs and memory
+    cgroup behind; the next process's first sandbox removes them, and leaves a live process's."""
+    import signal
+    import subprocess
+    import sys
+
+    make = ("import os, sys\nfrom rlonce.sandbox.bwrap import BwrapSandbox\n"
+            f"box = BwrapSandbox(root={str(tmp_path)!r})\n"
+            "print(box._host_dir, box.cgroup, box.workspace_capped, flush=True)\n")
+    live = subprocess.Popen([sys.executable, "-c", make + "sys.stdin.read()\n"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        live_line = live.stdout.readline().split()  # its sandbox is open (and its own sweep is done)
+        dead = subprocess.run([sys.executable, "-c", make + "os.kill(os.getpid(), 9)\n"], capture_output=True,
+                              text=True)
+        assert dead.returncode == -signal.SIGKILL, dead.stderr
+        left = [(Path(h), None if c == "None" else Path(c), w == "True")
+                for h, c, w in (dead.stdout.split(), live_line)]
+        for host, cgroup, capped in left:
+            assert host.is_dir() and (cgroup is None or cgroup.is_dir()) and _mounted(host / "work") == capped
+        box = BwrapSandbox(root=str(tmp_path))  # this process's first sandbox under tmp_path sweeps
+        try:
+            (host, cgroup, _), (live_host, live_cgroup, live_capped) = left
+            assert not host.exists() and not _mounted(host) and (cgroup is None or not cgroup.exists())
+            assert live_host.is_dir() and _mounted(live_host / "work") == live_capped
+            assert live_cgroup is None or live_cgroup.is_dir()
+            assert box.workspace.is_dir()
+        finally:
+            box.close()
+    finally:
+        live.communicate("")  # it closes its sandbox and exits
+    assert live.returncode == 0 and not left[1][0].exists()

@@ -59,7 +59,7 @@ import weakref
 from pathlib import Path
 
 from rlonce.core import faults
-from rlonce.sandbox import hostfs, memcg, mounts, seccomp
+from rlonce.sandbox import hostfs, memcg, mounts, seccomp, sweep
 from rlonce.sandbox.base import ExecResult, SandboxError
 from rlonce.sandbox.limits import Limits
 
@@ -110,7 +110,8 @@ class BwrapSandbox:
         self._setpriv = shutil.which("setpriv") if self.uid is not None else None
         if self.uid is not None and self._setpriv is None:
             raise SandboxError("setpriv (util-linux) is missing: it is needed to drop root before bwrap starts")
-        self._host_dir = Path(tempfile.mkdtemp(prefix="rlonce-sbx-", dir=root))
+        sweep.once(Path(root or tempfile.gettempdir()), cgroup_prefix)  # what SIGKILLed processes left
+        self._host_dir = Path(tempfile.mkdtemp(prefix=f"{sweep.DIR_PREFIX}{os.getpid()}-", dir=root))
         os.chmod(self._host_dir, 0o711)  # the sandbox uid traverses it to reach its workspace
         self._mounts: list[Path] = []
         self.ro_binds = {self._reachable(Path(host), i): dest
