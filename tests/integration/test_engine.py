@@ -44,6 +44,25 @@ def test_seeded_requests_do_not_depend_on_batch_company(engine):
     assert alone.token_ids == crowd.token_ids
 
 
+def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
+    """The per-row draw of seeded requests (one uniform through the row's CDF): frequencies match
+    the probabilities, a token the top-k/top-p cut (probability 0) never comes, and a row's draws
+    depend on its own generator only."""
+    from types import SimpleNamespace
+
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    logp = probs.log()
+    host = SimpleNamespace(_gen=torch.Generator().manual_seed(0))
+    gens = [torch.Generator().manual_seed(1), None]
+    n = 20000
+    draws = torch.stack([TorchEngine._draw(host, logp, gens) for _ in range(n)])
+    freq = torch.bincount(draws[:, 0], minlength=5).double() / n
+    assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
+    assert (draws[:, 1] == 4).all()  # the one token left, drawn from the engine's own generator
+    first = TorchEngine._draw(host, logp, [torch.Generator().manual_seed(1), None])[0]
+    assert first == draws[0, 0]  # the same seed, the same first draw, whatever the engine drew before
+
+
 def test_top_k_1_is_greedy_and_temperature_changes_logprobs(engine, lm):
     g = gen_many(engine, PROMPTS[:1], [SamplingParams(max_tokens=6, top_k=1)])[0]
     ids = PROMPTS[0] + g.token_ids

@@ -8,8 +8,8 @@ its own and merged into the batch's cache; a row that finishes is answered at on
 finished rows are dropped from the cache once a quarter of the batch is done
 (``compact_fraction``). Sampling applies temperature, then top-k, then top-p; the log-prob
 returned per token is taken from that processed distribution — the one sampled from — and, when
-top-k or top-p is on, so is the size of its candidate set (its finite entries), which the
-trainer renormalises over.
+top-k or top-p is on, so is the size of its candidate set (its finite entries), which the trainer
+renormalises over.
 
 **Prefix reuse** (``prefix_cache_mb`` > 0): the cache of every finished sequence is kept
 (``rlonce.engine.kvcache.PrefixStore``), and a prompt that starts with a kept sequence — the next
@@ -372,13 +372,15 @@ class TorchEngine:
         _deliver(row.req, _set_result, row.generation(self.version))
 
     def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
+        """A token per row from ``exp(logp_AV)``; a seeded row draws one uniform from its own
+        generator, inverted through its CDF (a multinomial call per row: 2.2 ms a step at 64 rows)."""
         probs_AV = logp_AV.exp()
         if all(g is None for g in gens):
             return torch.multinomial(probs_AV, 1, generator=self._gen)[:, 0]
-        out = []
-        for j, g in enumerate(gens):
-            out.append(torch.multinomial(probs_AV[j], 1, generator=g or self._gen))
-        return torch.cat(out)
+        u_A = torch.cat([torch.rand(1, dtype=torch.float64, generator=g or self._gen) for g in gens])
+        cdf_AV = probs_AV.double().cumsum(-1)
+        tok_A = torch.searchsorted(cdf_AV, (u_A * cdf_AV[:, -1])[:, None], right=True)[:, 0]
+        return tok_A.minimum(torch.where(probs_AV > 0, torch.arange(probs_AV.shape[-1]), 0).amax(-1))  # rounding
 
 
 def _fail(reqs: list[Request], e: Exception) -> None:
