@@ -16,6 +16,8 @@
   on the same padded batch;
 * packing: ``Trainer.rl_step`` with packed rows (``model.packing``, the default) vs right-padded
   micro-batches, on rows whose lengths spread like the reasoning workload's.
+* prefix: ``Trainer.rl_step`` on a GRPO batch (8 prompts × 8 completions) with each prompt held
+  once in the training forward (``model.share_prefix``, the default) vs every row run whole.
 * microbatch: ``Trainer.rl_step`` on the same rows in micro-batches of
   ``runtime.micro_batch_tokens`` (2048, the default) vs all of them in one 16384-token
   micro-batch (the earlier fixed size): seconds, minor page faults and the resident-memory peak
@@ -187,6 +189,40 @@ def packing_pair(results: dict, lm, args) -> None:
           f"{max(len(r) for r in rows)} tokens ({waste:.0%} padding), tokens/s", "padded", runs, "tps")
 
 
+def prefix_pair(results: dict, lm, args) -> None:
+    """``Trainer.rl_step`` on a GRPO batch (8 prompts × 8 completions; prompts of ``--prompt-len``
+    tokens, completions of up to ``--new-tokens``) with a group's prompt held once in the
+    training forward (``model.share_prefix``, the default) vs every row run whole; the default
+    micro-batch budget on both."""
+    import copy
+    import random
+
+    import torch
+
+    from rlonce.core.records import TrainingRow
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    torch.set_num_threads(2)
+    rng = random.Random(0)
+    rows = []
+    for g in range(8):
+        prompt = [rng.randint(10, 700) for _ in range(args.prompt_len)]
+        for s in range(8):
+            n = rng.randint(args.new_tokens // 2, args.new_tokens)
+            mask = [0] * len(prompt) + [1] * n
+            rows.append(TrainingRow(prompt + [rng.randint(10, 700) for _ in range(n)], mask, [-1.0 * m for m in mask],
+                                    [(1.0 if s % 2 else -1.0) * m for m in mask], [0 if m else -1 for m in mask],
+                                    group_id=str(g)))
+    whole, shared = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    whole.rlonce_share_prefix = False
+    trainers = [Trainer(m, OptimSettings(lr=1e-5)) for m in (whole, shared)]
+    for t in trainers:
+        trainer_train(t, rows)
+    runs = [tuple({"tps": trainer_train(t, rows)} for t in trainers) for _ in range(args.repeats)]
+    _pair(results, "prefix", f"train step, 8 prompts of {args.prompt_len} tokens x 8 completions of "
+          f"{args.new_tokens // 2}-{args.new_tokens}, row tokens/s", "every row whole", runs, "tps")
+
+
 def _microbatch_child(model_dir: str, tokens: int, repeats: int, out) -> None:
     """One trainer, ``repeats`` + 1 ``rl_step``s (the first warms up): per step tokens/s and minor
     page faults, and the process's peak resident memory, put on ``out``."""
@@ -241,7 +277,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,solo,reuse,continuous,train,packing,microbatch",
+    ap.add_argument("--parts", default="decode,solo,reuse,continuous,train,packing,prefix,microbatch",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -314,6 +350,8 @@ def main() -> None:
         train_pair(results, lm, args)
     if "packing" in parts:
         packing_pair(results, lm, args)
+    if "prefix" in parts:
+        prefix_pair(results, lm, args)
     if "microbatch" in parts:
         microbatch_pair(results, str(model_dir), args)
     notes = {k: results.pop(k) for k in [k for k in results if "raw" not in results[k]]}

@@ -27,8 +27,8 @@ from rlonce.train.minibatch import minibatch_splits
 from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
 WORLD = 2
-MICRO = 34
-"""Padded tokens per micro-batch: small, so the two ranks run different numbers of micro-batches."""
+MICRO = 30
+"""Tokens per micro-batch: small, so the two ranks run different numbers of micro-batches."""
 SETTINGS = OptimSettings(lr=1e-3, eps=1e-6, max_grad_norm=0.5)
 """Clipping is active (the gradient norm is ~5). ε = 1e-6, not 1e-8: the two runs sum gradients in
 different orders, and Adam turns noise δ in a near-zero entry into a step of up to lr·δ/ε; at
@@ -166,7 +166,9 @@ def test_two_ranks_make_the_single_process_update(lm, embedded_dir, tmp_path):
         assert len(got["metrics"]) == len(want), name
         for g, w in zip(got["metrics"], want):
             for k, v in w.items():  # grad_norm among them: Adam would hide a gradient off by a constant factor
-                assert g[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (name, k)
+                # 5e-5: token-mean's second-step loss (28.41, its ratios far outside the clip range) is
+                # 28.41293 in one float32 process and 28.41186 in float64 — float32 alone is off by 4e-5
+                assert g[k] == pytest.approx(v, rel=5e-5, abs=1e-6), (name, k)
     first = torch.load(tmp_path / "token-mean.pt")["metrics"][0]
     assert first["clipfrac"] > 0.1  # the ratios leave the clip range
     assert first["trained_tokens"] == sum(sum(r.loss_mask) for r in rows)

@@ -68,6 +68,10 @@ class ModelConfig(Section):
     """The trainer's forward passes run each micro-batch's rows as one concatenated sequence
     (attention within each row only), so no matmul is spent on padding (``rlonce.model.packing``;
     models on ``sdpa`` attention). Off: right-padded micro-batches."""
+    share_prefix: bool = True
+    """With ``packing``, rows that start with the same tokens (a group's prompt) hold them once in
+    a training forward, and a prompt's rows go to one micro-batch: the same loss and gradient
+    for less work (``rlonce.model.packing``). Off: every row runs its whole length."""
 
 
 class RuntimeConfig(Section):
@@ -78,8 +82,9 @@ class RuntimeConfig(Section):
     train_threads: int = Field(2, ge=1, le=1024)
     """Torch threads while training (larger matrices do use two cores)."""
     micro_batch_tokens: int = Field(2048, ge=16, le=1 << 24)
-    """Padded tokens per micro-batch of the RL trainer's forward and backward passes (gradients
-    accumulate over a mini-batch's micro-batches, so the update is the same). Small micro-batches
+    """Tokens per micro-batch of the RL trainer's forward and backward passes (gradients
+    accumulate over a mini-batch's micro-batches, so the update is the same): padded tokens, or
+    with ``model.share_prefix`` the tokens the packed forward runs (each prompt once). Small micro-batches
     keep activations small: a SmolLM2-135M step ran 1.35× faster at 2048 tokens than in one
     16384-token micro-batch and peaked at 8.0 GiB instead of 16.9 (``docs/performance.md``)."""
     deterministic: bool = True

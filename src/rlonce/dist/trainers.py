@@ -18,7 +18,7 @@ class TrainerActor:
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
                  state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
-                 packing: bool = True, micro_batch_tokens: int = 2048):
+                 packing: tuple[bool, bool] = (True, True), micro_batch_tokens: int = 2048):
         import torch
 
         from rlonce.model import loader
@@ -27,7 +27,7 @@ class TrainerActor:
         torch.set_num_threads(threads)
         self.timeout = timeout
         self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast,
-                                 packing=packing).model
+                                 packing=packing[0], share_prefix=packing[1]).model
         if state_refs:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
         if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0

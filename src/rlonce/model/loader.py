@@ -235,12 +235,13 @@ def fp32_lm_head(model) -> None:
 
 def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "float32",
          lm_head_fp32: bool = True, weights: bool = True, autocast: bool = False,
-         packing: bool = True) -> LoadedModel:
+         packing: bool = True, share_prefix: bool = True) -> LoadedModel:
     """Load model and tokenizer from a local folder, with a one-line error if it does not load.
     ``dtype`` 'bfloat16' keeps weights and activations in bfloat16, the LM head in float32
     unless ``lm_head_fp32`` is off; ``autocast`` runs forward passes under bfloat16 autocast
     (``rlonce.model.precision``), the head in float32 likewise; ``packing`` False keeps the
-    trainer's forwards padded (``rlonce.model.packing``). ``weights=False`` loads the tokenizer only (``model`` is
+    trainer's forwards padded (``rlonce.model.packing``), ``share_prefix`` False runs rows' common
+    prefixes once per row. ``weights=False`` loads the tokenizer only (``model`` is
     None): what a harness process needs."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -271,7 +272,7 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
     if model is not None and autocast:
         model.rlonce_autocast = True
     if model is not None:
-        model.rlonce_packing = packing
+        model.rlonce_packing, model.rlonce_share_prefix = packing, share_prefix
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer in {path} has no chat template; rlonce renders dialogues with it — use "
                              "an instruct/chat model folder or add chat_template.jinja to it")

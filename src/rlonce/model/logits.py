@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import torch
 
-from rlonce.model.packing import Layout, packable, packed
+from rlonce.model.packing import Layout, packable, packed, shares_prefixes
 
 
 def selected_logits(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, sel_BT: torch.Tensor) -> torch.Tensor:
     """The LM head's logits (N×V) at the N positions ``sel_BT`` (B×T-1) selects; the decoder runs
     on every token, the head only on those. Right-padded rows of a model that can
-    (``rlonce.model.packing``) run packed: the decoder sees their real tokens only."""
+    (``rlonce.model.packing``) run packed: the decoder sees their real tokens only, and a prefix
+    rows share once."""
     decoder = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
-    layout = Layout.of(attn_BT) if packable(model) else None
+    layout = Layout.of(attn_BT, ids_BT if shares_prefixes(model) else None) if packable(model) else None
     if layout is not None:
-        B, T = ids_BT.shape
-        where_BT = torch.full((B * T,), -1, dtype=torch.long, device=ids_BT.device)
-        where_BT[layout.index_N] = torch.arange(layout.index_N.numel(), device=ids_BT.device)
-        at_N = where_BT.view(B, T)[:, :-1][sel_BT]
+        at_N = layout.where_BT()[:, :-1][sel_BT]
         if bool((at_N >= 0).all()):
             ids_1N = ids_BT.reshape(-1)[layout.index_N][None]
             with packed(layout):

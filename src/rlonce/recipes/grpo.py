@@ -105,7 +105,7 @@ class Job:
         cfg = self.cfg
         self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
                               lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast),
-                              packing=cfg.model.packing)
+                              packing=cfg.model.packing, share_prefix=cfg.model.share_prefix)
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         check_backend(cfg, model_dir)

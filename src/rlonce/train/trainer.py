@@ -3,8 +3,9 @@
 It consumes ``TrainingRow``s only — token ids, loss mask, rollout log-probs, advantages —
 never raw rewards. Losses come from ``rlonce.algo`` by name; the trainer never branches on
 their names. Each mini-batch is split into micro-batches of at most ``micro_batch_tokens``
-padded tokens; aggregation weights are computed over the whole mini-batch first (and scaled by
-each row's ``weight``), so the accumulated gradient equals the full-batch one.
+tokens (``rlonce.model.packing.micro_batches``); aggregation weights are computed over the
+whole mini-batch first (and scaled by each row's ``weight``), so the accumulated gradient
+equals the full-batch one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits, token_logprobs_over
+from rlonce.model.packing import micro_batches
 from rlonce.model.precision import autocast
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
@@ -163,18 +165,7 @@ class Trainer:
         return s.lr
 
     def _micro_batches(self, rows: list[TrainingRow]) -> list[list[int]]:
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        chunks, cur, longest = [], [], 0
-        for i in order:
-            longest2 = max(longest, len(rows[i]))
-            if cur and longest2 * (len(cur) + 1) > self.micro_batch_tokens:
-                chunks.append(cur)
-                cur, longest2 = [], len(rows[i])
-            cur.append(i)
-            longest = longest2
-        if cur:
-            chunks.append(cur)
-        return chunks
+        return micro_batches(self.model, rows, self.micro_batch_tokens)
 
     def _optimizer_step(self) -> float:
         for g in self.optimizer.param_groups:
