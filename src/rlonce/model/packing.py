@@ -44,7 +44,7 @@ class Shared:
     """How attention runs when some rows read a prefix from another row (``Layout.of``).
 
     Rows that hold all their tokens ("holders") attend causally over their own padded length,
-    as without sharing. A row that reads its first ``start`` tokens from a holder only needs
+    as without sharing. A row that reads its first ``start`` tokens from another row only needs
     queries at its own positions: those rows run in a second call, their queries padded to the
     longest own part, their keys and values gathered over their whole length (shared positions
     included), with an explicit mask (a query at position t sees keys 0…t). ``back_N`` picks each
