@@ -27,13 +27,15 @@ class EngineSpec:
     prefix_cache_mb: float = 1024
     autocast: bool = False
     compile_solo: bool = False
+    fast_decode: bool = True
 
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
         e, m = cfg.engine, cfg.model
         return cls(e.backend, str(model_dir), m.dtype, m.lm_head_fp32, e.max_batch_size, e.batch_wait_s,
                    cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
-                   e.tensor_parallel_size, e.continuous, e.prefix_cache_mb, wants_autocast(m.autocast), e.compile_solo)
+                   e.tensor_parallel_size, e.continuous, e.prefix_cache_mb, wants_autocast(m.autocast), e.compile_solo,
+                   e.fast_decode)
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
@@ -69,7 +71,8 @@ class EngineSpec:
         return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
                            version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
-                           threads=self.threads, compile_solo=self.compile_solo)
+                           threads=self.threads, compile_solo=self.compile_solo,
+                           fast_decode=self.fast_decode)
 
     def __call__(self, index: int):
         return self.build(index)

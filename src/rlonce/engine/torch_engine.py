@@ -18,7 +18,8 @@ kept cache (they belong to the old weights), so a partial rollout continued afte
 re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joiners.
 
 **Compiled one-row decoding** (``compile_solo``): a batch down to one row decodes with the model
-``torch.compile``-d over a static cache (``rlonce.engine.solo``); off by default.
+``torch.compile``-d over a static cache (``rlonce.engine.solo``); off by default. Otherwise a
+Llama-family model decodes through ``rlonce.engine.decode``'s written-out step (``fast_decode``).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ import time
 import torch
 
 from rlonce.core import faults
-from rlonce.engine import kvcache
+from rlonce.engine import decode, kvcache
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.engine.rows import Batch, Part, Request, Row, left_pad
 from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
-from rlonce.model import precision
+from rlonce.model import omp, precision
 
 
 def _deliver(r: Request, fn, value) -> None:
@@ -75,7 +76,7 @@ class TorchEngine:
     def __init__(self, model, *, eos_token_ids: list[int], pad_token_id: int, max_batch_size: int = 64,
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
                  compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
-                 threads: int | None = None, compile_solo: bool = False):
+                 threads: int | None = None, compile_solo: bool = False, fast_decode: bool = True):
         self.model = model.eval()
         self.eos = set(eos_token_ids)
         self.pad = pad_token_id
@@ -91,6 +92,8 @@ class TorchEngine:
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
+        self._decode = decode.stepper(self.model, self._cache_kw, fast_decode)
+        """One decode step: the written-out Llama-family step (``rlonce.engine.decode``) or transformers'."""
         self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
@@ -100,9 +103,8 @@ class TorchEngine:
         self._paused = threading.Event()
         self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "joined": 0}
         self.threads = threads or torch.get_num_threads()
-        """Torch threads of the worker (default: the constructing thread's). A thread's own count
-        is not inherited: unset, the worker ran with as many as the machine has cores, 4x slower
-        on one small-model decode here."""
+        """Torch threads of the worker (default: the constructing thread's; a thread's own count is
+        not inherited). The worker hands back its OpenMP team when idle (``rlonce.model.omp``)."""
         self._worker = threading.Thread(target=self._serve, name="rlonce-torch-engine", daemon=True)
         self._worker.start()
 
@@ -142,6 +144,7 @@ class TorchEngine:
                     self.prefixes.clear()
         finally:
             self._draining.clear()
+            omp.release()  # the copy ran in the caller's thread: its OpenMP team would slow the worker's
 
     def forget_waves(self) -> None:
         """Drop the kept caches of lockstep waves, in order with the requests queued before it: a new
@@ -189,7 +192,7 @@ class TorchEngine:
             if carry:  # requests that were waiting to join when the last batch ended
                 wave, carry = carry, []
             else:
-                first, held = (held, None) if held is not None else (self._queue.get(), None)
+                first, held = (held, None) if held is not None else (omp.get_idle(self._queue), None)
                 if first is None:
                     return
                 if first is _FORGET_WAVES:
@@ -337,11 +340,8 @@ class TorchEngine:
         b.pos_R = b.pos_R + 1
         logits = self._solo_step(b, next_R) if self.solo is not None and self.solo.failed is None \
             and len(b.rows) == 1 else None
-        if logits is None:
-            out = self.model(input_ids=next_R, attention_mask=None if b.dense else b.attn_BL,
-                             position_ids=b.pos_R[:, None], use_cache=True, **{self._cache_kw: b.cache})
-            logits = out.logits[:, -1]
-        b.logits_BV = logits
+        b.logits_BV = logits if logits is not None else \
+            self._decode(next_R, b.pos_R[:, None], b.cache, None if b.dense else b.attn_BL)
         return True
 
     def _solo_step(self, b: Batch, next_R: torch.Tensor) -> torch.Tensor | None:

@@ -1,0 +1,108 @@
+"""The torch engine's written-out decode step (``rlonce.engine.decode``) against transformers' own
+forward: the same logits and the same cache after every step, on the embedded model (Llama,
+grouped-query attention), a Qwen2 model (biased q/k/v projections) and bfloat16 weights; left
+padding and holes masked; the engine's tokens and log-probs with it on and off."""
+
+import copy
+
+import pytest
+import torch
+from conftest import gen_many
+
+from rlonce.engine import decode, kvcache
+from rlonce.engine.base import SamplingParams
+from rlonce.engine.torch_engine import TorchEngine
+from rlonce.train.trainer import token_logprobs
+
+KW = "cache"  # transformers 5: the cache argument (``past_key_values`` is deprecated)
+PROMPTS = [[1, 50, 60, 70, 71, 72], [1, 80], [1, 90, 91, 92, 93, 94, 95, 96], [1, 100, 101]]
+
+
+def _qwen2():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("qwen2", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # the biased path is what this covers
+    return model
+
+
+def _steps(model, step, dense: bool, n: int = 5):
+    """Prefill PROMPTS left-padded (a hole of two masked columns in row 0 unless ``dense``) with
+    transformers' forward, then ``n`` steps with ``step`` on fixed tokens: logits per step, last keys."""
+    from rlonce.engine.rows import left_pad
+
+    prompts = [p[:2] for p in PROMPTS] if dense else PROMPTS
+    ids, attn, pos = left_pad(prompts, 0)
+    if not dense:
+        attn[0, -4:-2] = 0  # a hole, as a row prefilled after a kept cache has
+    cache = kvcache.new_cache()
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **{KW: cache})
+        out, pos = [], pos[:, -1:]
+        for i in range(n):
+            nxt = torch.arange(len(prompts))[:, None] * 7 + 20 + i
+            attn, pos = torch.cat([attn, torch.ones_like(nxt)], 1), pos + 1
+            logits = step(nxt, pos, cache, None if dense else attn)
+            out.append(logits.float())
+    return torch.stack(out), cache.layers[-1].keys.float()
+
+
+@pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_written_out_step_equals_transformers_forward(lm, which, dense):
+    model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
+    if which.endswith("bf16"):
+        model = model.to(torch.bfloat16)
+    assert decode.why_not(model) is None
+    fast, generic = decode.stepper(model, KW), decode.stepper(model, KW, fast=False)
+    assert isinstance(fast, decode.FastDecode) and not isinstance(generic, decode.FastDecode)
+    got, got_keys = _steps(model, fast, dense)
+    want, want_keys = _steps(model, generic, dense)
+    assert torch.isfinite(got).all()
+    if which.endswith("bf16"):  # both round to bfloat16 in different places: neither is further from float32
+        ref_model = copy.deepcopy(lm.model).eval()
+        ref, ref_keys = _steps(ref_model, decode.stepper(ref_model, KW, fast=False), dense)
+        err, base = (got - ref).abs().mean(), (want - ref).abs().mean()
+        assert err < 1.5 * base + 1e-3, (err, base)
+        assert (got_keys - ref_keys).abs().mean() < 1.5 * (want_keys - ref_keys).abs().mean() + 1e-3
+    else:
+        assert (got - want).abs().max() < 2e-5, (got - want).abs().max()
+        assert torch.allclose(got_keys, want_keys, atol=2e-5)
+
+
+def test_the_engine_samples_the_same_with_the_fast_step_and_without(lm):
+    """Seeded sampling through the engine: the same tokens, log-probs within float32 rounding of
+    each other and of the trainer's recomputation."""
+    gens = {}
+    for fast in (True, False):
+        eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0,
+                          max_batch_size=16, batch_wait_s=0.05, fast_decode=fast)
+        try:
+            assert isinstance(eng._decode, decode.FastDecode) == fast
+            gens[fast] = gen_many(eng, PROMPTS, [SamplingParams(max_tokens=16, seed=i) for i in range(len(PROMPTS))])
+        finally:
+            eng.close()
+    for p, a, b in zip(PROMPTS, gens[True], gens[False]):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+        ids = torch.tensor([p + a.token_ids])
+        lp, _ = token_logprobs(lm.model, ids, torch.ones_like(ids))
+        assert torch.allclose(lp[0, len(p) - 1:], torch.tensor(a.logprobs), atol=2e-4)
+
+
+def test_other_architectures_take_transformers_forward(lm):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gpt2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt2", vocab_size=300, n_embd=32, n_layer=1,
+                                                                 n_head=2, n_positions=64)).eval()
+    assert "gpt2" in decode.why_not(gpt2)
+    assert not isinstance(decode.stepper(gpt2, KW), decode.FastDecode)
+    eng = TorchEngine(gpt2, eos_token_ids=[], pad_token_id=0, max_batch_size=4, batch_wait_s=0.01)
+    try:
+        g = gen_many(eng, [[5, 6, 7]], [SamplingParams(max_tokens=4, seed=0)])[0]
+    finally:
+        eng.close()
+    assert len(g.token_ids) == 4

@@ -1,0 +1,82 @@
+"""``rlonce.model.omp``: a thread hands back its OpenMP team; the engine's idle worker and the
+trainer do; concurrent use stays correct."""
+
+import os
+import queue
+import threading
+
+import pytest
+import torch
+
+from rlonce.model import omp
+
+pytestmark = pytest.mark.skipif(omp._libgomp() is None, reason="torch here does not run on libgomp")
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_op() -> torch.Tensor:
+    torch.set_num_threads(2)
+    x = torch.randn(256, 256)
+    return x @ x  # large enough for torch to open a parallel region with two threads
+
+
+def test_release_frees_the_calling_threads_team_and_the_next_op_builds_a_new_one():
+    out = {}
+
+    def work():
+        _parallel_op()
+        out["with_team"] = _threads()
+        out["released"] = omp.release()
+        out["after"] = _threads()
+        y = _parallel_op()  # a fresh team: still correct
+        out["ok"] = torch.allclose(y, y.clone())
+        omp.release()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out["released"] is True
+    assert out["after"] == out["with_team"] - 1  # the one helper thread of a 2-thread team is gone
+    assert out["ok"]
+
+
+def test_get_idle_releases_only_when_it_would_wait():
+    q = queue.Queue()
+    q.put("ready")
+    calls = []
+    real = omp.release
+    omp.release = lambda: calls.append(1) or True
+    try:
+        assert omp.get_idle(q) == "ready" and calls == []
+        threading.Timer(0.05, q.put, args=("later",)).start()
+        assert omp.get_idle(q) == "later" and calls == [1]
+    finally:
+        omp.release = real
+
+
+def test_releasing_while_another_thread_computes_keeps_both_correct():
+    torch.manual_seed(0)
+    a = torch.randn(300, 300)
+    want = a @ a
+    errors = []
+
+    def compute():
+        torch.set_num_threads(2)
+        for _ in range(40):
+            if not torch.allclose(a @ a, want, atol=1e-3):
+                errors.append("wrong product")
+
+    def churn():
+        for _ in range(40):
+            _parallel_op()
+            omp.release()
+
+    threads = [threading.Thread(target=compute), threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
