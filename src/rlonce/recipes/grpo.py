@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 from rlonce.config import RunConfig, save_config
 from rlonce.core import faults
 from rlonce.dist.backends import build_backend, check_backend
-from rlonce.model import loader
+from rlonce.model import loader, omp
 from rlonce.model.chat import get_format
 from rlonce.model.precision import wants_autocast
 from rlonce.recipes import provenance
 from rlonce.recipes.evaluate import heldout_success, keep_rows, outside_success, paired_change, write_rows
-from rlonce.recipes.rl import rl_phase
+from rlonce.recipes.rl import rl_phase, settle
 from rlonce.recipes.sft import demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
 from rlonce.rollout.graded import Grading, grading_totals
@@ -208,8 +208,11 @@ class Job:
             tqdm.write(f"[rlonce] {msg}")
 
     def threads(self, kind: str) -> None:
-        """Torch threads for ``kind`` ("rollout" or "train"), as ``runtime.*_threads`` says."""
+        """Torch threads for ``kind`` ("rollout" or "train"), as ``runtime.*_threads`` says; going to
+        rollout, this thread's OpenMP team goes: it would slow the engine's (``rlonce.model.omp``)."""
         torch.set_num_threads(getattr(self.cfg.runtime, f"{kind}_threads"))
+        if kind == "rollout":
+            omp.release()
 
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
@@ -271,6 +274,7 @@ class Job:
                 executors[label] = self.grading.wrap(label, executors[label])
         one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
         executor = next(iter(executors.values())) if one else SourceExecutor(executors)
+        settle()
         return build_orchestrator(self.cfg, self.sources, executor, self.signal, self.lm.decode,
                                   state=self.state.orchestrator, position=self.state.data_position,
                                   max_sessions=pool_cap)

@@ -29,6 +29,7 @@ from rlonce.engine.base import BackendError, Engine
 from rlonce.engine.factory import EngineSpec
 from rlonce.engine.lockstep import Lockstep
 from rlonce.errors import RlonceError
+from rlonce.model import omp
 from rlonce.rollout.builders import deterministic
 from rlonce.rollout.orchestrator import Executor, StepResult
 from rlonce.rollout.runner import LocalExecutor
@@ -127,10 +128,16 @@ class LocalBackend:
                 import torch
 
                 torch.set_num_threads(threads)
-                return train_rows(self.trainer, batch.rows, kwargs)
+                return self._train(batch, kwargs)
 
             return await asyncio.get_running_loop().run_in_executor(None, train)
-        return train_rows(self.trainer, batch.rows, kwargs)
+        return self._train(batch, kwargs)
+
+    def _train(self, batch: StepResult, kwargs: dict) -> dict:
+        try:
+            return train_rows(self.trainer, batch.rows, kwargs)
+        finally:  # the engine's worker decodes next: this thread's OpenMP team would slow it (rlonce.model.omp)
+            omp.release()
 
     async def publish(self, version: int) -> None:
         self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
