@@ -27,6 +27,8 @@
   16 sessions (16–256 new tokens: the tail runs one row at a time) vs the eager engine; compile
   time apart; and the engine's log-prob gap to the trainer, eager and compiled, float32 and
   bfloat16 autocast (``compiled.py``).
+* fastdecode, omp: the written-out Llama decode step vs transformers' forward, and a local
+  run's two compute threads handing back their OpenMP teams vs keeping them (``hotpath.py``).
 * compile (only when asked: ``--parts compile``): ``torch.compile`` of the model over a
   transformers ``StaticCache`` vs the raw loop, compile time apart, whether the engine's
   growing-cache path compiles, and a compiled training forward + backward vs the eager one
@@ -277,7 +279,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,solo,reuse,continuous,train,packing,prefix,microbatch",
+    ap.add_argument("--parts", default="decode,fastdecode,omp,solo,reuse,continuous,train,packing,prefix,microbatch",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -319,6 +321,14 @@ def main() -> None:
                          {"tps": engine_decode(eng, args.prompt_len, batch, args.new_tokens)}))
         _pair(results, f"decode_{batch}", f"decode, {batch} concurrent session(s), tokens/s", "raw model", runs, "tps")
     eng.close()
+    if "fastdecode" in parts:
+        from hotpath import fastdecode_pair
+
+        fastdecode_pair(results, lm, args, engine_decode, _pair)
+    if "omp" in parts:
+        from hotpath import omp_pair
+
+        omp_pair(results, lm, args, engine_decode, raw_train, _rows(args.train_rows, args.train_len), _pair)
     if "solo" in parts:
         from compiled import solo_mismatch, solo_pair
 
@@ -372,6 +382,10 @@ def main() -> None:
         on, off = results[key]["detail"]["rlonce"], results[key]["detail"]["base"]
         extra.append(f"- {key} vs waves: turn latency p50 {on['turn_p50_s']:.3f} s vs {off['turn_p50_s']:.3f} s, "
                      f"p95 {on['turn_p95_s']:.3f} s vs {off['turn_p95_s']:.3f} s")
+    if "omp" in results:
+        d = results["omp"]["detail"]
+        extra.append(f"- omp: the training step between decodes {d['base']['train_tps']:.0f} tokens/s with teams "
+                     f"kept, {d['rlonce']['train_tps']:.0f} handed back")
     if "microbatch" in results:
         d = results["microbatch"]["detail"]
         extra.append("- microbatch: " + "; ".join(f"{t} tokens: {d[str(t)]['faults']:.0f} minor page faults per step, "

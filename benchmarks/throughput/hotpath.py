@@ -1,0 +1,69 @@
+"""Two engine hot-path measurements of ``run.py``:
+
+* fastdecode: the engine with the written-out Llama-family decode step (``engine.fast_decode``,
+  the default) vs transformers' forward, at 1, 16 and 64 concurrent sessions, one torch thread
+  and (at 64) two;
+* omp: a local run's two compute threads in turn — the engine's worker decoding 64 sessions, the
+  main thread running a training step, both with two torch threads — with each handing back its
+  OpenMP team when its phase ends (``rlonce.model.omp``, the default) vs without (``release`` made
+  a no-op): decode tokens/s, and the training step's tokens/s in the detail.
+"""
+
+from __future__ import annotations
+
+import copy
+
+
+def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
+    import torch
+
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.model import omp
+
+    for batch, threads in ((1, 1), (16, 1), (64, 1), (64, 2)):
+        torch.set_num_threads(threads)
+        engines = [TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=64,
+                               batch_wait_s=0.002, fast_decode=fast) for fast in (False, True)]
+        omp.release()  # the copies ran here with two threads: as a run does, hand the team back before decoding
+        for e in engines:
+            engine_decode(e, args.prompt_len, batch, 8)  # warm-up
+        runs = [tuple({"tps": engine_decode(e, args.prompt_len, batch, args.new_tokens)} for e in engines)
+                for _ in range(args.repeats)]
+        for e in engines:
+            e.close()
+        pair(results, f"fastdecode_{batch}x{threads}", f"decode, {batch} session(s), {threads} thread(s), tokens/s",
+             "transformers' forward", runs, "tps")
+    torch.set_num_threads(1)
+
+
+def omp_pair(results: dict, lm, args, engine_decode, raw_train, rows, pair) -> None:
+    import torch
+
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.model import omp
+
+    real = omp.release
+    runs = []
+    torch.set_num_threads(2)
+    model = copy.deepcopy(lm.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    try:
+        for _ in range(args.repeats):
+            pair_run = []
+            for on in (False, True):
+                omp.release = real if on else (lambda: False)
+                eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=64,
+                                  batch_wait_s=0.002, threads=2)
+                decode_tps, train_tps = [], []
+                for _ in range(3):  # decode, train, decode, train, ...
+                    decode_tps.append(engine_decode(eng, args.prompt_len, 64, 32))
+                    train_tps.append(raw_train(model, opt, rows))
+                    omp.release()  # what the trainer backend does after its step
+                eng.close()
+                pair_run.append({"tps": sorted(decode_tps)[1], "train_tps": sorted(train_tps)[1]})
+            runs.append(tuple(pair_run))
+    finally:
+        omp.release = real
+        torch.set_num_threads(1)
+    pair(results, "omp", "decode (64 sessions) alternating with training, 2 threads each, tokens/s",
+         "teams kept", runs, "tps", ("train_tps",))
