@@ -154,22 +154,29 @@ class PrefixStore:
         """The longest kept prefix of ``prompt`` (leaving at least its last token to run): its
         length and its cache, sliced to that length; (0, None) when nothing matches."""
         self.stats["lookups"] += 1
-        p = np.asarray(prompt, dtype=np.int64)
-        best, best_key = 0, None
-        for key, e in self._entries.items():
-            n = min(len(e.tokens), len(p) - 1)
-            if e.lane != lane or n <= best or e.tokens[0] != p[0]:
-                continue
-            same = e.tokens[:n] == p[:n]
-            m = n if same.all() else int(same.argmin())
-            if m > best:
-                best, best_key = m, key
+        best, best_key = self._longest(np.asarray(prompt, dtype=np.int64), lane, len(prompt) - 1)
         if best_key is None:
             return 0, None
         self._entries.move_to_end(best_key)
         self.stats["hits"] += 1
         self.stats["reused_tokens"] += best
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in self._entries[best_key].kv]
+
+    def covered(self, tokens: list[int], lane: str) -> int:
+        """How many leading tokens of ``tokens`` a kept entry of ``lane`` holds (no statistics)."""
+        return self._longest(np.asarray(tokens, dtype=np.int64), lane, len(tokens))[0]
+
+    def _longest(self, p: np.ndarray, lane: str, limit: int) -> tuple[int, int | None]:
+        best, best_key = 0, None
+        for key, e in self._entries.items():
+            n = min(len(e.tokens), limit)
+            if e.lane != lane or n <= best or e.tokens[0] != p[0]:
+                continue
+            same = e.tokens[:n] == p[:n]
+            m = n if same.all() else int(same.argmin())
+            if m > best:
+                best, best_key = m, key
+        return best, best_key
 
     def put(self, tokens: list[int], kv: KV, lane: str) -> None:
         """Keep ``kv`` (one row) for ``tokens``; kept prefixes of it are dropped, being redundant."""

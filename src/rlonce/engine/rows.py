@@ -27,6 +27,29 @@ class Request:
     def gone(self) -> bool:
         return self.loop.is_closed() or self.future.cancelled()
 
+    def answer(self, value) -> None:
+        """Hand ``value`` to the caller's loop — unless that loop has closed (a cancelled rollout)."""
+        self._deliver(_set_result, value)
+
+    def fail(self, exc: BaseException) -> None:
+        self._deliver(_set_exception, exc)
+
+    def _deliver(self, fn, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, self.future, value)
+        except RuntimeError:  # the event loop is closed: nobody is waiting for this answer
+            pass
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
 
 def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The prompts as one right-aligned batch: token ids, attention mask and positions, each (B, L)."""

@@ -33,20 +33,12 @@ import time
 import torch
 
 from rlonce.core import faults
-from rlonce.engine import decode, kvcache
+from rlonce.engine import decode, kvcache, prefill
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.engine.rows import Batch, Part, Request, Row, left_pad
 from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
 from rlonce.model import omp, precision
-
-
-def _deliver(r: Request, fn, value) -> None:
-    """Hand a result to the caller's loop — unless that loop has closed (a cancelled rollout)."""
-    try:
-        r.loop.call_soon_threadsafe(fn, r.future, value)
-    except RuntimeError:  # the event loop is closed: nobody is waiting for this answer
-        pass
 
 
 def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
@@ -277,31 +269,44 @@ class TorchEngine:
 
     def _prefill(self, reqs: list[Request], lane: str) -> list[Part]:
         """Run the model on the requests' prompts: those without a kept prefix together,
-        left-padded; those with one together too, on their new tokens after their kept caches."""
+        left-padded; those with one together too, on their new tokens after their kept caches.
+        Equal prompts run once; a prefix several share runs once first (``rlonce.engine.prefill``)."""
         t0 = time.perf_counter()
+        if self.prefixes is not None:
+            self._keep_shared([r.prompt_ids for r in reqs], lane)
         reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None)
                  for r in reqs]
         parts = []
         cold = [r for r, (m, _) in zip(reqs, reuse) if not m]
-        if cold:  # equal prompts (a group's samples) run once: the first's cache serves the others
-            first: dict[tuple[int, ...], int] = {}
-            of = [first.setdefault(tuple(r.prompt_ids), len(first)) for r in cold]
-            ids_BL, attn_BL, pos_BL = left_pad([list(p) for p in first], self.pad)
-            shared = [len(r.prompt_ids) if u in of[:i] else 0 for i, (r, u) in enumerate(zip(cold, of))]
-            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, shared,
-                                            rows_of=of if len(first) < len(cold) else None))
+        if cold:
+            first, of, reused = prefill.dedupe([r.prompt_ids for r in cold], [0] * len(cold))
+            ids_BL, attn_BL, pos_BL = left_pad([cold[i].prompt_ids for i in first], self.pad)
+            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, reused, of))
         hits = [(r, m, kv) for r, (m, kv) in zip(reqs, reuse) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
-            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv in hits])
-            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _ in hits], self.pad)
-            pos_BL = pos_BL + torch.tensor([[m] for _, m, _ in hits])
+            first, of, reused = prefill.dedupe([r.prompt_ids for r, _, _ in hits], [m for _, m, _ in hits])
+            hits_u = [hits[i] for i in first]
+            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv in hits_u])
+            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _ in hits_u], self.pad)
+            pos_BL = pos_BL + torch.tensor([[m] for _, m, _ in hits_u])
             parts.append(self._forward_part([r for r, _, _ in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
-                                            pos_BL, [m for _, m, _ in hits]))
+                                            pos_BL, reused, of))
         for p in parts:
             self._stats["prefill_tokens"] += sum(len(row.req.prompt_ids) - row.reused for row in p.rows)
             for row in p.rows:
                 row.prefill_s = time.perf_counter() - t0
         return parts
+
+    def _keep_shared(self, prompts: list[list[int]], lane: str) -> None:
+        """Prefill once, and keep, each prefix several ``prompts`` share beyond what is kept."""
+        for prefix in prefill.shared_prefixes(prompts):
+            if self.prefixes.covered(prefix, lane) < len(prefix):
+                cache = kvcache.new_cache()
+                self.model(input_ids=torch.tensor([prefix]), use_cache=True, **{self._cache_kw: cache},
+                           **self._last_only)
+                kv = kvcache.row_of(kvcache.kv_of(cache), torch.ones((1, len(prefix)), dtype=torch.long), 0)
+                self.prefixes.put(prefix, kv, lane)
+                self._stats["prefill_tokens"] += len(prefix)
 
     def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of=None) -> Part:
         """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row
@@ -369,7 +374,7 @@ class TorchEngine:
         if self.prefixes is not None and row.reason != "abort":  # the last token was sampled, not yet run
             self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_of(b.kv(), b.attn_BL, r), lane)
         self._stats["generated_tokens"] += len(row.tokens)
-        _deliver(row.req, _set_result, row.generation(self.version))
+        row.req.answer(row.generation(self.version))
 
     def _draw(self, logp_AV: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
         """A token per row from ``exp(logp_AV)``; a seeded row draws one uniform from its own
@@ -387,14 +392,4 @@ def _fail(reqs: list[Request], e: Exception) -> None:
     # a bug of ours travels as itself, so the caller counts it as internal_error, not an outage
     err = e if is_internal(e) else EngineError(f"{type(e).__name__}: {e}")
     for r in reqs:
-        _deliver(r, _set_exception, err)
-
-
-def _set_result(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+        r.fail(err)
