@@ -39,7 +39,8 @@ def test_a_shared_system_prompt_runs_once_and_the_logprobs_stay_the_trainers(lm)
     assert stats["waves"] == 1
     # the system prompt once, then each distinct prompt's own tokens; the duplicate runs none
     assert stats["prefill_tokens"] == len(SYSTEM) + 3 + 1 + 2
-    assert [g.metrics["cached_prompt_tokens"] for g in gens] == [len(SYSTEM)] * 3 + [len(PROMPTS[3])]
+    # the first reader of the system prompt ran it (charged to it), the others read it, the duplicate ran nothing
+    assert [g.metrics["cached_prompt_tokens"] for g in gens] == [0, len(SYSTEM), len(SYSTEM), len(PROMPTS[3])]
     for p, g in zip(PROMPTS, gens):
         ids = torch.tensor([p + g.token_ids])
         lp, _ = token_logprobs(lm.model, ids, torch.ones_like(ids))
@@ -54,3 +55,23 @@ def test_without_a_prefix_store_nothing_is_kept_and_equal_prompts_still_run_once
         assert eng.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS[:3])
     finally:
         eng.close()
+
+
+def test_a_store_too_small_for_the_shared_prefix_runs_no_extra_forward(lm):
+    """The shared prefix is not run on its own when the store could not keep it: every admission
+    would otherwise run and throw it away."""
+    eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=16,
+                      batch_wait_s=0.05, prefix_cache_mb=0.001)  # ~1 KB: not even the system prompt fits
+    try:
+        gens = gen_many(eng, PROMPTS, [SamplingParams(max_tokens=4, seed=i) for i in range(4)])
+        assert eng.stats["prefill_tokens"] == sum(len(p) for p in PROMPTS[:3])
+        assert eng.stats["prefix_stored"] == 0 and [g.metrics["cached_prompt_tokens"] for g in gens] == \
+            [0, 0, 0, len(PROMPTS[3])]
+    finally:
+        eng.close()
+
+
+def test_charge_by_hand():
+    kept, unread = prefill.charge([[1, 2, 3]], [[9, 9], [1, 2, 3, 4], [1, 2, 3, 5]], [0, 3, 3])
+    assert kept == [0, 0, 3] and unread == 0
+    assert prefill.charge([[7, 7]], [[1, 2]], [0]) == ([0], 2)

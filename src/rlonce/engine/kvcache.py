@@ -178,16 +178,21 @@ class PrefixStore:
                 best, best_key = m, key
         return best, best_key
 
-    def put(self, tokens: list[int], kv: KV, lane: str) -> None:
-        """Keep ``kv`` (one row) for ``tokens``; kept prefixes of it are dropped, being redundant."""
+    def fits(self, size: int, lane: str) -> bool:
+        """Whether an entry of ``size`` bytes of ``lane`` could be kept, pushing out what it may."""
+        lanes = ("free",) if lane == "free" else ("free", lane)  # a free entry never pushes out a wave's
+        return self.used - sum(e.size for e in self._entries.values() if e.lane in lanes) + size <= self.budget
+
+    def put(self, tokens: list[int], kv: KV, lane: str) -> bool:
+        """Keep ``kv`` (one row) for ``tokens`` if it fits — kept prefixes of it are dropped, being
+        redundant; whether it was kept (if not, what is there stays)."""
         size = nbytes(kv)
+        if not self.fits(size, lane):
+            return False
         t = np.asarray(tokens, dtype=np.int64)
         for key in [k for k, e in self._entries.items()
                     if e.lane == lane and len(e.tokens) <= len(t) and np.array_equal(e.tokens, t[:len(e.tokens)])]:
             self._drop(key)
-        lanes = ("free",) if lane == "free" else ("free", lane)  # a free entry never pushes out a wave's
-        if self.used - sum(e.size for e in self._entries.values() if e.lane in lanes) + size > self.budget:
-            return  # it would not fit even with every entry it may push out gone: keep what is there
         for key in [k for k, e in self._entries.items() if e.lane == "free"] + \
                 [k for k, e in self._entries.items() if e.lane == lane != "free"]:
             if self.used + size <= self.budget:
@@ -198,6 +203,7 @@ class PrefixStore:
         self._next += 1
         self.used += size
         self.stats["stored"] += 1
+        return True
 
     def clear(self, lane: str | None = None) -> None:
         """Drop every entry (of ``lane``)."""

@@ -61,3 +61,29 @@ def shared_prefixes(prompts: list[list[int]], min_len: int = SHARED_MIN) -> list
             out.append(list(distinct[i][:common]))
         i = j + 1
     return out
+
+
+def charge(fresh: list[list[int]], prompts: list[list[int]], kept: list[int]) -> tuple[list[int], int]:
+    """Per request, its prompt tokens read from a kept cache, with each prefix run for this
+    admission (``fresh``) charged to the first request that reads it: those tokens were run once,
+    not reused, and ``cached_prompt_tokens`` says so. Also the fresh tokens no request read."""
+    out, unread = list(kept), 0
+    for prefix in fresh:
+        n = len(prefix)
+        i = next((i for i, p in enumerate(prompts) if out[i] >= n and p[:n] == prefix), None)
+        if i is None:
+            unread += n
+        else:
+            out[i] -= n
+    return out, unread
+
+
+def kv_bytes_per_token(model) -> int:
+    """What one token's keys and values take in ``model``'s cache (0 if its config does not say)."""
+    cfg = model.config
+    try:
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * cfg.num_hidden_layers * heads * dim * next(model.parameters()).element_size()
+    except (AttributeError, TypeError, StopIteration):
+        return 0

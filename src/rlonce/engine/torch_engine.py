@@ -89,6 +89,7 @@ class TorchEngine:
         self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self._kv_bytes = prefill.kv_bytes_per_token(model)
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # held while a batch runs, and for a weight load
         self._draining = threading.Event()  # a weight load waits: admit no one until the batch ends
@@ -272,24 +273,25 @@ class TorchEngine:
         left-padded; those with one together too, on their new tokens after their kept caches.
         Equal prompts run once; a prefix several share runs once first (``rlonce.engine.prefill``)."""
         t0 = time.perf_counter()
-        if self.prefixes is not None:
-            self._keep_shared([r.prompt_ids for r in reqs], lane)
+        fresh = self._keep_shared([r.prompt_ids for r in reqs], lane) if self.prefixes is not None else []
         reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None)
                  for r in reqs]
+        kept, unread = prefill.charge(fresh, [r.prompt_ids for r in reqs], [m for m, _ in reuse])
+        self._stats["prefill_tokens"] += unread
         parts = []
         cold = [r for r, (m, _) in zip(reqs, reuse) if not m]
         if cold:
             first, of, reused = prefill.dedupe([r.prompt_ids for r in cold], [0] * len(cold))
             ids_BL, attn_BL, pos_BL = left_pad([cold[i].prompt_ids for i in first], self.pad)
             parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, reused, of))
-        hits = [(r, m, kv) for r, (m, kv) in zip(reqs, reuse) if m]
+        hits = [(r, m, kv, k) for r, (m, kv), k in zip(reqs, reuse, kept) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
-            first, of, reused = prefill.dedupe([r.prompt_ids for r, _, _ in hits], [m for _, m, _ in hits])
+            first, of, reused = prefill.dedupe([h[0].prompt_ids for h in hits], [h[3] for h in hits])
             hits_u = [hits[i] for i in first]
-            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv in hits_u])
-            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _ in hits_u], self.pad)
-            pos_BL = pos_BL + torch.tensor([[m] for _, m, _ in hits_u])
-            parts.append(self._forward_part([r for r, _, _ in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
+            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv, _ in hits_u])
+            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _, _ in hits_u], self.pad)
+            pos_BL = pos_BL + torch.tensor([[m] for _, m, _, _ in hits_u])
+            parts.append(self._forward_part([h[0] for h in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
                                             pos_BL, reused, of))
         for p in parts:
             self._stats["prefill_tokens"] += sum(len(row.req.prompt_ids) - row.reused for row in p.rows)
@@ -297,16 +299,19 @@ class TorchEngine:
                 row.prefill_s = time.perf_counter() - t0
         return parts
 
-    def _keep_shared(self, prompts: list[list[int]], lane: str) -> None:
-        """Prefill once, and keep, each prefix several ``prompts`` share beyond what is kept."""
+    def _keep_shared(self, prompts: list[list[int]], lane: str) -> list[list[int]]:
+        """Prefill once and keep (room allowing) each prefix several ``prompts`` share; those run."""
+        fresh = []
         for prefix in prefill.shared_prefixes(prompts):
-            if self.prefixes.covered(prefix, lane) < len(prefix):
+            if self.prefixes.covered(prefix, lane) < len(prefix) \
+                    and self.prefixes.fits(len(prefix) * self._kv_bytes, lane):
                 cache = kvcache.new_cache()
                 self.model(input_ids=torch.tensor([prefix]), use_cache=True, **{self._cache_kw: cache},
                            **self._last_only)
                 kv = kvcache.row_of(kvcache.kv_of(cache), torch.ones((1, len(prefix)), dtype=torch.long), 0)
-                self.prefixes.put(prefix, kv, lane)
-                self._stats["prefill_tokens"] += len(prefix)
+                self.prefixes.put(prefix, kv, lane)  # refused (the estimate was short): no one reads it
+                fresh.append(prefix)
+        return fresh
 
     def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of=None) -> Part:
         """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row

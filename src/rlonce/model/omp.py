@@ -40,7 +40,7 @@ def _libgomp():
     names = [*found, "libgomp.so.1"]
     for name in names:
         try:
-            lib = ctypes.CDLL(name, mode=RTLD_NOLOAD | ctypes.RTLD_GLOBAL)  # only a library torch loaded
+            lib = ctypes.CDLL(name, mode=RTLD_NOLOAD)  # only a library torch loaded
         except OSError:
             continue
         if hasattr(lib, "omp_pause_resource_all"):

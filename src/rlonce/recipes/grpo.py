@@ -18,6 +18,7 @@ assume it. Everything needed to resume is checkpointed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import shutil
@@ -148,6 +149,7 @@ class Job:
         return job
 
     def close(self) -> None:
+        gc.unfreeze()  # what ``settle`` froze can be collected again (a closed job's model is garbage)
         if self.backend is not None:
             self.backend.close()
             self.backend = self.engine = None
