@@ -45,7 +45,7 @@ def test_seeded_requests_do_not_depend_on_batch_company(engine):
 
 
 def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
-    """The per-row draw of seeded requests (one uniform through the row's CDF): frequencies match
+    """The per-row draw (one uniform through the row's CDF), seeded or not: frequencies match
     the probabilities, a token the top-k/top-p cut (probability 0) never comes, and a row's draws
     depend on its own generator only."""
     from types import SimpleNamespace
@@ -61,6 +61,10 @@ def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
     assert (draws[:, 1] == 4).all()  # the one token left, drawn from the engine's own generator
     first = TorchEngine._draw(host, logp, [torch.Generator().manual_seed(1), None])[0]
     assert first == draws[0, 0]  # the same seed, the same first draw, whatever the engine drew before
+    unseeded = torch.stack([TorchEngine._draw(host, logp.flip(0), [None, None]) for _ in range(n)])
+    freq = torch.bincount(unseeded[:, 1], minlength=5).double() / n  # rows without a seed: the engine's draws
+    assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
+    assert (unseeded[:, 0] == 4).all()
 
 
 def test_top_k_1_is_greedy_and_temperature_changes_logprobs(engine, lm):
