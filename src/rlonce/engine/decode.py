@@ -9,9 +9,9 @@ of one query per row is two batched products against the cached keys and values,
 head reading its key/value head (no repeated copies), with the batch's attention mask as an
 additive bias. Everything else — weights, rotary tables, the LM head (float32 under autocast or
 bfloat16 weights, ``fp32_lm_head``) — is the model's own modules, so a weight load or an
-optimizer step is seen at once. On the embedded model a 64-row step took 0.62× the time of
-transformers' forward and a one-row step 0.45× (``docs/performance.md``); the log-probs agree
-with the trainer's recomputation within float32 rounding (``tests/integration/test_engine.py``).
+optimizer step is seen at once. On the embedded model a 64-row step took 0.64× the time of
+transformers' forward and a one-row step 0.45× (one-off timings; ``docs/performance.md``); the log-probs agree
+with the trainer's recomputation within float32 rounding (``tests/integration/test_engine_decode.py``).
 
 Other architectures, or ``engine.fast_decode = false``, run transformers' forward.
 """
