@@ -89,6 +89,15 @@ def lm(embedded_dir):
 
 
 @pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test starts at one torch thread: a job an earlier test ran in this worker leaves its
+    rollout or train thread count (two), and two threads round float sums differently."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
 def no_internal_errors():
     """A test that makes rlonce record an ``internal_error`` (a bug of ours caught at the rollout
     boundary) fails, even when the run around it carried on. A test that provokes one on

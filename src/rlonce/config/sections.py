@@ -77,10 +77,10 @@ class ModelConfig(Section):
 class RuntimeConfig(Section):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed of Python's and torch's generators (and of the arm assignment)."""
-    rollout_threads: int = Field(1, ge=1, le=1024)
-    """Torch threads while generating (the engine's worker). One leaves the second core to the
-    sandboxes' tool calls; two decoded 64 embedded-model sessions 1.15× faster than one
-    (``benchmarks/throughput``, ``docs/performance.md``)."""
+    rollout_threads: int = Field(2, ge=1, le=1024)
+    """Torch threads while generating (the engine's worker): on this 2-core machine two ran the
+    embedded quickstart's rollouts 1.17× faster than one (``docs/performance.md``). With
+    ``rollout.mode = "async"`` rollout and training overlap, so their threads add up."""
     train_threads: int = Field(2, ge=1, le=1024)
     """Torch threads while training (larger matrices do use two cores)."""
     micro_batch_tokens: int = Field(2048, ge=16, le=1 << 24)
