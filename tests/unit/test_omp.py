@@ -44,17 +44,28 @@ def test_release_frees_the_calling_threads_team_and_the_next_op_builds_a_new_one
 
 
 def test_get_idle_releases_only_when_it_would_wait():
+    """A worker with a team keeps it while work is queued, and hands it back once it would wait."""
     q = queue.Queue()
-    q.put("ready")
-    calls = []
-    real = omp.release
-    omp.release = lambda: calls.append(1) or True
-    try:
-        assert omp.get_idle(q) == "ready" and calls == []
-        threading.Timer(0.05, q.put, args=("later",)).start()
-        assert omp.get_idle(q) == "later" and calls == [1]
-    finally:
-        omp.release = real
+    out = {}
+
+    def worker():
+        _parallel_op()
+        out["with_team"] = _threads()
+        q.put("ready")
+        out["first"] = omp.get_idle(q)  # queued: no wait, the team stays
+        out["kept"] = _threads()
+        timer = threading.Timer(0.05, q.put, args=("later",))
+        timer.start()
+        out["second"] = omp.get_idle(q)  # empty: the team goes before the wait
+        timer.join()
+        out["after"] = _threads()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert (out["first"], out["second"]) == ("ready", "later")
+    assert out["kept"] == out["with_team"]
+    assert out["after"] == out["with_team"] - 1
 
 
 def test_releasing_while_another_thread_computes_keeps_both_correct():
