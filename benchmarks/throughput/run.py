@@ -127,11 +127,12 @@ def trainer_train(trainer, rows) -> float:
 
 def _pair(results: dict, key: str, what: str, base_name: str, runs: list[tuple[dict, dict]], metric: str,
           extra: tuple[str, ...] = ()) -> None:
-    """Medians of a side-by-side measurement (baseline, rlonce) over its repeats."""
+    """Medians of a side-by-side measurement (baseline, rlonce) over its repeats, and each repeat's
+    own ratio (its two sides measured next to each other)."""
     med = {side: {k: statistics.median(r[i][k] for r in runs) for k in (metric, *extra)} for i, side in
            enumerate(("base", "rlonce"))}
     results[key] = {"what": what, "baseline": base_name, "raw": med["base"][metric], "rlonce": med["rlonce"][metric],
-                    "detail": {**med, "last": runs[-1]}}
+                    "detail": {**med, "last": runs[-1], "pairs": [b[metric] / a[metric] for a, b in runs]}}
 
 
 def sessions_pair(results, key, what, base_name, make, shapes, repeats, **replay_kw) -> None:
@@ -376,7 +377,9 @@ def main() -> None:
     table = write_table(out / "results.md", header,
                         [[r["what"], r["baseline"], f"{r['raw']:.0f}", f"{r['rlonce']:.0f}", f"{r['ratio']:.2f}"]
                          for r in results.values()])
-    extra = [f"- {k}: prompt tokens run per turn {_turns(r['detail']['last'][0])} without reuse, "
+    extra = [f"- {k}: each repeat's ratio " + ", ".join(f"{x:.2f}" for x in r["detail"]["pairs"])
+             for k, r in results.items() if len(r.get("detail", {}).get("pairs", ())) > 1]
+    extra += [f"- {k}: prompt tokens run per turn {_turns(r['detail']['last'][0])} without reuse, "
              f"{_turns(r['detail']['last'][1])} with" for k, r in results.items() if k.startswith("reuse_")]
     for key in [k for k in results if k.startswith("continuous_")]:
         on, off = results[key]["detail"]["rlonce"], results[key]["detail"]["base"]
