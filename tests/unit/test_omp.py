@@ -4,6 +4,7 @@ trainer do; concurrent use stays correct."""
 import os
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -44,9 +45,11 @@ def test_release_frees_the_calling_threads_team_and_the_next_op_builds_a_new_one
 
 
 def test_get_idle_releases_only_when_it_would_wait():
-    """A worker with a team keeps it while work is queued, and hands it back once it would wait."""
+    """A worker with a team keeps it while work is queued, and hands it back once it would wait:
+    its helper thread is gone while it waits on the empty queue (watched from here, so a busy
+    machine cannot reorder the wait and the put)."""
     q = queue.Queue()
-    out = {}
+    out, waiting = {}, threading.Event()
 
     def worker():
         _parallel_op()
@@ -54,18 +57,21 @@ def test_get_idle_releases_only_when_it_would_wait():
         q.put("ready")
         out["first"] = omp.get_idle(q)  # queued: no wait, the team stays
         out["kept"] = _threads()
-        timer = threading.Timer(0.05, q.put, args=("later",))
-        timer.start()
-        out["second"] = omp.get_idle(q)  # empty: the team goes before the wait
-        timer.join()
-        out["after"] = _threads()
+        waiting.set()
+        out["second"] = omp.get_idle(q)  # empty until the test has seen the team go
 
     t = threading.Thread(target=worker)
     t.start()
+    assert waiting.wait(60)
+    deadline = time.monotonic() + 60
+    while _threads() != out["with_team"] - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out["while_waiting"] = _threads()
+    q.put("later")
     t.join()
     assert (out["first"], out["second"]) == ("ready", "later")
     assert out["kept"] == out["with_team"]
-    assert out["after"] == out["with_team"] - 1
+    assert out["while_waiting"] == out["with_team"] - 1
 
 
 def test_releasing_while_another_thread_computes_keeps_both_correct():
