@@ -45,3 +45,33 @@ def test_deterministic_and_guarded():
     m = next(m for m in find_mutations("m.py", SRC) if m.operator == "compare")
     with pytest.raises(ValueError, match="mutation site changed"):
         m.apply(SRC.replace(b"a < b", b"a > b"))
+
+
+def test_reference_fix_minimal_and_whole_lines():
+    """The expert's fix: the fewest whole words that occur once in the buggy file, or whole lines."""
+    from rlonce.envs.code.routes import reference_fix_calls
+    from rlonce.envs.code.tasks import CodeTask
+
+    expected = {  # (operator, original) -> minimal (old_str, new_str), worked out by hand on SRC
+        ("compare", "<"): ("<=", "<"),  # '<=' occurs once in the buggy file
+        ("binop", "+"): ("-", "+"),
+        ("swap_args", "a, b"): ("b, a", "a, b"),
+        ("return_none", "a + b"): ("None", "a + b"),
+        ("wrong_default", "True"): ("False", "True"),
+        ("off_by_one", "2"): (" 3", " 2"),  # '3' also occurs in 'b=3': one character more makes it unique
+        ("drop_branch", "a < b and flag"): ("False", "a < b and flag"),
+    }
+    for m in find_mutations("m.py", SRC):
+        if (m.operator, m.original) not in expected:
+            continue
+        task = CodeTask("t", "pkg", "1", m.to_dict(), "", [], [], {})
+        buggy = m.apply(SRC).decode()
+        ((_, small),) = reference_fix_calls(task, buggy, whole_lines=False)
+        ((_, whole),) = reference_fix_calls(task, buggy)
+        assert (small["old_str"], small["new_str"]) == expected[m.operator, m.original], m
+        for a in (small, whole):
+            assert buggy.count(a["old_str"]) == 1 and buggy.replace(a["old_str"], a["new_str"]) == SRC.decode()
+        assert whole["old_str"].endswith("\n") and buggy.count("\n" + whole["old_str"]) == 1
+    m = next(m for m in find_mutations("m.py", SRC) if m.operator == "off_by_one" and m.original == "2")
+    ((_, whole),) = reference_fix_calls(CodeTask("t", "pkg", "1", m.to_dict(), "", [], [], {}), m.apply(SRC).decode())
+    assert (whole["old_str"], whole["new_str"]) == ("    return g(a, b) * 3\n", "    return g(a, b) * 2\n")

@@ -87,6 +87,9 @@ def _codex(call: ToolCall) -> ToolCall:
     return ToolCall("exec_command", {"cmd": call.arguments["command"]}) if call.name == "bash" else call
 
 
+_codex.whole_lines = True  # its patch tool edits whole lines: experts give it their edits so
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str

@@ -9,8 +9,11 @@ something real to improve. It never reads a hidden test file (the interceptor wo
 and it never consults git history.
 
 The fix is ``routes.reference_fix_calls`` (the probe's positive control): one editor
-``str_replace`` of whole lines. Arms that lack the editor carry it through ``Arm.translate``
-(``Edit`` in mini-claude-code, a line patch in mini-codex).
+``str_replace``, of the fewest whole words around the bug that occur once in the file (a minimal
+edit: about half the tokens of whole lines, which a tiny model reproduces far more often). Arms
+that lack the editor carry it through ``Arm.translate`` (``Edit`` in mini-claude-code); an arm
+whose translation needs whole lines (``translate.whole_lines``: mini-codex's line patch) gets
+the fix as whole lines.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from rlonce.envs.code.routes import reference_fix_calls
 from rlonce.envs.code.tasks import CodeTask
 from rlonce.model.chat import ChatFormat, ToolCall
 
-CONTEXT_LINES = 6
+CONTEXT_LINES = 3
 
 
 def _bash(cmd: str) -> ToolCall:
@@ -46,11 +49,11 @@ def visible_test_files(task: CodeTask) -> list[str]:
     return sorted(out - set(task.hidden_files))
 
 
-def optimal_calls(task: CodeTask) -> list[ToolCall]:
+def optimal_calls(task: CodeTask, *, whole_lines: bool = False) -> list[ToolCall]:
     """Look at the lines around the bug, fix them, submit."""
     m = task.mut
     lo, hi = max(1, m.line - CONTEXT_LINES), m.line + CONTEXT_LINES
-    ((name, args),) = reference_fix_calls(task, buggy_text(task))
+    ((name, args),) = reference_fix_calls(task, buggy_text(task), whole_lines=whole_lines)
     return [_bash(f"sed -n '{lo},{hi}p' {shlex.quote(m.path)}"), ToolCall(name, args),
             ToolCall("submit", {"answer": "fixed"})]
 
@@ -77,9 +80,10 @@ def _detour(task: CodeTask, tests: list[str], previous: list[ToolCall], rng: ran
     return _bash("ls " + rng.choice((".", shlex.quote(str(Path(m.path).parent)))))
 
 
-def expert_calls(task: CodeTask, rng: random.Random, *, detour_p: float = 0.5, max_detours: int = 2) -> list[ToolCall]:
+def expert_calls(task: CodeTask, rng: random.Random, *, detour_p: float = 0.5, max_detours: int = 2,
+                 whole_lines: bool = False) -> list[ToolCall]:
     """The expert's tool calls for one demonstration, detours included."""
-    *work, submit = optimal_calls(task)
+    *work, submit = optimal_calls(task, whole_lines=whole_lines)
     tests = visible_test_files(task) if detour_p > 0 else []
     calls: list[ToolCall] = []
     for call in work:
@@ -95,5 +99,5 @@ def expert_turns(task: CodeTask, rng: random.Random, fmt: ChatFormat, *, transla
                  **kw) -> list[str]:
     """The expert's assistant turns as text, one tool call each, ready for a scripted engine.
     ``translate`` maps its calls into a harness arm's own tools (``Arm.translate``)."""
-    calls = expert_calls(task, rng, **kw)
+    calls = expert_calls(task, rng, whole_lines=getattr(translate, "whole_lines", False), **kw)
     return [fmt.assistant_text("", [translate(c) if translate else c]) for c in calls]

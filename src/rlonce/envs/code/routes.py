@@ -323,19 +323,39 @@ ROUTES: dict[str, Callable[[CodeTask], list[Call]]] = {
 }
 
 
-def reference_fix_calls(task: CodeTask, text: str) -> list[Call]:
-    """The reference fix as one editor ``str_replace`` of whole lines of the buggy ``text``, with
-    as many lines around the mutation as make the old text occur once (whole lines keep every
-    character whole and let a line-based patch tool carry the same edit)."""
+def reference_fix_calls(task: CodeTask, text: str, *, whole_lines: bool = True) -> list[Call]:
+    """The reference fix as one editor ``str_replace`` of the buggy ``text``. With ``whole_lines``
+    its old text is whole lines around the mutation, as many as make it occur once (whole lines
+    keep every character whole and let a line-based patch tool carry the same edit); without, it
+    is the fewest whole words around the mutation that occur once: a minimal edit, about half the
+    tokens, which a tiny model reproduces far more often."""
     m = task.mut
     data = text.encode()
     end = m.start + len(m.replacement.encode())
-    lo, hi = data.rfind(b"\n", 0, m.start) + 1, _line_end(data, end)
-    while data.count(data[lo:hi]) > 1 and (lo > 0 or hi < len(data)):
-        lo, hi = (data.rfind(b"\n", 0, lo - 1) + 1 if lo > 0 else 0), _line_end(data, hi)
+    if whole_lines:
+        lo, hi = data.rfind(b"\n", 0, m.start) + 1, _line_end(data, end)
+        while data.count(data[lo:hi]) > 1 and (lo > 0 or hi < len(data)):
+            lo, hi = (data.rfind(b"\n", 0, lo - 1) + 1 if lo > 0 else 0), _line_end(data, hi)
+    else:
+        lo, hi = _words(data, m.start, end)
+        grow_left = True
+        while data.count(data[lo:hi]) > 1 and (lo > 0 or hi < len(data)):
+            lo, hi = _words(data, lo - 1, hi) if grow_left and lo > 0 or hi == len(data) else _words(data, lo, hi + 1)
+            grow_left = not grow_left
     old = data[lo:hi].decode()
     new = data[lo:m.start].decode() + m.original + data[end:hi].decode()
     return [("str_replace_editor", {"command": "str_replace", "path": m.path, "old_str": old, "new_str": new})]
+
+
+def _words(data: bytes, lo: int, hi: int) -> tuple[int, int]:
+    """``data[lo:hi]`` widened so that it cuts no word (letters, digits, ``_`` or any non-ASCII byte)."""
+    def inner(b: int) -> bool:
+        return b >= 0x80 or chr(b).isalnum() or b == 0x5F
+    while lo > 0 and inner(data[lo - 1]) and inner(data[lo]):
+        lo -= 1
+    while hi < len(data) and inner(data[hi]) and inner(data[hi - 1]):
+        hi += 1
+    return lo, hi
 
 
 def _line_end(data: bytes, at: int) -> int:
