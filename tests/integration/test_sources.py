@@ -40,6 +40,7 @@ label = "arith-fixed"
 arms = ["single-turn"]
 share = 1
 sft_demos = 7
+sft_epochs = 40
 difficulty_window = 2
 """
 
@@ -57,6 +58,7 @@ def test_sources_resolve_with_every_default_from_the_run(tmp_path):
         ("single-turn",), 3, "reissue", 100, 64)
     # 300 demos split by share (2 : 1) over the sources that set none of their own
     assert (tf.sft_demos, ar.sft_demos, fx.sft_demos, fx.difficulty_window) == (200, 100, 7, 2)
+    assert (tf.sft_epochs, ar.sft_epochs, fx.sft_epochs) == (5, 5, 40)  # sft.epochs unless a source sets its own
     assert ar.options.name == "reasoning" and not hasattr(ar.options, "share")
     assert (tf.dispatch_cap, tf.max_turns, ar.max_context) == (3.0, 3, 1024)
     one = plan_sources(load_config(None, []))

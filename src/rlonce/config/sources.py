@@ -50,6 +50,9 @@ class SourceConfig(TaskConfig):
     sft_demos: int | None = Field(None, ge=0, le=MAX_STEPS)
     """Expert demonstrations of this source (default: ``sft.demos`` split by share over the
     sources whose domain has a scripted expert)."""
+    sft_epochs: int | None = Field(None, ge=0, le=1000)
+    """Passes over this source's demonstrations (default ``sft.epochs``): a source whose tasks a
+    model must memorise (a code pack) can take many cheap passes over few demonstrations."""
     difficulty_window: int = Field(0, ge=0, le=1000)
     """Online difficulty control: a task whose last this-many groups all passed or all failed is
     skipped when the stream comes back to it (counted as ``difficulty_skipped``; 0: off). Only

@@ -219,13 +219,15 @@ class Job:
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
         self.threads("rollout")
-        demos = []
+        demos, epochs = [], []
         for src in self.sources.values():
-            if src.plan.sft_demos:
-                demos += asyncio.run(demonstrations(src.domain, src.spec, self.fmt, self.lm.encode, self.cfg,
-                                                    n=src.plan.sft_demos, progress=self.progress))
+            if src.plan.sft_demos and src.plan.sft_epochs:
+                seqs = asyncio.run(demonstrations(src.domain, src.spec, self.fmt, self.lm.encode, self.cfg,
+                                                  n=src.plan.sft_demos, progress=self.progress))
+                demos, epochs = demos + seqs, epochs + [src.plan.sft_epochs] * len(seqs)
         self.threads("train")
-        train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress)
+        train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,
+                  epochs=epochs)
         if self.backend is not None:  # started before SFT: it takes the SFT weights
             self.backend.close()
             self.backend = self.engine = None
@@ -300,10 +302,10 @@ class Job:
 
     # ---- the whole job -------------------------------------------------------------------
     def run(self) -> dict:
-        cfg, st = self.cfg, self.state
+        st = self.state
         if st.phase == "sft":
-            demos = sum(p.sft_demos for p in self.plans)
-            if demos > 0 and cfg.sft.epochs > 0:
+            demos = sum(p.sft_demos for p in self.plans if p.sft_epochs)
+            if demos > 0:
                 self._say(f"SFT on {demos} expert demonstrations")
                 self.sft()
             else:

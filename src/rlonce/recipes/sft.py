@@ -7,6 +7,7 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import math
 import random
 
 from tqdm.auto import tqdm
@@ -69,10 +70,25 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
     return seqs
 
 
-def train_sft(model, demos: list[Sequence], cfg: SFTConfig, *, seed: int, progress: bool = True) -> None:
-    """``cfg.epochs`` passes over the demonstrations' rows in batches of similar length."""
-    rows = [r for s in demos for r in sequence_to_rows(s, 1.0)]
-    steps = max(1, cfg.epochs * len(rows) // cfg.batch_rows)
+def sft_rows(demos: list[Sequence], counts: list[int], batch_rows: int) -> tuple[list[TrainingRow], int]:
+    """The rows of ``counts[i]`` passes over each demonstration and the steps they take: with a
+    common factor g of the counts, each row repeated count/g times, and g passes over those (all
+    counts equal: the rows once, ``count`` passes)."""
+    g = math.gcd(*counts) or 1
+    rows = [r for s, k in zip(demos, counts, strict=True) for r in sequence_to_rows(s, 1.0) for _ in range(k // g)]
+    return rows, g * len(rows) // batch_rows
+
+
+def train_sft(model, demos: list[Sequence], cfg: SFTConfig, *, seed: int, progress: bool = True,
+              epochs: list[int] | None = None) -> None:
+    """``cfg.epochs`` passes over the demonstrations' rows in batches of similar length, or with
+    ``epochs`` (a mixed run's per-source ``sft_epochs``, one count per demonstration) that many
+    passes over each."""
+    rows, steps = sft_rows(demos, [cfg.epochs] * len(demos) if epochs is None else epochs, cfg.batch_rows)
+    if not rows:  # every demonstration was left out (``demonstrations`` warned why)
+        log.warning("no demonstration rows to train on: SFT skipped")
+        return
+    steps = max(1, steps)
     trainer = Trainer(model, OptimSettings(lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=steps,
                                            betas=(0.9, 0.95)))
     bar = tqdm(total=steps, desc="sft", unit="step", disable=not progress, dynamic_ncols=True)

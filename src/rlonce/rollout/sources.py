@@ -40,6 +40,7 @@ class SourcePlan:
     heldout_tasks: int
     during_tasks: int
     sft_demos: int
+    sft_epochs: int
     difficulty_window: int
     dispatch_cap: float
 
@@ -67,7 +68,8 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
             s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
             s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
-            demos, s.difficulty_window, s.dispatch_cap or r.sync_dispatch_cap))
+            demos, cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs, s.difficulty_window,
+            s.dispatch_cap or r.sync_dispatch_cap))
     return plans
 
 
@@ -85,7 +87,7 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
         if not entry.single_turn and "single-turn" in p.arms:
             raise ConfigError(f"{where(p)} needs tools: harness arm 'single-turn' is for single-turn tasks "
                               f"({', '.join(n for n, e in DOMAINS.items() if e.single_turn)})")
-        if not entry.has_expert and p.sft_demos > 0 and cfg.sft.epochs > 0:
+        if not entry.has_expert and p.sft_demos > 0 and p.sft_epochs > 0:
             fix = "sft_demos = 0 in its table" if cfg.sources else "sft.demos = 0"
             raise ConfigError(f"{where(p)} has no scripted expert for SFT: set {fix}")
     return plans
