@@ -41,6 +41,7 @@ arms = ["single-turn"]
 share = 1
 sft_demos = 7
 sft_epochs = 40
+sft_detour_p = 0
 difficulty_window = 2
 """
 
@@ -59,6 +60,7 @@ def test_sources_resolve_with_every_default_from_the_run(tmp_path):
     # 300 demos split by share (2 : 1) over the sources that set none of their own
     assert (tf.sft_demos, ar.sft_demos, fx.sft_demos, fx.difficulty_window) == (200, 100, 7, 2)
     assert (tf.sft_epochs, ar.sft_epochs, fx.sft_epochs) == (5, 5, 40)  # sft.epochs unless a source sets its own
+    assert (tf.sft_detour_p, fx.sft_detour_p) == (0.5, 0.0)
     assert ar.options.name == "reasoning" and not hasattr(ar.options, "share")
     assert (tf.dispatch_cap, tf.max_turns, ar.max_context) == (3.0, 3, 1024)
     one = plan_sources(load_config(None, []))

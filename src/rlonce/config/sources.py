@@ -53,6 +53,8 @@ class SourceConfig(TaskConfig):
     sft_epochs: int | None = Field(None, ge=0, le=1000)
     """Passes over this source's demonstrations (default ``sft.epochs``): a source whose tasks a
     model must memorise (a code pack) can take many cheap passes over few demonstrations."""
+    sft_detour_p: float | None = Field(None, ge=0, lt=1)
+    """Probability of a detour before each look-up in this source's demonstrations (default ``sft.detour_p``)."""
     difficulty_window: int = Field(0, ge=0, le=1000)
     """Online difficulty control: a task whose last this-many groups all passed or all failed is
     skipped when the stream comes back to it (counted as ``difficulty_skipped``; 0: off). Only

@@ -223,7 +223,8 @@ class Job:
         for src in self.sources.values():
             if src.plan.sft_demos and src.plan.sft_epochs:
                 seqs = asyncio.run(demonstrations(src.domain, src.spec, self.fmt, self.lm.encode, self.cfg,
-                                                  n=src.plan.sft_demos, progress=self.progress))
+                                                  n=src.plan.sft_demos, detour_p=src.plan.sft_detour_p,
+                                                  progress=self.progress))
                 demos, epochs = demos + seqs, epochs + [src.plan.sft_epochs] * len(seqs)
         self.threads("train")
         train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,

@@ -25,9 +25,11 @@ from rlonce.train.trainer import OptimSettings, Trainer
 log = logging.getLogger(__name__)
 
 async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, encode, cfg: RunConfig, *,
-                         n: int | None = None, progress: bool = True) -> list[Sequence]:
+                         n: int | None = None, detour_p: float | None = None,
+                         progress: bool = True) -> list[Sequence]:
     """``n`` (default ``cfg.sft.demos``) sequences of the scripted expert (each under its task's
-    step-0 arm), with room for its detours (64 turns) within the source's token budgets. A
+    step-0 arm) with detours at ``detour_p`` (default ``cfg.sft.detour_p``), with room for them
+    (64 turns) within the source's token budgets. A
     demonstration whose detours overrun a budget (or, in a graded domain, whose flaws cost its
     pass) is played again without detours, one that failed in the infrastructure is played again;
     one that still overruns or fails so is left out, counted in a warning (the task does not fit
@@ -44,12 +46,12 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
 
     async def one(task):
         arm = arm_for(spec.arm_seed, 0, task.task_id, list(spec.arms))
-        for detour_p in (cfg.sft.detour_p, 0.0):  # the second try: no detours, or again after an outage
-            turns = domain.expert(task, rng, fmt, translate=get_arm(arm).translate, detour_p=detour_p,
+        for p in (cfg.sft.detour_p if detour_p is None else detour_p, 0.0):  # the second: none, or after an outage
+            turns = domain.expert(task, rng, fmt, translate=get_arm(arm).translate, detour_p=p,
                                   max_detours=cfg.sft.max_detours, single_turn=get_arm(arm).single_turn)
             async with sem:
                 seq = await run_sequence(task, domain.env_factory, ScriptedEngine(turns, encode), spec, arm=arm)
-            if seq.status not in (Status.LIMITS, Status.INFRA) and (seq.passed or detour_p == 0.0):
+            if seq.status not in (Status.LIMITS, Status.INFRA) and (seq.passed or p == 0.0):
                 break  # (a graded domain's flaws can cost a pass: the flawless replay must pass)
         bar.update(1)
         return seq

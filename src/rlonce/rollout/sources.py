@@ -41,6 +41,7 @@ class SourcePlan:
     during_tasks: int
     sft_demos: int
     sft_epochs: int
+    sft_detour_p: float
     difficulty_window: int
     dispatch_cap: float
 
@@ -68,7 +69,8 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
             s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
             s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
-            demos, cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs, s.difficulty_window,
+            demos, cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs,
+            cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p, s.difficulty_window,
             s.dispatch_cap or r.sync_dispatch_cap))
     return plans
 
