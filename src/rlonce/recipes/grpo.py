@@ -38,7 +38,7 @@ from rlonce.model.precision import wants_autocast
 from rlonce.recipes import provenance
 from rlonce.recipes.evaluate import heldout_success, keep_rows, outside_success, paired_change, write_rows
 from rlonce.recipes.rl import rl_phase, settle
-from rlonce.recipes.sft import demonstrations, train_sft
+from rlonce.recipes.sft import source_demonstrations, train_sft
 from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
 from rlonce.rollout.graded import Grading, grading_totals
 from rlonce.rollout.orchestrator import Judge, Orchestrator
@@ -219,13 +219,8 @@ class Job:
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
         self.threads("rollout")
-        demos, epochs = [], []
-        for src in self.sources.values():
-            if src.plan.sft_demos and src.plan.sft_epochs:
-                seqs = asyncio.run(demonstrations(src.domain, src.spec, self.fmt, self.lm.encode, self.cfg,
-                                                  n=src.plan.sft_demos, detour_p=src.plan.sft_detour_p,
-                                                  progress=self.progress))
-                demos, epochs = demos + seqs, epochs + [src.plan.sft_epochs] * len(seqs)
+        demos, epochs = source_demonstrations(self.sources.values(), self.fmt, self.lm.encode, self.cfg,
+                                              progress=self.progress)
         self.threads("train")
         train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,
                   epochs=epochs)

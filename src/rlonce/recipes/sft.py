@@ -72,6 +72,19 @@ async def demonstrations(domain: Domain, spec: RolloutSpec, fmt: ChatFormat, enc
     return seqs
 
 
+def source_demonstrations(sources, fmt: ChatFormat, encode, cfg: RunConfig, *,
+                          progress: bool = True) -> tuple[list[Sequence], list[int]]:
+    """Every source's demonstrations (``rlonce.rollout.sources.Source``: its plan's ``sft_demos``
+    at its ``sft_detour_p``) and, for each, its source's ``sft_epochs``."""
+    demos, epochs = [], []
+    for src in sources:
+        if src.plan.sft_demos and src.plan.sft_epochs:
+            seqs = asyncio.run(demonstrations(src.domain, src.spec, fmt, encode, cfg, n=src.plan.sft_demos,
+                                              detour_p=src.plan.sft_detour_p, progress=progress))
+            demos, epochs = demos + seqs, epochs + [src.plan.sft_epochs] * len(seqs)
+    return demos, epochs
+
+
 def sft_rows(demos: list[Sequence], counts: list[int], batch_rows: int) -> tuple[list[TrainingRow], int]:
     """The rows of ``counts[i]`` passes over each demonstration and the steps they take: with a
     common factor g of the counts, each row repeated count/g times, and g passes over those (all
