@@ -87,7 +87,7 @@ def _codex(call: ToolCall) -> ToolCall:
     return ToolCall("exec_command", {"cmd": call.arguments["command"]}) if call.name == "bash" else call
 
 
-_codex.whole_lines = True  # its patch tool edits whole lines: experts give it their edits so
+_codex.whole_lines = True  # its patch tool edits whole lines: experts give it whole-line edits
 
 
 @dataclass(frozen=True)
