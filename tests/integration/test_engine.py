@@ -65,6 +65,9 @@ def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
     freq = torch.bincount(unseeded[:, 1], minlength=5).double() / n  # rows without a seed: the engine's draws
     assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
     assert (unseeded[:, 0] == 4).all()
+    before = host._gen.get_state()
+    TorchEngine._draw(host, logp, [torch.Generator().manual_seed(2), torch.Generator().manual_seed(3)])
+    assert torch.equal(host._gen.get_state(), before)  # seeded rows only: the engine's stream is left alone
 
 
 def test_top_k_1_is_greedy_and_temperature_changes_logprobs(engine, lm):

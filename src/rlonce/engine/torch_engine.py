@@ -385,9 +385,8 @@ class TorchEngine:
         """A token per row from ``exp(logp_AV)``: a uniform per row (a seeded row's from its own generator)
         inverted through its CDF — 0.16 ms a step at 64 rows, against 1.2 ms for ``multinomial``."""
         probs_AV = logp_AV.exp()
-        free_A = torch.rand(len(gens), dtype=torch.float64, generator=self._gen)  # for rows without a seed
-        u_A = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) if g is not None else free_A[i:i + 1]
-                         for i, g in enumerate(gens)]) if any(g is not None for g in gens) else free_A
+        u_A = torch.rand(len(gens), dtype=torch.float64, generator=self._gen) if all(g is None for g in gens) \
+            else torch.cat([torch.rand(1, dtype=torch.float64, generator=self._gen if g is None else g) for g in gens])
         cdf_AV = probs_AV.double().cumsum(-1)
         tok_A = torch.searchsorted(cdf_AV, (u_A * cdf_AV[:, -1])[:, None], right=True)[:, 0]
         return tok_A.minimum(torch.where(probs_AV > 0, torch.arange(probs_AV.shape[-1]), 0).amax(-1))  # rounding
