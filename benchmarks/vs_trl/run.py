@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import statistics
@@ -187,6 +188,9 @@ def main() -> None:
                          "one rollout thread (its defaults otherwise), TRL with bf16 mixed precision")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    if importlib.util.find_spec("trl") is None:  # before minutes of rlonce runs, not after
+        sys.exit("benchmarks/vs_trl: TRL is not installed; run `make bench-trl` (it installs the bench extra) "
+                 "or `pip install -e '.[bench]'`")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
