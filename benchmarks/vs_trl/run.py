@@ -185,9 +185,13 @@ def main() -> None:
                          "rewards are all equal; not equal work, reported separately)")
     ap.add_argument("--fast", action="store_true",
                     help="also run each side in its fastest CPU configuration: rlonce with bfloat16 autocast and "
-                         "one rollout thread (its defaults otherwise), TRL with bf16 mixed precision")
+                         "one rollout thread (its defaults otherwise), TRL with bf16 mixed precision; on a CPU "
+                         "without bfloat16 units (avx512_bf16, amx_bf16), where emulated bfloat16 is many times "
+                         "slower, that is float32 for both, and the float32 runs are reported again")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    if a.eval_every < 1:
+        ap.error("--eval-every must be at least 1: the tables compare held-out accuracy")
     if importlib.util.find_spec("trl") is None:  # before minutes of rlonce runs, not after
         sys.exit("benchmarks/vs_trl: TRL is not installed; run `make bench-trl` (it installs the bench extra) "
                  "or `pip install -e '.[bench]'`")
@@ -195,6 +199,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     from rlonce.model import loader
+    from rlonce.model.precision import bf16_units
 
     results = {"settings": {k: v for k, v in vars(a).items() if k not in ("out", "quiet")}, "models": {}}
     for model in a.models.split(","):
@@ -214,14 +219,20 @@ def main() -> None:
             filtered = summarize(run_rlonce(a, make_config(a, model, out / model / "rlonce-filter",
                                                            ("algo.filter_no_contrast=true",)), evaluator))
         fast = None
-        if a.fast:
+        if a.fast and not bf16_units():  # emulated bfloat16 is many times slower than float32
+            print(f"[vs_trl] {model}: this CPU has no bfloat16 units (avx512_bf16, amx_bf16): float32 is each "
+                  "side's fastest configuration", flush=True)
+            fast = {"rlonce": summarize(ours), "trl": summarize(theirs), "config": FP32_FASTEST}
+            fast["speedup"] = fast["trl"]["step_seconds"] / fast["rlonce"]["step_seconds"]
+        elif a.fast:
             print(f"[vs_trl] {model}: rlonce fastest (bfloat16 autocast, 1 rollout thread)", flush=True)
             fast_o = summarize(run_rlonce(a, make_config(a, model, out / model / "rlonce-fast",
                                                          ("model.autocast=bfloat16", "runtime.rollout_threads=1")),
                                           evaluator))
             print(f"[vs_trl] {model}: TRL fastest (bf16)", flush=True)
             fast_t = summarize(run_trl_side(a, cfg, model_dir, evaluator, out / model / "trl-fast", bf16=True))
-            fast = {"rlonce": fast_o, "trl": fast_t, "speedup": fast_t["step_seconds"] / fast_o["step_seconds"]}
+            fast = {"rlonce": fast_o, "trl": fast_t, "speedup": fast_t["step_seconds"] / fast_o["step_seconds"],
+                    "config": BF16_FASTEST}
         evaluator.close()
         o, t = summarize(ours), summarize(theirs)
         results["models"][model] = {
@@ -252,6 +263,10 @@ def main() -> None:
     plot(results, out)
 
 
+BF16_FASTEST = "rlonce: bfloat16 autocast, 1 rollout thread; TRL: bf16"
+FP32_FASTEST = "no bfloat16 units on this CPU: float32 on both sides, the runs above"
+
+
 def write_table(results: dict, out: Path) -> None:
     lines = ["| model | side | s/step | rollout s | update s | first step s | gen tok/s | reward (first→last) | "
              "held-out (0→end) | speedup (TRL s / rlonce s) |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -270,8 +285,9 @@ def write_table(results: dict, out: Path) -> None:
                          f"{x['rewards'][0]:.3f}→{x['rewards'][-1]:.3f} | {h[0]:.3f}→{h[-1]:.3f} | {sp} |")
     fastest = {m: r["fastest"] for m, r in results["models"].items() if "fastest" in r}
     if fastest:
-        lines += ["", "Each side in its fastest CPU configuration (rlonce: bfloat16 autocast, 1 rollout thread; "
-                  "TRL: bf16):", "", "| model | side | s/step | rollout s | update s | held-out (0→end) | "
+        configs = sorted({f.get("config", BF16_FASTEST) for f in fastest.values()})
+        lines += ["", f"Each side in its fastest CPU configuration ({'; '.join(configs)}):", "",
+                  "| model | side | s/step | rollout s | update s | held-out (0→end) | "
                   "speedup (TRL s / rlonce s) |", "|---|---|---|---|---|---|---|"]
         for model, f in fastest.items():
             for side in ("rlonce", "trl"):
