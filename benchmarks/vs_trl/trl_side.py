@@ -100,12 +100,12 @@ def trl_settings(*, work_dir: str, group_size: int, prompts_per_step: int, max_n
         # Advantages are reward - group mean, not divided by the group std (rlonce norm_by_std=false).
         "scale_rewards": "none",
         "mask_truncated_completions": False,
-        # Optimizer: torch.optim.AdamW (not the fused kernel, which transformers picks by default),
-        # as rlonce's Trainer builds it; constant rate, no warm-up; grad-norm clip at 1.0.
+        # Optimizer: torch.optim.AdamW's fused kernel (transformers' default), as rlonce's Trainer
+        # builds it; constant rate, no warm-up; grad-norm clip at 1.0.
         "learning_rate": lr,
         "lr_scheduler_type": "constant",
         "warmup_steps": 0,
-        "optim": "adamw_torch",
+        "optim": "adamw_torch_fused",
         "adam_beta1": 0.9,
         "adam_beta2": 0.95,
         "adam_epsilon": 1e-8,

@@ -144,12 +144,16 @@ class Trainer:
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+        self.group = data_parallel_group(model)
+        # torch's fused kernel where it runs (the same update; on this CPU 4.6x faster than the default
+        # per-tensor loop: SmolLM2-135M 98 ms against 455 ms a step); FSDP-sharded parameters keep the loop
+        fused = self.group is None and all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda")
+                                           for p in decay + no_decay)
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=settings.lr, betas=settings.betas, eps=settings.eps,
+            lr=settings.lr, betas=settings.betas, eps=settings.eps, fused=fused or None,
         )
         self.step = 0
-        self.group = data_parallel_group(model)
         self.reference = None
         """The KL term's frozen reference policy, made at the first step with ``kl_coef`` > 0."""
         self.token_logprobs: list[torch.Tensor | None] = []
