@@ -6,7 +6,10 @@
 * omp: a local run's two compute threads in turn — the engine's worker decoding 64 sessions, the
   main thread running a training step, both with two torch threads — with each handing back its
   OpenMP team when its phase ends (``rlonce.model.omp``, the default) vs without (``release`` made
-  a no-op): decode tokens/s, and the training step's tokens/s in the detail.
+  a no-op): decode tokens/s, and the training step's tokens/s in the detail;
+* adamw: one AdamW step over the model's parameters (random gradients), torch's default
+  per-tensor loop vs the fused kernel the trainer builds (``rlonce.train.trainer.Trainer``),
+  two torch threads: millions of parameters updated per second.
 """
 
 from __future__ import annotations
@@ -67,3 +70,28 @@ def omp_pair(results: dict, lm, args, engine_decode, raw_train, rows, pair) -> N
         torch.set_num_threads(1)
     pair(results, "omp", "decode (64 sessions) alternating with training, 2 threads each, tokens/s",
          "teams kept", runs, "tps", ("train_tps",))
+
+
+def adamw_pair(results: dict, lm, args, pair) -> None:
+    import time
+
+    import torch
+
+    torch.set_num_threads(2)
+    model = copy.deepcopy(lm.model)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    n = sum(p.numel() for p in params) / 1e6
+    opts = [torch.optim.AdamW(params, lr=1e-5, fused=fused) for fused in (None, True)]
+
+    def rate(opt) -> float:
+        opt.step()  # the first step makes the moment buffers
+        t0 = time.perf_counter()
+        for _ in range(5):
+            opt.step()
+        return 5 * n / (time.perf_counter() - t0)
+
+    runs = [tuple({"mps": rate(o)} for o in opts) for _ in range(args.repeats)]
+    torch.set_num_threads(1)
+    pair(results, "adamw", "an AdamW step, millions of parameters updated per second", "per-tensor loop", runs, "mps")

@@ -29,6 +29,8 @@
   bfloat16 autocast (``compiled.py``).
 * fastdecode, omp: the written-out Llama decode step vs transformers' forward, and a local
   run's two compute threads handing back their OpenMP teams vs keeping them (``hotpath.py``).
+* adamw: an AdamW step, torch's default per-tensor loop vs the fused kernel the trainer uses
+  (``hotpath.py``).
 * compile (only when asked: ``--parts compile``): ``torch.compile`` of the model over a
   transformers ``StaticCache`` vs the raw loop, compile time apart, whether the engine's
   growing-cache path compiles, and a compiled training forward + backward vs the eager one
@@ -280,7 +282,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,fastdecode,omp,solo,reuse,continuous,train,packing,prefix,microbatch",
+    ap.add_argument("--parts", default="decode,fastdecode,omp,solo,reuse,continuous,train,packing,prefix,microbatch,"
+                                       "adamw",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -365,6 +368,10 @@ def main() -> None:
         prefix_pair(results, lm, args)
     if "microbatch" in parts:
         microbatch_pair(results, str(model_dir), args)
+    if "adamw" in parts:
+        from hotpath import adamw_pair
+
+        adamw_pair(results, lm, args, _pair)
     notes = {k: results.pop(k) for k in [k for k in results if "raw" not in results[k]]}
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]
