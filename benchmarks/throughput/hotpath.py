@@ -10,11 +10,18 @@
 * adamw: one AdamW step over the model's parameters (random gradients), torch's default
   per-tensor loop vs the fused kernel the trainer builds (``rlonce.train.trainer.Trainer``),
   two torch threads: millions of parameters updated per second.
+* gqa: attention with a mask on CPU keeping grouped key/value heads as they are (the model's
+  attention route, ``rlonce.model.packing``) vs transformers' ``sdpa``, which copies them out per
+  query head whenever a mask is given: the engine prefilling 48 prompts of ragged lengths
+  (left-padded: a masked prefill), one thread, and ``Trainer.rl_step`` on a GRPO batch (8 prompts ×
+  8 completions: rows reading a shared prompt attend with a mask), two threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import statistics
 
 
 def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
@@ -95,3 +102,58 @@ def adamw_pair(results: dict, lm, args, pair) -> None:
     runs = [tuple({"mps": rate(o)} for o in opts) for _ in range(args.repeats)]
     torch.set_num_threads(1)
     pair(results, "adamw", "an AdamW step, millions of parameters updated per second", "per-tensor loop", runs, "mps")
+
+
+def gqa_pair(results: dict, lm, args, pair, train) -> None:
+    import random
+    import time
+
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.torch_engine import TorchEngine
+    from rlonce.model import packing
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    rng = random.Random(0)
+    prompts = [[rng.randint(10, 700) for _ in range(rng.randint(args.prompt_len // 2, args.prompt_len))]
+               for _ in range(48)]
+
+    def prefill(engine) -> float:
+        async def go():
+            return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=1)) for p in prompts))
+
+        t0 = time.perf_counter()
+        asyncio.run(go())
+        return sum(map(len, prompts)) / (time.perf_counter() - t0)
+
+    route = packing._sdpa
+    try:
+        torch.set_num_threads(1)
+        engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=64,
+                             batch_wait_s=0.01, prefix_cache_mb=0)
+        runs = []
+        for _ in range(args.repeats + 1):  # the first pair warms up
+            side = []
+            for on in (False, True):
+                packing._sdpa = route if on else sdpa_attention_forward
+                side.append({"tps": statistics.median(prefill(engine) for _ in range(3))})
+            runs.append(tuple(side))
+        engine.close()
+        pair(results, "gqa_prefill", f"engine prefill, 48 prompts of {args.prompt_len // 2}-{args.prompt_len} "
+             "tokens, prompt tokens/s", "sdpa copying key/value heads", runs[1:], "tps")
+        torch.set_num_threads(2)
+        trainer = Trainer(copy.deepcopy(lm.model), OptimSettings(lr=1e-5))
+        runs = []
+        for _ in range(args.repeats + 1):
+            side = []
+            for on in (False, True):
+                packing._sdpa = route if on else sdpa_attention_forward
+                side.append({"tps": train(trainer)})
+            runs.append(tuple(side))
+        pair(results, "gqa_train", f"train step, 8 prompts of {args.prompt_len} tokens x 8 completions, row tokens/s",
+             "sdpa copying key/value heads", runs[1:], "tps")
+    finally:
+        packing._sdpa = route
+        torch.set_num_threads(1)

@@ -31,6 +31,9 @@
   run's two compute threads handing back their OpenMP teams vs keeping them (``hotpath.py``).
 * adamw: an AdamW step, torch's default per-tensor loop vs the fused kernel the trainer uses
   (``hotpath.py``).
+* gqa: masked attention keeping grouped key/value heads (the model's attention route) vs
+  transformers' ``sdpa``, which copies them per query head: engine prefill and a training step
+  (``hotpath.py``).
 * compile (only when asked: ``--parts compile``): ``torch.compile`` of the model over a
   transformers ``StaticCache`` vs the raw loop, compile time apart, whether the engine's
   growing-cache path compiles, and a compiled training forward + backward vs the eager one
@@ -194,30 +197,38 @@ def packing_pair(results: dict, lm, args) -> None:
           f"{max(len(r) for r in rows)} tokens ({waste:.0%} padding), tokens/s", "padded", runs, "tps")
 
 
+def group_rows(prompt_len: int, new_tokens: int):
+    """A GRPO batch: 8 prompts of ``prompt_len`` tokens × 8 completions of ``new_tokens``/2–``new_tokens``."""
+    import random
+
+    from rlonce.core.records import TrainingRow
+
+    rng = random.Random(0)
+    rows = []
+    for g in range(8):
+        prompt = [rng.randint(10, 700) for _ in range(prompt_len)]
+        for s in range(8):
+            n = rng.randint(new_tokens // 2, new_tokens)
+            mask = [0] * len(prompt) + [1] * n
+            rows.append(TrainingRow(prompt + [rng.randint(10, 700) for _ in range(n)], mask, [-1.0 * m for m in mask],
+                                    [(1.0 if s % 2 else -1.0) * m for m in mask], [0 if m else -1 for m in mask],
+                                    group_id=str(g)))
+    return rows
+
+
 def prefix_pair(results: dict, lm, args) -> None:
     """``Trainer.rl_step`` on a GRPO batch (8 prompts × 8 completions; prompts of ``--prompt-len``
     tokens, completions of up to ``--new-tokens``) with a group's prompt held once in the
     training forward (``model.share_prefix``, the default) vs every row run whole; the default
     micro-batch budget on both."""
     import copy
-    import random
 
     import torch
 
-    from rlonce.core.records import TrainingRow
     from rlonce.train.trainer import OptimSettings, Trainer
 
     torch.set_num_threads(2)
-    rng = random.Random(0)
-    rows = []
-    for g in range(8):
-        prompt = [rng.randint(10, 700) for _ in range(args.prompt_len)]
-        for s in range(8):
-            n = rng.randint(args.new_tokens // 2, args.new_tokens)
-            mask = [0] * len(prompt) + [1] * n
-            rows.append(TrainingRow(prompt + [rng.randint(10, 700) for _ in range(n)], mask, [-1.0 * m for m in mask],
-                                    [(1.0 if s % 2 else -1.0) * m for m in mask], [0 if m else -1 for m in mask],
-                                    group_id=str(g)))
+    rows = group_rows(args.prompt_len, args.new_tokens)
     whole, shared = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
     whole.rlonce_share_prefix = False
     trainers = [Trainer(m, OptimSettings(lr=1e-5)) for m in (whole, shared)]
@@ -283,7 +294,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
     ap.add_argument("--parts", default="decode,fastdecode,omp,solo,reuse,continuous,train,packing,prefix,microbatch,"
-                                       "adamw",
+                                       "adamw,gqa",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
     ap.add_argument("--train-len", type=int, default=256)
@@ -372,6 +383,11 @@ def main() -> None:
         from hotpath import adamw_pair
 
         adamw_pair(results, lm, args, _pair)
+    if "gqa" in parts:
+        from hotpath import gqa_pair
+
+        rows = group_rows(args.prompt_len, args.new_tokens)
+        gqa_pair(results, lm, args, _pair, lambda t: trainer_train(t, rows))
     notes = {k: results.pop(k) for k in [k for k in results if "raw" not in results[k]]}
     for r in results.values():
         r["ratio"] = r["rlonce"] / r["raw"]

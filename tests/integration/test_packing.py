@@ -46,7 +46,7 @@ def test_each_packed_row_gets_what_it_gets_alone_and_gradients_match_the_padded_
     padded_m.rlonce_packing = False
     ids, attn, mask = _batch(lm.model.config.vocab_size)
     lp_packed, g_packed = _lp_and_grads(packed_m, ids, attn, mask)
-    assert packed_m.config._attn_implementation == NAME and padded_m.config._attn_implementation == "sdpa"
+    assert packable(packed_m) and not packable(padded_m)
     lp_padded, g_padded = _lp_and_grads(padded_m, ids, attn, mask)
     for b, n in enumerate(LENGTHS):
         sel = mask[b, : n - 1] > 0
@@ -104,11 +104,51 @@ def test_a_switched_model_decodes_padded_batches_exactly_as_sdpa():
     assert torch.equal(before, after)
 
 
-def test_packing_off_keeps_the_model_on_sdpa(embedded_dir):
+def test_packing_off_keeps_training_forwards_padded_on_the_route(embedded_dir):
     from rlonce.model.loader import load
 
     model = load(embedded_dir, packing=False).model
-    assert not packable(model) and model.config._attn_implementation == "sdpa"
+    assert not packable(model) and model.config._attn_implementation == NAME
+
+
+def test_masked_attention_keeps_grouped_heads_and_matches_sdpa(lm, monkeypatch):
+    """A left-padded prefill after a cache with a masked hole (the engine's kept-prefix admission)
+    and a padded training forward: the route runs sdpa with grouped key/value heads as they are
+    (no ``repeat_kv`` copy) and gives transformers' sdpa results, gradients included."""
+    from transformers.integrations import sdpa_attention
+
+    from rlonce.engine import kvcache
+
+    route_m, sdpa_m = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    assert route_m.config._attn_implementation == NAME and route_m.model.layers[0].self_attn.num_key_value_groups > 1
+    for m in [sdpa_m, *sdpa_m.modules()]:
+        if hasattr(m, "config"):
+            m.config._attn_implementation = "sdpa"
+    copies = []
+    real_repeat = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or real_repeat(x, n))
+    g = torch.Generator().manual_seed(3)
+    past = torch.randint(3, 200, (2, 6), generator=g)
+    ids = torch.randint(3, 200, (2, 4), generator=g)
+    attn = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])  # row 0: pad, kept, hole
+    past_pos, pos = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]), torch.tensor([[0, 4, 5, 6], [6, 7, 8, 9]])
+    out = {}
+    for name, m in (("route", route_m), ("sdpa", sdpa_m)):
+        with torch.no_grad():
+            cache = kvcache.new_cache(layers=m.config.num_hidden_layers)
+            m(input_ids=past, attention_mask=attn[:, :6], position_ids=past_pos, use_cache=True, cache=cache)
+            out[name] = m(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, cache=cache).logits
+        out[name + "_copies"] = len(copies)
+    assert out["route_copies"] == 0 and out["sdpa_copies"] > 0
+    assert torch.allclose(out["route"], out["sdpa"], atol=1e-5)
+    for m in (route_m, sdpa_m):
+        m.rlonce_packing = False  # the padded training path: a mask, several queries
+    ids, attn, mask = _batch(lm.model.config.vocab_size)
+    lp_route, g_route = _lp_and_grads(route_m, ids, attn, mask)
+    lp_sdpa, g_sdpa = _lp_and_grads(sdpa_m, ids, attn, mask)
+    assert torch.allclose(lp_route, lp_sdpa, atol=1e-5)
+    for name, grad in g_route.items():
+        assert torch.allclose(grad, g_sdpa[name], rtol=1e-4, atol=1e-6), name
 
 
 def test_a_sliding_window_model_stays_padded():

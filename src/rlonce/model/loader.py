@@ -247,6 +247,8 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from rlonce.model.packing import route
+
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder")
@@ -273,6 +275,7 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
         model.rlonce_autocast = True
     if model is not None:
         model.rlonce_packing, model.rlonce_share_prefix = packing, share_prefix
+        route(model)  # sdpa without copying grouped key/value heads on CPU (rlonce.model.packing)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer in {path} has no chat template; rlonce renders dialogues with it — use "
                              "an instruct/chat model folder or add chat_template.jinja to it")
