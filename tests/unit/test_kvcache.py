@@ -73,3 +73,41 @@ def test_prefix_store_budget_least_recently_used_out_and_free_entries_never_push
     assert len(store) == 3
     store.clear("wave")
     assert len(store) == 0 and store.used == 0
+
+
+def test_prefix_store_matches_a_brute_force_search_over_many_entries():
+    """The longest kept prefix (the least recently used entry among equals) and the kept prefixes
+    a new entry makes redundant, against checking every entry token by token."""
+    import random
+
+    import numpy as np
+
+    def common(a, b) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    rng = random.Random(0)
+    store = kvcache.PrefixStore(1 << 30)
+    system = [1, 2, 3, 4]
+    for _ in range(60):  # sessions sharing a system prompt, some extending an earlier one
+        kept = [e.tokens.tolist() for e in store._entries.values()]
+        base = rng.choice(kept) if kept and rng.random() < 0.4 else system + [rng.randint(5, 8)]
+        toks = base + [rng.randint(5, 8) for _ in range(rng.randint(0, 6))]
+        lane = rng.choice(["free", "free", "wave"])
+        before = {k: e for k, e in store._entries.items()}
+        store.put(toks, _kv(1, len(toks)), lane)
+        dropped = {k for k in before if k not in store._entries}
+        assert dropped == {k for k, e in before.items()
+                           if e.lane == lane and len(e.tokens) <= len(toks) and e.tokens.tolist() == toks[:len(e.tokens)]}
+        for _ in range(5):
+            prompt = rng.choice([system, *[e.tokens.tolist() for e in store._entries.values()]])[:rng.randint(1, 12)]
+            prompt = prompt + [rng.randint(5, 8) for _ in range(rng.randint(0, 3))]
+            for lane_q in ("free", "wave"):
+                limit = len(prompt) - 1
+                scores = [(min(common(e.tokens.tolist(), prompt), limit), k)
+                          for k, e in store._entries.items() if e.lane == lane_q]
+                best = max([s for s, _ in scores], default=0)
+                want = next((k for s, k in scores if s == best), None) if best > 0 else None
+                assert store._longest(np.asarray(prompt), lane_q, limit) == (best, want)

@@ -170,7 +170,8 @@ class PrefixStore:
         best, best_key = 0, None
         for key, e in self._entries.items():
             n = min(len(e.tokens), limit)
-            if e.lane != lane or n <= best or e.tokens[0] != p[0]:
+            # an entry longer than ``best`` here must agree with ``p`` up to position ``best`` too
+            if e.lane != lane or n <= best or e.tokens[best] != p[best]:
                 continue
             same = e.tokens[:n] == p[:n]
             m = n if same.all() else int(same.argmin())
@@ -190,15 +191,18 @@ class PrefixStore:
         if not self.fits(size, lane):
             return False
         t = np.asarray(tokens, dtype=np.int64)
-        for key in [k for k, e in self._entries.items()
-                    if e.lane == lane and len(e.tokens) <= len(t) and np.array_equal(e.tokens, t[:len(e.tokens)])]:
+        for key in [k for k, e in self._entries.items()  # the last token first: most entries differ there
+                    if e.lane == lane and len(e.tokens) <= len(t)
+                    and (not len(e.tokens) or e.tokens[-1] == t[len(e.tokens) - 1])
+                    and np.array_equal(e.tokens, t[:len(e.tokens)])]:
             self._drop(key)
-        for key in [k for k, e in self._entries.items() if e.lane == "free"] + \
-                [k for k, e in self._entries.items() if e.lane == lane != "free"]:
-            if self.used + size <= self.budget:
-                break
-            self._drop(key)
-            self.stats["evicted"] += 1
+        if self.used + size > self.budget:
+            for key in [k for k, e in self._entries.items() if e.lane == "free"] + \
+                    [k for k, e in self._entries.items() if e.lane == lane != "free"]:
+                if self.used + size <= self.budget:
+                    break
+                self._drop(key)
+                self.stats["evicted"] += 1
         self._entries[self._next] = _Entry(t, kv, lane, size)
         self._next += 1
         self.used += size
