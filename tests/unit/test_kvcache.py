@@ -99,8 +99,8 @@ def test_prefix_store_matches_a_brute_force_search_over_many_entries():
         before = {k: e for k, e in store._entries.items()}
         store.put(toks, _kv(1, len(toks)), lane)
         dropped = {k for k in before if k not in store._entries}
-        assert dropped == {k for k, e in before.items()
-                           if e.lane == lane and len(e.tokens) <= len(toks) and e.tokens.tolist() == toks[:len(e.tokens)]}
+        assert dropped == {k for k, e in before.items() if e.lane == lane and len(e.tokens) <= len(toks)
+                           and e.tokens.tolist() == toks[:len(e.tokens)]}
         for _ in range(5):
             prompt = rng.choice([system, *[e.tokens.tolist() for e in store._entries.values()]])[:rng.randint(1, 12)]
             prompt = prompt + [rng.randint(5, 8) for _ in range(rng.randint(0, 3))]
