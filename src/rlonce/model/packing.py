@@ -192,8 +192,7 @@ def _sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scali
     result, without the copy."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.device.type != "cpu" or attention_mask is None or query.shape[2] == 1 \
-            or getattr(module, "num_key_value_groups", 1) <= 1 or query.shape[1] == key.shape[1] \
+    if query.device.type != "cpu" or attention_mask is None or query.shape[2] == 1 or query.shape[1] == key.shape[1] \
             or any(kwargs.get(k) is not None for k in ("position_bias", "softcap")) or kwargs.get("output_attentions"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
