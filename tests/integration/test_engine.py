@@ -7,6 +7,7 @@ import torch
 from conftest import gen_many
 
 from rlonce.engine.base import SamplingParams
+from rlonce.engine.rows import Uniforms
 from rlonce.engine.torch_engine import TorchEngine, process_logits
 from rlonce.train.trainer import token_logprobs
 
@@ -53,21 +54,29 @@ def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
     logp = probs.log()
     host = SimpleNamespace(_gen=torch.Generator().manual_seed(0))
-    gens = [torch.Generator().manual_seed(1), None]
+    gens = [Uniforms(1), None]
     n = 20000
     draws = torch.stack([TorchEngine._draw(host, logp, gens) for _ in range(n)])
     freq = torch.bincount(draws[:, 0], minlength=5).double() / n
     assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
     assert (draws[:, 1] == 4).all()  # the one token left, drawn from the engine's own generator
-    first = TorchEngine._draw(host, logp, [torch.Generator().manual_seed(1), None])[0]
+    first = TorchEngine._draw(host, logp, [Uniforms(1), None])[0]
     assert first == draws[0, 0]  # the same seed, the same first draw, whatever the engine drew before
     unseeded = torch.stack([TorchEngine._draw(host, logp.flip(0), [None, None]) for _ in range(n)])
     freq = torch.bincount(unseeded[:, 1], minlength=5).double() / n  # rows without a seed: the engine's draws
     assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
     assert (unseeded[:, 0] == 4).all()
     before = host._gen.get_state()
-    TorchEngine._draw(host, logp, [torch.Generator().manual_seed(2), torch.Generator().manual_seed(3)])
+    TorchEngine._draw(host, logp, [Uniforms(2), Uniforms(3)])
     assert torch.equal(host._gen.get_state(), before)  # seeded rows only: the engine's stream is left alone
+
+
+def test_a_rows_uniforms_drawn_in_blocks_are_its_generators_one_at_a_time():
+    """A seeded row takes its uniforms 64 at a time: the same numbers, in order, as one
+    ``torch.rand`` call per token from a generator of the same seed (what a row drew before)."""
+    stream, gen = Uniforms(11), torch.Generator().manual_seed(11)
+    one_at_a_time = [float(torch.rand(1, dtype=torch.float64, generator=gen)) for _ in range(3 * Uniforms.block + 5)]
+    assert [stream.next() for _ in range(len(one_at_a_time))] == one_at_a_time
 
 
 def test_top_k_1_is_greedy_and_temperature_changes_logprobs(engine, lm):

@@ -78,6 +78,12 @@ def kv_of(cache: DynamicCache) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
+def growing(cache: DynamicCache | None) -> bool:
+    """Whether every layer of ``cache`` is a ``GrowLayer`` with a spare column (a batch can decode in it)."""
+    return cache is not None and all(type(layer) is GrowLayer and layer.keys.shape[-2] < layer._kb.shape[-2]
+                                     for layer in cache.layers)
+
+
 def mergeable(cache: DynamicCache) -> bool:
     """Only full-attention layers can be padded, merged and reused (not sliding windows)."""
     return all(type(layer) in (GrowLayer, DynamicLayer) for layer in cache.layers)
@@ -135,6 +141,8 @@ class _Entry:
     kv: KV
     lane: str
     size: int
+    last: int
+    """The last token, as a Python int: a store compares it against every entry."""
 
 
 class PrefixStore:
@@ -145,6 +153,7 @@ class PrefixStore:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
         self.used = 0
+        self._lane_used: dict[str, int] = {}
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "stored": 0, "evicted": 0}
 
     def __len__(self) -> int:
@@ -182,7 +191,7 @@ class PrefixStore:
     def fits(self, size: int, lane: str) -> bool:
         """Whether an entry of ``size`` bytes of ``lane`` could be kept, pushing out what it may."""
         lanes = ("free",) if lane == "free" else ("free", lane)  # a free entry never pushes out a wave's
-        return self.used - sum(e.size for e in self._entries.values() if e.lane in lanes) + size <= self.budget
+        return self.used - sum(self._lane_used.get(x, 0) for x in lanes) + size <= self.budget
 
     def put(self, tokens: list[int], kv: KV, lane: str) -> bool:
         """Keep ``kv`` (one row) for ``tokens`` if it fits — kept prefixes of it are dropped, being
@@ -190,10 +199,10 @@ class PrefixStore:
         size = nbytes(kv)
         if not self.fits(size, lane):
             return False
-        t = np.asarray(tokens, dtype=np.int64)
-        for key in [k for k, e in self._entries.items()  # the last token first: most entries differ there
-                    if e.lane == lane and len(e.tokens) <= len(t)
-                    and (not len(e.tokens) or e.tokens[-1] == t[len(e.tokens) - 1])
+        t, n = np.asarray(tokens, dtype=np.int64), len(tokens)
+        for key in [k for k, e in self._entries.items()  # the last token first (Python ints): most entries differ there
+                    if e.lane == lane and len(e.tokens) <= n
+                    and (e.last < 0 or e.last == tokens[len(e.tokens) - 1])
                     and np.array_equal(e.tokens, t[:len(e.tokens)])]:
             self._drop(key)
         if self.used + size > self.budget:
@@ -203,9 +212,10 @@ class PrefixStore:
                     break
                 self._drop(key)
                 self.stats["evicted"] += 1
-        self._entries[self._next] = _Entry(t, kv, lane, size)
+        self._entries[self._next] = _Entry(t, kv, lane, size, int(tokens[-1]) if n else -1)
         self._next += 1
         self.used += size
+        self._lane_used[lane] = self._lane_used.get(lane, 0) + size
         self.stats["stored"] += 1
         return True
 
@@ -215,4 +225,6 @@ class PrefixStore:
             self._drop(key)
 
     def _drop(self, key: int) -> None:
-        self.used -= self._entries.pop(key).size
+        e = self._entries.pop(key)
+        self.used -= e.size
+        self._lane_used[e.lane] -= e.size

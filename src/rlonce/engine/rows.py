@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from rlonce.engine import kvcache, solo
 from rlonce.engine.base import Generation, SamplingParams, Watch
@@ -63,6 +64,24 @@ def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Te
     return ids_BL, attn_BL, (attn_BL.cumsum(-1) - 1).clamp(min=0)
 
 
+class Uniforms:
+    """A seeded row's own stream of float64 uniforms, one per draw: taken from its generator
+    ``block`` at a time, which gives the same numbers in the same order as one at a time (torch's
+    CPU generator fills a tensor element by element; ``tests/integration/test_engine.py``), for
+    one ``torch.rand`` call per 64 tokens instead of one per token."""
+
+    block = 64
+
+    def __init__(self, seed: int):
+        self.gen = torch.Generator().manual_seed(seed)
+        self._left: list[float] = []
+
+    def next(self) -> float:
+        if not self._left:
+            self._left = torch.rand(self.block, dtype=torch.float64, generator=self.gen).tolist()[::-1]
+        return self._left.pop()
+
+
 class Row:
     """One request in the batch: its sampling settings and what it has sampled so far."""
 
@@ -71,7 +90,7 @@ class Row:
         self.req, self.reused = req, reused
         self.temp, self.top_k, self.top_p, self.max_new = s.temperature, s.top_k, s.top_p, s.max_tokens
         self.run_limit, self.run_thr, self.runs = s.stop_confident_run, math.log(s.confident_p), 0
-        self.gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else None
+        self.gen = Uniforms(s.seed) if s.seed is not None else None
         self.tokens: list[int] = []
         self.logps: list[float] = []
         self.sizes: list[int] | None = [] if s.records_candidates else None
@@ -119,6 +138,9 @@ class Part:
     pos_R: torch.Tensor
     logits_BV: torch.Tensor
     rows: list[Row]
+    cache: DynamicCache | None = None
+    """The cache ``kv`` is read from, when a batch may take it over as it is (its layers have room
+    to grow and hold these rows only)."""
 
 
 class Batch:
@@ -126,7 +148,10 @@ class Batch:
     compaction drops them."""
 
     def __init__(self, parts: list[Part]):
-        self.cache, self.attn_BL = kvcache.merge([(p.kv, p.attn_BL) for p in parts])
+        if len(parts) == 1 and parts[0].cache is not None:  # nothing to join: no copy
+            self.cache, self.attn_BL = parts[0].cache, parts[0].attn_BL
+        else:
+            self.cache, self.attn_BL = kvcache.merge([(p.kv, p.attn_BL) for p in parts])
         self.pos_R = torch.cat([p.pos_R for p in parts])
         self.logits_BV = torch.cat([p.logits_BV for p in parts])
         self.rows = [row for p in parts for row in p.rows]
