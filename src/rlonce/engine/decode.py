@@ -73,28 +73,39 @@ class FastDecode:
         x_BH = self.inner.embed_tokens(ids_B1)[:, 0]
         cos, sin = self.inner.rotary_emb(x_BH, pos_B1)
         cos, sin = cos.view(B, 1, 1, d), sin.view(B, 1, 1, d)
+        sin = torch.cat((-sin[..., :d // 2], sin[..., d // 2:]), -1)  # rotating half = rolling, a sign flipped
         bias = None
         if attn_BN is not None:  # masked columns (left padding, holes) add -inf before the softmax
             bias = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
             bias = bias[:, None, None, :]
+        scaled = {}  # the rotary tables times a layer's attention scale: the query comes out scaled
         for layer, cached in zip(self.inner.layers, cache.layers):
             a, mlp = layer.self_attn, layer.mlp
+            if a.scaling not in scaled:
+                scaled[a.scaling] = (cos * a.scaling, sin * a.scaling)
             h = _norm(x_BH, layer.input_layernorm)
-            q = _rope(_linear(h, a.q_proj).view(B, kvh, g, d), cos, sin)
+            q = _rope(_linear(h, a.q_proj).view(B, kvh, g, d), *scaled[a.scaling])
             k = _rope(_linear(h, a.k_proj).view(B, kvh, 1, d), cos, sin)
             keys, values = cached.update(k, _linear(h, a.v_proj).view(B, kvh, 1, d))
-            s = torch.matmul(q, keys.transpose(-1, -2)).float() * a.scaling  # (B, kv heads, group, columns)
+            s = torch.matmul(q, keys.transpose(-1, -2)).float()  # (B, kv heads, group, columns)
             if bias is not None:
                 s = s + bias
             o = torch.matmul(s.softmax(-1).to(values.dtype), values).reshape(B, self.heads * d)
-            x_BH = x_BH + _linear(o, a.o_proj)
+            x_BH = _residual(x_BH, o, a.o_proj)
             h = _norm(x_BH, layer.post_attention_layernorm)
-            x_BH = x_BH + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+            x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         return self.model.lm_head(_norm(x_BH, self.inner.norm))
 
 
 def _linear(x: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
     return F.linear(x, m.weight, m.bias)
+
+
+def _residual(x: torch.Tensor, h: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
+    """``x + m(h)``: one matmul adding into ``x`` where the types allow (no bias, one dtype)."""
+    if m.bias is None and x.dtype == h.dtype == m.weight.dtype:
+        return torch.addmm(x, h, m.weight.t())
+    return x + _linear(h, m)
 
 
 def _norm(x: torch.Tensor, m) -> torch.Tensor:
@@ -106,5 +117,6 @@ def _norm(x: torch.Tensor, m) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+    """Rotary positions: ``x * cos + rotate_half(x) * sin``, where ``rotate_half(x) * sin`` is ``x``
+    rolled by half its width times ``sin`` with its first half negated (as the step passes it)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
