@@ -361,6 +361,10 @@ def main() -> None:
         workloads["code"] = record_shapes("code", args.model, args.sessions, tempfile.mkdtemp(), (
             f"task.pack={args.code_pack}", "harness.max_context=1024", "harness.max_turns=8",
             "harness.max_tokens_per_turn=256"))
+    if workloads:  # the sessions replay as an RL run's rollouts do: after setup leaves the collector's sight
+        from rlonce.recipes.rl import settle
+
+        settle()
     for name, shapes in workloads.items() if "reuse" in parts else ():
         turns = max(len(s.replies) for s in shapes)
         sessions_pair(results, f"reuse_{name}", f"{name}: {len(shapes)} sessions of up to {turns} turns, tokens/s",

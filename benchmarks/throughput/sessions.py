@@ -38,8 +38,11 @@ def record_shapes(domain: str, model: str, n: int, out, overrides: tuple[str, ..
     cfg = load_config(None, [f"out={out}", f"model.name={model}", f"task.name={domain}", "sft.detour_p=0",
                                 *overrides])
     job = Job.for_model(cfg, model, progress=False)
-    src = next(iter(job.sources.values()))
-    seqs = asyncio.run(demonstrations(src.domain, src.spec, job.fmt, job.lm.encode, cfg, n=n, progress=False))
+    try:
+        src = next(iter(job.sources.values()))
+        seqs = asyncio.run(demonstrations(src.domain, src.spec, job.fmt, job.lm.encode, cfg, n=n, progress=False))
+    finally:
+        job.close()  # its engine's thread
     shapes = []
     for s in seqs:
         segs = s.contexts[0].segments
