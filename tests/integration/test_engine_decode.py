@@ -1,7 +1,8 @@
-"""The torch engine's written-out decode step (``rlonce.engine.decode``) against transformers' own
-forward: the same logits and the same cache after every step, on the embedded model (Llama,
-grouped-query attention), a Qwen2 model (biased q/k/v projections) and bfloat16 weights; left
-padding and holes masked; the engine's tokens and log-probs with it on and off."""
+"""The torch engine's written-out decode step and prefill (``rlonce.engine.decode``) against
+transformers' own forward: the same logits and the same cache after every step and prefill, on
+the embedded model (Llama, grouped-query attention), a Qwen2 model (biased q/k/v projections) and
+bfloat16 weights; left padding and holes masked; the engine's tokens and log-probs with it on and
+off."""
 
 import copy
 
@@ -73,6 +74,45 @@ def test_the_written_out_step_equals_transformers_forward(lm, which, dense):
         assert torch.allclose(got_keys, want_keys, atol=2e-5)
 
 
+def _prefills(model, fwd):
+    """PROMPTS left-padded from nothing, then new tokens of different lengths after that cache
+    (left-padded again: a masked hole between each row's kept columns and its new ones), with
+    ``fwd.prefill``: the logits of both calls, and every layer's keys where attended."""
+    from rlonce.engine.rows import left_pad
+
+    ids, attn, pos = left_pad(PROMPTS, 0)
+    new = [[30 + i + j for j in range(1 + 2 * i)] for i in range(len(PROMPTS))]
+    ids2, attn2, pos2 = left_pad(new, 0)
+    pos2 = pos2 + attn.sum(1, keepdim=True)
+    cache = fwd.new_cache()
+    with torch.inference_mode():
+        first = fwd.prefill(ids, pos, cache, attn)
+        attn = torch.cat([attn, attn2], 1)
+        second = fwd.prefill(ids2, pos2, cache, attn)
+    keys = torch.stack([layer.keys.float() * attn[:, None, :, None] for layer in cache.layers])
+    return torch.cat([first, second]).float(), keys
+
+
+@pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
+def test_the_written_out_prefill_equals_transformers_forward(lm, which):
+    """The written-out prefill (its last layer at each row's last position only) against
+    transformers' forward: the same next-token logits, the same keys in every attended column."""
+    model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
+    if which.endswith("bf16"):
+        model = model.to(torch.bfloat16)
+    got, got_keys = _prefills(model, decode.stepper(model, KW))
+    want, want_keys = _prefills(model, decode.stepper(model, KW, fast=False))
+    assert torch.isfinite(got).all() and torch.isfinite(got_keys).all()
+    if which.endswith("bf16"):
+        ref_model = copy.deepcopy(lm.model).eval()
+        ref, ref_keys = _prefills(ref_model, decode.stepper(ref_model, KW, fast=False))
+        assert (got - ref).abs().mean() < 1.5 * (want - ref).abs().mean() + 1e-3
+        assert (got_keys - ref_keys).abs().mean() < 1.5 * (want_keys - ref_keys).abs().mean() + 1e-3
+    else:
+        assert (got - want).abs().max() < 2e-5, (got - want).abs().max()
+        assert torch.allclose(got_keys, want_keys, atol=2e-5)
+
+
 def test_the_engine_samples_the_same_with_the_fast_step_and_without(lm):
     """Seeded sampling through the engine: the same tokens, log-probs within float32 rounding of
     each other and of the trainer's recomputation."""
@@ -81,7 +121,7 @@ def test_the_engine_samples_the_same_with_the_fast_step_and_without(lm):
         eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0,
                           max_batch_size=16, batch_wait_s=0.05, fast_decode=fast)
         try:
-            assert isinstance(eng._decode, decode.FastDecode) == fast
+            assert isinstance(eng._fwd, decode.FastDecode) == fast
             gens[fast] = gen_many(eng, PROMPTS, [SamplingParams(max_tokens=16, seed=i) for i in range(len(PROMPTS))])
         finally:
             eng.close()

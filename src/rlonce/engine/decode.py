@@ -18,24 +18,46 @@ Other architectures, or ``engine.fast_decode = false``, run transformers' forwar
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
+
+from rlonce.engine import kvcache
 
 FAMILY = ("llama", "qwen2")
 """``config.model_type`` values whose decoder layers this step reproduces."""
 
 
 def stepper(model, cache_kw: str, fast: bool = True):
-    """``step(ids_B1, pos_B1, cache, attn_BN) -> logits_BV``: the fast step when ``fast`` and the
-    model is of the family, else transformers' forward (``attn_BN`` None: every column attended)."""
-    if fast and why_not(model) is None:
-        return FastDecode(model)
+    """The engine's forward passes: ``step(ids_B1, pos_B1, cache, attn_BN) -> logits_BV`` (one new
+    token per row; ``attn_BN`` None: every column attended), ``prefill(ids_BT, pos_BT, cache,
+    attn_BN)`` (several, the last position's logits) and ``new_cache()`` — written out when
+    ``fast`` and the model is of the family, else transformers' forward."""
+    return FastDecode(model) if fast and why_not(model) is None else Generic(model, cache_kw)
 
-    def generic(ids_B1, pos_B1, cache, attn_BN):
-        out = model(input_ids=ids_B1, attention_mask=attn_BN, position_ids=pos_B1, use_cache=True,
-                    **{cache_kw: cache})
+
+class Generic:
+    """transformers' forward, for every architecture."""
+
+    def __init__(self, model, cache_kw: str):
+        self.model, self.cache_kw = model, cache_kw
+        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters \
+            else {}
+
+    def new_cache(self) -> DynamicCache:
+        return kvcache.new_cache()  # transformers adds the layers the model's config asks for
+
+    def __call__(self, ids_B1, pos_B1, cache, attn_BN):
+        out = self.model(input_ids=ids_B1, attention_mask=attn_BN, position_ids=pos_B1, use_cache=True,
+                         **{self.cache_kw: cache})
         return out.logits[:, -1]
-    return generic
+
+    def prefill(self, ids_BT, pos_BT, cache, attn_BN):
+        out = self.model(input_ids=ids_BT, attention_mask=attn_BN, position_ids=pos_BT, use_cache=True,
+                         **{self.cache_kw: cache}, **self.last_only)
+        return out.logits[:, -1]
 
 
 def why_not(model) -> str | None:
@@ -67,6 +89,9 @@ class FastDecode:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
+    def new_cache(self) -> DynamicCache:
+        return kvcache.new_cache(layers=len(self.inner.layers))
+
     def __call__(self, ids_B1: torch.Tensor, pos_B1: torch.Tensor, cache, attn_BN: torch.Tensor | None) -> torch.Tensor:
         B, d, kvh = ids_B1.shape[0], self.head_dim, self.kv_heads
         g = self.heads // kvh
@@ -95,6 +120,42 @@ class FastDecode:
             h = _norm(x_BH, layer.post_attention_layernorm)
             x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         return self.model.lm_head(_norm(x_BH, self.inner.norm))
+
+
+    def prefill(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, cache, attn_BN: torch.Tensor) -> torch.Tensor:
+        """Run ``T`` new tokens per row after ``cache`` (``attn_BN``: every column of the cache after
+        them, 1 where attended) and append their keys and values; the next-token logits of each
+        row's last position. The last layer runs its query, attention and MLP at that position only:
+        no other position's output is read (transformers' forward runs them all)."""
+        B, T = ids_BT.shape
+        d, kvh, H = self.head_dim, self.kv_heads, self.heads
+        N = attn_BN.shape[1]
+        x = self.inner.embed_tokens(ids_BT)
+        cos, sin = self.inner.rotary_emb(x, pos_BT)
+        cos, sin = cos[:, None], torch.cat((-sin[..., :d // 2], sin[..., d // 2:]), -1)[:, None]  # (B, 1, T, d)
+        # a query sees the attended columns up to its own, and always its own (a left-padded one has no other)
+        own = torch.arange(N - T, N)
+        allowed = (attn_BN[:, None, :] != 0) & (torch.arange(N)[None, :] <= own[:, None])[None]
+        allowed[:, torch.arange(T), own] = True
+        allowed = allowed[:, None]  # (B, 1, T, N)
+        x = x.reshape(B * T, -1)
+        last = len(self.inner.layers) - 1
+        for i, (layer, cached) in enumerate(zip(self.inner.layers, cache.layers)):
+            a, mlp = layer.self_attn, layer.mlp
+            h = _norm(x, layer.input_layernorm)
+            k = _rope(_linear(h, a.k_proj).view(B, T, kvh, d).transpose(1, 2), cos, sin)
+            keys, values = cached.update(k, _linear(h, a.v_proj).view(B, T, kvh, d).transpose(1, 2))
+            if i == last:  # from here on, each row's last position only
+                x, h, cos_q, sin_q, mask, t = x.view(B, T, -1)[:, -1], h.view(B, T, -1)[:, -1], cos[:, :, -1:], \
+                    sin[:, :, -1:], allowed[:, :, -1:], 1
+            else:
+                cos_q, sin_q, mask, t = cos, sin, allowed, T
+            q = _rope(_linear(h, a.q_proj).view(B, t, H, d).transpose(1, 2), cos_q, sin_q)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=a.scaling, enable_gqa=True)
+            x = _residual(x, o.transpose(1, 2).reshape(B * t, H * d), a.o_proj)
+            h = _norm(x, layer.post_attention_layernorm)
+            x = _residual(x, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+        return self.model.lm_head(_norm(x, self.inner.norm))
 
 
 def _linear(x: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:

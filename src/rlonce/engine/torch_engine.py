@@ -79,13 +79,13 @@ class TorchEngine:
         self._gen = torch.Generator().manual_seed(seed)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.compact_fraction = compact_fraction
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
-        self._decode = decode.stepper(self.model, self._cache_kw, fast_decode)
-        """One decode step: the written-out Llama-family step (``rlonce.engine.decode``) or transformers'."""
+        self._fwd = decode.stepper(self.model, self._cache_kw, fast_decode)
+        """The decode step and the prefill: written out for the Llama family (``rlonce.engine.decode``),
+        or transformers' forward."""
         self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
@@ -283,7 +283,7 @@ class TorchEngine:
         if cold:
             first, of, reused = prefill.dedupe([r.prompt_ids for r in cold], [0] * len(cold))
             ids_BL, attn_BL, pos_BL = left_pad([cold[i].prompt_ids for i in first], self.pad)
-            parts.append(self._forward_part(cold, kvcache.new_cache(), ids_BL, attn_BL, pos_BL, reused, of))
+            parts.append(self._forward_part(cold, self._fwd.new_cache(), ids_BL, attn_BL, pos_BL, reused, of))
         hits = [(r, m, kv, k) for r, (m, kv), k in zip(reqs, reuse, kept) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
             first, of, reused = prefill.dedupe([h[0].prompt_ids for h in hits], [h[3] for h in hits])
@@ -305,10 +305,9 @@ class TorchEngine:
         for prefix in prefill.shared_prefixes(prompts):
             if self.prefixes.covered(prefix, lane) < len(prefix) \
                     and self.prefixes.fits(len(prefix) * self._kv_bytes, lane):
-                cache = kvcache.new_cache()
-                self.model(input_ids=torch.tensor([prefix]), use_cache=True, **{self._cache_kw: cache},
-                           **self._last_only)
-                kv = kvcache.row_of(kvcache.kv_of(cache), torch.ones((1, len(prefix)), dtype=torch.long), 0)
+                cache, attn_1L = self._fwd.new_cache(), torch.ones((1, len(prefix)), dtype=torch.long)
+                self._fwd.prefill(torch.tensor([prefix]), torch.arange(len(prefix))[None], cache, attn_1L)
+                kv = kvcache.row_of(kvcache.kv_of(cache), attn_1L, 0)
                 self.prefixes.put(prefix, kv, lane)  # refused (the estimate was short): no one reads it
                 fresh.append(prefix)
         return fresh
@@ -316,12 +315,11 @@ class TorchEngine:
     def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of=None) -> Part:
         """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row
         request i reads (None: row i)."""
-        out = self.model(input_ids=ids_BL, attention_mask=attn_BL, position_ids=pos_BL, use_cache=True,
-                         **{self._cache_kw: cache}, **self._last_only)
+        logits_BV = self._fwd.prefill(ids_BL, pos_BL, cache, attn_BL)
         if not kvcache.mergeable(cache):
             raise EngineError("this model's cache layers (sliding windows?) cannot be batched by the torch engine")
         rows = [Row(r, m) for r, m in zip(reqs, reused)]
-        kv, logits_BV = kvcache.kv_of(cache), out.logits[:, -1]
+        kv = kvcache.kv_of(cache)
         if rows_of is not None:
             i = torch.tensor(rows_of)
             kv, attn_BL, pos_BL, logits_BV = [(k[i], v[i]) for k, v in kv], attn_BL[i], pos_BL[i], logits_BV[i]
@@ -352,7 +350,7 @@ class TorchEngine:
         logits = self._solo_step(b, next_R) if self.solo is not None and self.solo.failed is None \
             and len(b.rows) == 1 else None
         b.logits_BV = logits if logits is not None else \
-            self._decode(next_R, b.pos_R[:, None], b.cache, None if b.dense else b.attn_BL)
+            self._fwd(next_R, b.pos_R[:, None], b.cache, None if b.dense else b.attn_BL)
         return True
 
     def _solo_step(self, b: Batch, next_R: torch.Tensor) -> torch.Tensor | None:
