@@ -112,10 +112,10 @@ class EngineConfig(Section):
     """torch: memory for the key/value caches of finished turns, reused when a session's next
     prompt starts with one (least recently used out first; 0 turns reuse off)."""
     fast_decode: bool = True
-    """torch: decode steps of Llama-family models (``llama``, ``qwen2``) run through rlonce's own
-    written-out one-token forward (``rlonce.engine.decode``: the same weights and arithmetic, without
-    transformers' per-call overhead); false: transformers' forward. Other architectures always
-    run transformers'."""
+    """torch: decode steps and prefills of Llama-family models (``llama``, ``qwen2``) run through
+    rlonce's own written-out forward (``rlonce.engine.decode``: the same weights and arithmetic,
+    without transformers' per-call overhead; a prefill's last layer at the read position only);
+    false: transformers' forward. Other architectures always run transformers'."""
     compile_solo: bool = False
     """torch: a batch down to one row (a lone session, a wave's last straggler) decodes with the
     model ``torch.compile``-d over a static cache: faster per token on tiny models, but each cache

@@ -1,17 +1,23 @@
-"""The torch engine's decode step: one new token per row through the model, after its cache.
+"""The torch engine's forward passes: the decode step (one new token per row, after its cache)
+and the prefill (a prompt's tokens, or a turn's new ones after a kept cache).
 
 For models of the Llama family (``llama``, ``qwen2``: pre-norm decoder layers of RMSNorm, grouped
-query attention with rotary positions, a gated SiLU MLP) the step is written out here as the
+query attention with rotary positions, a gated SiLU MLP) both are written out here as the
 plain sequence of tensor operations, over the same weights: transformers' generic forward spends
 most of a small model's one-token step in per-call work around the arithmetic (masks built
 for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Attention
 of one query per row is two batched products against the cached keys and values, each query
 head reading its key/value head (no repeated copies), with the batch's attention mask as an
-additive bias. Everything else — weights, rotary tables, the LM head (float32 under autocast or
+additive bias; a prefill's attention is ``scaled_dot_product_attention`` over the grouped heads
+with a boolean mask (attended columns, causal among the new tokens), and its last layer runs the
+query, attention and MLP at each row's last position only — the one whose logits are read.
+Everything else — weights, rotary tables, the LM head (float32 under autocast or
 bfloat16 weights, ``fp32_lm_head``) — is the model's own modules, so a weight load or an
 optimizer step is seen at once. On the embedded model a 64-row step took 0.64× the time of
-transformers' forward and a one-row step 0.45× (one-off timings; ``docs/performance.md``); the log-probs agree
-with the trainer's recomputation within float32 rounding (``tests/integration/test_engine_decode.py``).
+transformers' forward and a one-row step 0.45×, a prefill 0.74–0.79× (one-off timings;
+``docs/performance.md``); logits and cached keys agree with transformers' forward, and the
+log-probs with the trainer's recomputation, within float32 rounding
+(``tests/integration/test_engine_decode.py``).
 
 Other architectures, or ``engine.fast_decode = false``, run transformers' forward.
 """
