@@ -139,7 +139,7 @@ def test_joined_rows_with_kept_prefixes_and_compaction_keep_the_trainers_logprob
 
     try:
         turns = [t for pair in asyncio.run(go()) for t in pair]
-        assert eng.stats["prefix_hits"] >= 8 and eng.stats["joined"] >= 1 and eng.stats["joins_in_place"] >= 1
+        assert eng.stats["prefix_hits"] >= 8 and eng.stats["joined"] >= 1
         for prompt, g in turns:
             assert torch.allclose(_recomputed(lm, prompt, g.token_ids), torch.tensor(g.logprobs), atol=2e-4)
     finally:

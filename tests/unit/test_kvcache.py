@@ -40,29 +40,6 @@ def test_merge_left_pads_and_take_drops_unused_columns():
     assert kvcache.row_of(kv, attn, 2)[1][1][0, 0, :, 0].tolist() == [-1, -3]
 
 
-def test_rows_joining_a_batch_go_into_its_spare_rows_where_a_merge_would_put_them():
-    """A batch merged with spare rows takes a narrower joiner in place (no new buffer): the same
-    keys, values and mask as merging the two, and decoding then appends to every row."""
-    ones = lambda r, c: torch.ones(r, c, dtype=torch.long)  # noqa: E731
-    a, b = _kv(2, 4), _kv(1, 2, start=100)
-    want, want_attn = kvcache.merge([(a, ones(2, 4)), (b, ones(1, 2))])
-    cache, attn = kvcache.merge([(a, ones(2, 4))], room_rows=2)
-    buf = cache.layers[0]._kb.data_ptr()
-    assert kvcache.free_rows(cache) == 2 and kvcache.free_rows(want) == 0
-    for layer, (k, v) in zip(cache.layers, b):
-        layer.append(k, v)
-    assert kvcache.free_rows(cache) == 1 and cache.layers[0]._kb.data_ptr() == buf
-    for (k, v), (wk, wv) in zip(kvcache.kv_of(cache), kvcache.kv_of(want)):
-        assert torch.equal(k, wk) and torch.equal(v, wv)
-    assert kvcache.kv_of(cache)[0][0][2, 0, :, 0].tolist() == [0, 0, 100, 101]  # right-aligned, zeros masked
-    layer = cache.layers[1]
-    before = layer._kb.data_ptr()
-    layer.update(torch.full((3, 1, 1, 2), 7.0), torch.zeros(3, 1, 1, 2))  # a decode step: in place, every row
-    assert layer.keys.shape == (3, 1, 5, 2) and layer.keys[:, 0, -1, 0].tolist() == [7, 7, 7]
-    assert layer._kb.data_ptr() == before and layer.free_rows() == 1
-    assert kvcache.free_rows(kvcache.new_cache(kvcache.kv_of(cache), rows=5)) == 2  # compaction keeps room
-
-
 def test_prefix_store_longest_match_partial_reuse_and_redundant_prefixes():
     store = kvcache.PrefixStore(1 << 20)
     store.put([1, 2, 3], _kv(1, 3), "free")

@@ -5,9 +5,8 @@ keys and values are views of a buffer with room to grow, so appending a decoded 
 column in place instead of copying the whole cache (``DynamicLayer`` concatenates at every step).
 Rows are left-padded: each row's tokens are the last columns of its row, the columns before them
 masked out (a row prefilled after a kept cache also has a masked hole between the two). ``merge``
-joins caches of different lengths into one batch (continuous batching), leaving spare rows that
-later joiners no wider than the batch are written into (``GrowLayer.append``) without copying the
-batch, and ``take`` keeps some rows and drops the columns no kept row uses.
+joins caches of different lengths into one batch (continuous batching) and ``take`` keeps some
+rows and drops the columns no kept row uses.
 
 ``PrefixStore`` keeps the cache of finished sequences — prompt and reply, the tokens the model has
 seen — under a memory budget, least recently used first out. A new prompt that starts with a
@@ -34,62 +33,44 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class GrowLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values are views of buffers with spare columns, and
-    possibly spare rows: a running batch takes joining rows into those (``append``)."""
+    """A ``DynamicLayer`` whose keys and values are views of buffers with spare columns."""
 
     spare = 64
 
-    def put(self, keys: torch.Tensor, values: torch.Tensor, room: int | None = None, rows: int = 0) -> None:
-        """Hold ``keys``/``values`` (copied into fresh buffers with ``room`` spare columns and
-        room for ``rows`` rows in all)."""
-        n, b = keys.shape[-2], keys.shape[0]
+    def put(self, keys: torch.Tensor, values: torch.Tensor, room: int | None = None) -> None:
+        """Hold ``keys``/``values`` (copied into fresh buffers with ``room`` spare columns)."""
+        n = keys.shape[-2]
         room = self.spare if room is None else room
         self.is_initialized, self.device = True, keys.device
-        self._kb = keys.new_empty((max(b, rows), *keys.shape[1:-2], n + room, keys.shape[-1]))
-        self._vb = values.new_empty((max(b, rows), *values.shape[1:-2], n + room, values.shape[-1]))
-        self._kb[:b, ..., :n, :], self._vb[:b, ..., :n, :] = keys, values
-        self.rows = b
-        self.keys, self.values = self._kb[:b, ..., :n, :], self._vb[:b, ..., :n, :]
+        self._kb = keys.new_empty((*keys.shape[:-2], n + room, keys.shape[-1]))
+        self._vb = values.new_empty((*values.shape[:-2], n + room, values.shape[-1]))
+        self._kb[..., :n, :], self._vb[..., :n, :] = keys, values
+        self.keys, self.values = self._kb[..., :n, :], self._vb[..., :n, :]
 
-    def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, rows: int | None = None) -> None:
-        """Hold buffers already filled up to column ``n`` in their first ``rows`` rows (all)."""
+    def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, n: int) -> None:
+        """Hold buffers already filled up to column ``n``."""
         self.is_initialized, self.device = True, kbuf.device
-        self._kb, self._vb, self.rows = kbuf, vbuf, kbuf.shape[0] if rows is None else rows
-        self.keys, self.values = kbuf[:self.rows, ..., :n, :], vbuf[:self.rows, ..., :n, :]
+        self._kb, self._vb = kbuf, vbuf
+        self.keys, self.values = kbuf[..., :n, :], vbuf[..., :n, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.put(key_states, value_states)
             return self.keys, self.values
-        n, t, r = self.keys.shape[-2], key_states.shape[-2], self.rows
+        n, t = self.keys.shape[-2], key_states.shape[-2]
         if n + t > self._kb.shape[-2]:  # out of room: double it
-            self.put(self.keys, self.values, room=max(self.spare, n + t), rows=self._kb.shape[0])
-        self._kb[:r, ..., n:n + t, :], self._vb[:r, ..., n:n + t, :] = key_states, value_states
-        self.keys, self.values = self._kb[:r, ..., :n + t, :], self._vb[:r, ..., :n + t, :]
+            self.put(self.keys, self.values, room=max(self.spare, n + t))
+        self._kb[..., n:n + t, :], self._vb[..., n:n + t, :] = key_states, value_states
+        self.keys, self.values = self._kb[..., :n + t, :], self._vb[..., :n + t, :]
         return self.keys, self.values
 
-    def free_rows(self) -> int:
-        return self._kb.shape[0] - self.rows
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Take rows whose cache is at most as wide as this one's into the spare rows, right-aligned
-        (the columns before them zero: the caller masks them)."""
-        n, m, r, b = self.keys.shape[-2], keys.shape[-2], self.rows, keys.shape[0]
-        for buf, x in ((self._kb, keys), (self._vb, values)):
-            if m < n:
-                buf[r:r + b, ..., :n - m, :].zero_()
-            buf[r:r + b, ..., n - m:n, :] = x
-        self.rows = r + b
-        self.keys, self.values = self._kb[:r + b, ..., :n, :], self._vb[:r + b, ..., :n, :]
-
-
-def new_cache(kv: KV | None = None, layers: int = 0, rows: int = 0) -> DynamicCache:
-    """A batch cache of ``GrowLayer`` holding ``kv`` with room for ``rows`` rows in all (or empty,
-    with ``layers`` layers)."""
+def new_cache(kv: KV | None = None, layers: int = 0) -> DynamicCache:
+    """A batch cache of ``GrowLayer`` holding ``kv`` (or empty, with ``layers`` layers)."""
     cache = DynamicCache()
     cache.layers = [GrowLayer() for _ in range(len(kv) if kv is not None else layers)]
     for layer, (k, v) in zip(cache.layers, kv or []):
-        layer.put(k, v, rows=rows)
+        layer.put(k, v)
     return cache
 
 
@@ -103,22 +84,14 @@ def growing(cache: DynamicCache | None) -> bool:
                                      for layer in cache.layers)
 
 
-def free_rows(cache: DynamicCache | None) -> int:
-    """How many rows ``cache`` can take without a copy (``GrowLayer.append``)."""
-    if cache is None or not cache.layers or not all(type(layer) is GrowLayer for layer in cache.layers):
-        return 0
-    return min(layer.free_rows() for layer in cache.layers)
-
-
 def mergeable(cache: DynamicCache) -> bool:
     """Only full-attention layers can be padded, merged and reused (not sliding windows)."""
     return all(type(layer) in (GrowLayer, DynamicLayer) for layer in cache.layers)
 
 
-def merge(parts: list[tuple[KV, torch.Tensor]], room_rows: int = 0) -> tuple[DynamicCache, torch.Tensor]:
-    """One batch cache (with room to grow: ``room_rows`` spare rows, spare columns) stacking caches
-    with their (rows, columns) attention masks, the shorter ones left-padded with masked zero
-    columns; each part is copied once."""
+def merge(parts: list[tuple[KV, torch.Tensor]]) -> tuple[DynamicCache, torch.Tensor]:
+    """One batch cache (with room to grow) stacking caches with their (rows, columns) attention
+    masks, the shorter ones left-padded with masked zero columns; each part is copied once."""
     width = max(attn.shape[1] for _, attn in parts)
     attn = torch.cat([torch.nn.functional.pad(a, (width - a.shape[1], 0)) for _, a in parts])
     rows = attn.shape[0]
@@ -127,7 +100,7 @@ def merge(parts: list[tuple[KV, torch.Tensor]], room_rows: int = 0) -> tuple[Dyn
         bufs = []
         for which in (0, 1):
             first = parts[0][0][layer][which]
-            buf = first.new_empty((rows + room_rows, first.shape[1], width + GrowLayer.spare, first.shape[-1]))
+            buf = first.new_empty((rows, first.shape[1], width + GrowLayer.spare, first.shape[-1]))
             r = 0
             for kv, _ in parts:
                 x = kv[layer][which]
@@ -136,7 +109,7 @@ def merge(parts: list[tuple[KV, torch.Tensor]], room_rows: int = 0) -> tuple[Dyn
                 buf[r:r + x.shape[0], :, width - n:width] = x
                 r += x.shape[0]
             bufs.append(buf)
-        grow.adopt(bufs[0], bufs[1], width, rows)
+        grow.adopt(bufs[0], bufs[1], width)
     return cache, attn
 
 

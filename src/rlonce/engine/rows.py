@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from rlonce.engine import kvcache, solo
@@ -148,12 +147,11 @@ class Batch:
     """The running batch: one cache, its rows left-padded; finished rows ride on pad tokens until
     compaction drops them."""
 
-    def __init__(self, parts: list[Part], room_rows: int = 0):
-        """``room_rows``: spare rows the merged cache keeps for joiners (``join``)."""
+    def __init__(self, parts: list[Part]):
         if len(parts) == 1 and parts[0].cache is not None:  # nothing to join: no copy
             self.cache, self.attn_BL = parts[0].cache, parts[0].attn_BL
         else:
-            self.cache, self.attn_BL = kvcache.merge([(p.kv, p.attn_BL) for p in parts], room_rows)
+            self.cache, self.attn_BL = kvcache.merge([(p.kv, p.attn_BL) for p in parts])
         self.pos_R = torch.cat([p.pos_R for p in parts])
         self.logits_BV = torch.cat([p.logits_BV for p in parts])
         self.rows = [row for p in parts for row in p.rows]
@@ -180,26 +178,6 @@ class Batch:
                                                        any(x.top_k > 0 or x.top_p < 1 for x in rows))
         return self._sampling
 
-    def join(self, parts: list[Part]) -> bool:
-        """Take the rows of ``parts`` into the cache's spare rows, right-aligned, without copying
-        the batch; False (nothing changed) where they do not fit: no room left, a part wider than
-        the batch, or the batch decoding compiled."""
-        n = self.attn_BL.shape[1]
-        if self.static is not None or any(p.attn_BL.shape[1] > n for p in parts) \
-                or sum(len(p.rows) for p in parts) > kvcache.free_rows(self.cache):
-            return False
-        for p in parts:
-            for layer, (k, v) in zip(self.cache.layers, p.kv):
-                layer.append(k, v)
-        self.attn_BL = torch.cat([self.attn_BL, *(F.pad(p.attn_BL, (n - p.attn_BL.shape[1], 0)) for p in parts)])
-        self.pos_R = torch.cat([self.pos_R, *(p.pos_R for p in parts)])
-        self.logits_BV = torch.cat([self.logits_BV, *(p.logits_BV for p in parts)])
-        self.rows += [row for p in parts for row in p.rows]
-        self.dense = bool(self.attn_BL.all())
-        for row in self.rows:
-            row.batch_size = max(row.batch_size, len(self.rows))
-        return True
-
     def part(self) -> Part:
         return Part(self.kv(), self.attn_BL, self.pos_R, self.logits_BV, self.rows)
 
@@ -215,10 +193,9 @@ class Batch:
         keep = [r for r, row in enumerate(self.rows) if row.reason is None]
         if len(self.rows) - len(keep) < max(1, fraction * len(self.rows)):
             return
-        rows = len(self.rows) + kvcache.free_rows(self.cache)  # the room for joiners stays
         kv, self.attn_BL = kvcache.take(self.kv(), self.attn_BL, keep)
         self.dense = bool(self.attn_BL.all())
-        self.cache = kvcache.new_cache(kv, rows=rows)
+        self.cache = kvcache.new_cache(kv)
         self.pos_R = self.pos_R[torch.tensor(keep)]
         self.rows = [self.rows[r] for r in keep]
 

@@ -4,10 +4,9 @@ Requests from many concurrent sessions are queued; a worker thread runs one batc
 An idle worker waits at most ``batch_wait_s`` for company, prefills the arrivals together
 (left-padded, the LM head at the last position only) and decodes step by step. While the batch
 decodes, a request that arrives **joins at the next step** (``continuous``): it is prefilled on
-its own and merged into the batch's cache — written into spare rows the cache keeps for joiners
-when there is room and it is no wider, without copying the batch; a row that finishes is
-answered at once, and finished rows are dropped from the cache once a quarter of the batch is
-done (``compact_fraction``). Sampling applies temperature, then top-k, then top-p; the log-prob
+its own and merged into the batch's cache; a row that finishes is answered at once, and
+finished rows are dropped from the cache once a quarter of the batch is done
+(``compact_fraction``). Sampling applies temperature, then top-k, then top-p; the log-prob
 returned per token is taken from that processed distribution — the one sampled from — and, when
 top-k or top-p is on, so is the size of its candidate set (its finite entries), which the trainer
 renormalises over.
@@ -20,8 +19,7 @@ re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joine
 
 **Compiled one-row decoding** (``compile_solo``): a batch down to one row decodes with the model
 ``torch.compile``-d over a static cache (``rlonce.engine.solo``); off by default. Otherwise a
-Llama-family model decodes and prefills through ``rlonce.engine.decode``'s written-out passes
-(``fast_decode``).
+Llama-family model decodes through ``rlonce.engine.decode``'s written-out step (``fast_decode``).
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ class TorchEngine:
         self._lock = threading.Lock()  # held while a batch runs, and for a weight load
         self._draining = threading.Event()  # a weight load waits: admit no one until the batch ends
         self._paused = threading.Event()
-        self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "joined": 0,
-                       "joins_in_place": 0}
+        self._stats = {"waves": 0, "decode_steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "joined": 0}
         self.threads = threads or torch.get_num_threads()
         """Torch threads of the worker (default: the constructing thread's; a thread's own count is
         not inherited). The worker hands back its OpenMP team when idle (``rlonce.model.omp``)."""
@@ -268,13 +265,8 @@ class TorchEngine:
             _fail(reqs, e)
             return batch
         if batch is not None:
-            if batch.join(parts):
-                self._stats["joins_in_place"] += 1
-                return batch
             parts.insert(0, batch.part())
-        rows = sum(len(p.rows) for p in parts)  # joiners may come: spare rows for them, up to a full batch
-        room = min(rows // 2 + 4, max(0, self.max_batch_size - rows)) if lane == "free" and self.continuous else 0
-        return Batch(parts, room)
+        return Batch(parts)
 
     def _prefill(self, reqs: list[Request], lane: str) -> list[Part]:
         """Run the model on the requests' prompts: those without a kept prefix together,
