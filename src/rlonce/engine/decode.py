@@ -127,7 +127,6 @@ class FastDecode:
             x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         return self.model.lm_head(_norm(x_BH, self.inner.norm))
 
-
     def prefill(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, cache, attn_BN: torch.Tensor) -> torch.Tensor:
         """Run ``T`` new tokens per row after ``cache`` (``attn_BN``: every column of the cache after
         them, 1 where attended) and append their keys and values; the next-token logits of each
