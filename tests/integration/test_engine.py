@@ -7,7 +7,7 @@ import torch
 from conftest import gen_many
 
 from rlonce.engine.base import SamplingParams
-from rlonce.engine.rows import Uniforms
+from rlonce.engine.rows import Uniforms, draw
 from rlonce.engine.torch_engine import TorchEngine, process_logits
 from rlonce.train.trainer import token_logprobs
 
@@ -49,26 +49,24 @@ def test_seeded_draws_follow_the_distribution_and_never_pick_a_cut_token():
     """The per-row draw (one uniform through the row's CDF), seeded or not: frequencies match
     the probabilities, a token the top-k/top-p cut (probability 0) never comes, and a row's draws
     depend on its own generator only."""
-    from types import SimpleNamespace
-
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
     logp = probs.log()
-    host = SimpleNamespace(_gen=torch.Generator().manual_seed(0))
+    engine_gen = torch.Generator().manual_seed(0)
     gens = [Uniforms(1), None]
     n = 20000
-    draws = torch.stack([TorchEngine._draw(host, logp, gens) for _ in range(n)])
+    draws = torch.stack([draw(logp, gens, engine_gen) for _ in range(n)])
     freq = torch.bincount(draws[:, 0], minlength=5).double() / n
     assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
     assert (draws[:, 1] == 4).all()  # the one token left, drawn from the engine's own generator
-    first = TorchEngine._draw(host, logp, [Uniforms(1), None])[0]
+    first = draw(logp, [Uniforms(1), None], engine_gen)[0]
     assert first == draws[0, 0]  # the same seed, the same first draw, whatever the engine drew before
-    unseeded = torch.stack([TorchEngine._draw(host, logp.flip(0), [None, None]) for _ in range(n)])
+    unseeded = torch.stack([draw(logp.flip(0), [None, None], engine_gen) for _ in range(n)])
     freq = torch.bincount(unseeded[:, 1], minlength=5).double() / n  # rows without a seed: the engine's draws
     assert torch.allclose(freq, probs[0].double(), atol=0.015) and freq[1] == 0 and freq[4] == 0
     assert (unseeded[:, 0] == 4).all()
-    before = host._gen.get_state()
-    TorchEngine._draw(host, logp, [Uniforms(2), Uniforms(3)])
-    assert torch.equal(host._gen.get_state(), before)  # seeded rows only: the engine's stream is left alone
+    before = engine_gen.get_state()
+    draw(logp, [Uniforms(2), Uniforms(3)], engine_gen)
+    assert torch.equal(engine_gen.get_state(), before)  # seeded rows only: the engine's stream is left alone
 
 
 def test_a_rows_uniforms_drawn_in_blocks_are_its_generators_one_at_a_time():

@@ -35,7 +35,7 @@ import torch
 from rlonce.core import faults
 from rlonce.engine import decode, kvcache, prefill
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
-from rlonce.engine.rows import Batch, Part, Request, Row, Uniforms, left_pad
+from rlonce.engine.rows import Batch, Part, Request, Row, draw, left_pad
 from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
 from rlonce.model import omp, precision
@@ -333,7 +333,7 @@ class TorchEngine:
         rows = [b.rows[r] for r in live]
         logits_AV = b.logits_BV if len(live) == len(b.rows) else b.logits_BV[torch.tensor(live)]
         logp_AV = process_logits(logits_AV, *b.sampling(live))
-        tok_A = self._draw(logp_AV, [x.gen for x in rows])
+        tok_A = draw(logp_AV, [x.gen for x in rows], self._gen)
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
         size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
         toks = tok_A.tolist()
@@ -383,24 +383,6 @@ class TorchEngine:
             self._stats["generated_tokens"] += len(row.tokens)
         for _, row in done:
             row.req.answer(row.generation(self.version))
-
-    def _draw(self, logp_AV: torch.Tensor, streams: list[Uniforms | None]) -> torch.Tensor:
-        """A token per row from ``exp(logp_AV)``: a uniform per row (a seeded row's from its own stream)
-        inverted through its CDF — 0.16 ms a step at 64 rows, against 1.2 ms for ``multinomial``."""
-        probs_AV = logp_AV.exp()
-        if all(s is None for s in streams):
-            u_A = torch.rand(len(streams), dtype=torch.float64, generator=self._gen)
-        else:
-            u_A = torch.tensor([float(torch.rand((), dtype=torch.float64, generator=self._gen)) if s is None
-                                else s.next() for s in streams], dtype=torch.float64)
-        cdf_AV = probs_AV.double().cumsum(-1)
-        tok_A = torch.searchsorted(cdf_AV, (u_A * cdf_AV[:, -1])[:, None], right=True)[:, 0]
-        tok_A = tok_A.clamp_(max=probs_AV.shape[-1] - 1)  # past the end: a uniform that rounded up to the total
-        cut_A = probs_AV.gather(-1, tok_A[:, None])[:, 0] == 0  # only there: a token of probability 0
-        if bool(cut_A.any()):
-            last_A = torch.where(probs_AV > 0, torch.arange(probs_AV.shape[-1]), 0).amax(-1)
-            tok_A = torch.where(cut_A, last_A, tok_A)
-        return tok_A
 
 
 def _fail(reqs: list[Request], e: Exception) -> None:
