@@ -110,7 +110,7 @@ class Row:
         self.req, self.reused = req, reused
         self.temp, self.top_k, self.top_p, self.max_new = s.temperature, s.top_k, s.top_p, s.max_tokens
         self.run_limit, self.run_thr, self.runs = s.stop_confident_run, math.log(s.confident_p), 0
-        self.gen = Uniforms(s.seed) if s.seed is not None else None
+        self.uniforms = Uniforms(s.seed) if s.seed is not None else None
         self.tokens: list[int] = []
         self.logps: list[float] = []
         self.sizes: list[int] | None = [] if s.records_candidates else None

@@ -333,7 +333,7 @@ class TorchEngine:
         rows = [b.rows[r] for r in live]
         logits_AV = b.logits_BV if len(live) == len(b.rows) else b.logits_BV[torch.tensor(live)]
         logp_AV = process_logits(logits_AV, *b.sampling(live))
-        tok_A = draw(logp_AV, [x.gen for x in rows], self._gen)
+        tok_A = draw(logp_AV, [x.uniforms for x in rows], self._gen)
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
         size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
         toks = tok_A.tolist()
