@@ -8,7 +8,7 @@ most of a small model's one-token step in per-call work around the arithmetic (m
 for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Attention
 of one query per row is two batched products against the cached keys and values, each query
 head reading its key/value head (no repeated copies), with the batch's attention mask as an
-additive bias; a prefill's attention is ``scaled_dot_product_attention`` over the grouped heads
+additive bias inside the first; a prefill's attention is ``scaled_dot_product_attention`` over the grouped heads
 with a boolean mask (attended columns, causal among the new tokens), and its last layer runs the
 query, attention and MLP at each row's last position only — the one whose logits are read.
 Everything else — weights, rotary tables, the LM head (float32 under autocast or
@@ -108,7 +108,7 @@ class FastDecode:
         bias = None
         if attn_BN is not None:  # masked columns (left padding, holes) add -inf before the softmax
             bias = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
-            bias = bias[:, None, None, :]
+            bias = bias[:, None, :].expand(B, kvh, attn_BN.shape[1]).reshape(B * kvh, 1, -1)  # per row and kv head
         scaled = {}  # the rotary tables times a layer's attention scale: the query comes out scaled
         for layer, cached in zip(self.inner.layers, cache.layers):
             a, mlp = layer.self_attn, layer.mlp
@@ -118,10 +118,7 @@ class FastDecode:
             q = _rope(_linear(h, a.q_proj).view(B, kvh, g, d), *scaled[a.scaling])
             k = _rope(_linear(h, a.k_proj).view(B, kvh, 1, d), cos, sin)
             keys, values = cached.update(k, _linear(h, a.v_proj).view(B, kvh, 1, d))
-            s = torch.matmul(q, keys.transpose(-1, -2)).float()  # (B, kv heads, group, columns)
-            if bias is not None:
-                s = s + bias
-            o = torch.matmul(s.softmax(-1).to(values.dtype), values).reshape(B, self.heads * d)
+            o = _attend(q.reshape(B * kvh, g, d), keys, values, bias).view(B, self.heads * d)
             x_BH = _residual(x_BH, o, a.o_proj)
             h = _norm(x_BH, layer.post_attention_layernorm)
             x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
@@ -161,6 +158,17 @@ class FastDecode:
             h = _norm(x, layer.post_attention_layernorm)
             x = _residual(x, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         return self.model.lm_head(_norm(x, self.inner.norm))
+
+
+def _attend(q_RGD: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias_R1N: torch.Tensor | None):
+    """One query per row and head against its cached keys and values, ``R`` = rows × kv heads with
+    ``G`` query heads each: scores (plus the mask's bias, in the same product), softmax in float32,
+    weighted values."""
+    R, N, D = q_RGD.shape[0], keys.shape[-2], keys.shape[-1]
+    keys_RDN = keys.transpose(-1, -2).reshape(R, D, N)  # views of the cache: rows and kv heads fold
+    s = (torch.baddbmm(bias_R1N.to(q_RGD.dtype), q_RGD, keys_RDN) if bias_R1N is not None
+         else torch.bmm(q_RGD, keys_RDN)).float()
+    return torch.bmm(s.softmax(-1).to(values.dtype), values.reshape(R, N, D))
 
 
 def _linear(x: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
