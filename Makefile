@@ -14,6 +14,7 @@ system-deps:
 	command -v keyctl >/dev/null 2>&1 || missing="$$missing keyutils"; \
 	command -v abc2midi >/dev/null 2>&1 || missing="$$missing abcmidi"; \
 	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	test -x /usr/lib/chromium/chromium || missing="$$missing chromium"; \
 	test -x /usr/bin/python3 || missing="$$missing python3"; \
 	missing="$${missing# }"; \

@@ -3,6 +3,8 @@
 * fastdecode: the engine with the written-out Llama-family decode step (``engine.fast_decode``,
   the default) vs transformers' forward, at 1, 16 and 64 concurrent sessions, one torch thread
   and (at 64) two;
+* attention: the same, with the decode step's attention in ``rlonce.engine.native``'s C loop
+  (``engine.native_attention``, the default) vs torch's batched products;
 * omp: a local run's two compute threads in turn — the engine's worker decoding 64 sessions, the
   main thread running a training step, both with two torch threads — with each handing back its
   OpenMP team when its phase ends (``rlonce.model.omp``, the default) vs without (``release`` made
@@ -25,6 +27,16 @@ import statistics
 
 
 def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
+    knob_pair(results, lm, args, engine_decode, pair, "fast_decode", "fastdecode", "transformers' forward")
+
+
+def attention_pair(results: dict, lm, args, engine_decode, pair) -> None:
+    knob_pair(results, lm, args, engine_decode, pair, "native_attention", "attention", "torch's batched products")
+
+
+def knob_pair(results: dict, lm, args, engine_decode, pair, knob: str, key: str, base_name: str) -> None:
+    """Engine decode tokens/s with the ``TorchEngine`` flag ``knob`` off vs on, at 1, 16 and 64
+    concurrent sessions with one torch thread and at 64 with two."""
     import torch
 
     from rlonce.engine.torch_engine import TorchEngine
@@ -33,7 +45,7 @@ def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
     for batch, threads in ((1, 1), (16, 1), (64, 1), (64, 2)):
         torch.set_num_threads(threads)
         engines = [TorchEngine(copy.deepcopy(lm.model), eos_token_ids=[], pad_token_id=0, max_batch_size=64,
-                               batch_wait_s=0.002, fast_decode=fast) for fast in (False, True)]
+                               batch_wait_s=0.002, **{knob: on}) for on in (False, True)]
         omp.release()  # the copies ran here with two threads: as a run does, hand the team back before decoding
         for e in engines:
             engine_decode(e, args.prompt_len, batch, 8)  # warm-up
@@ -41,8 +53,8 @@ def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
                 for _ in range(args.repeats)]
         for e in engines:
             e.close()
-        pair(results, f"fastdecode_{batch}x{threads}", f"decode, {batch} session(s), {threads} thread(s), tokens/s",
-             "transformers' forward", runs, "tps")
+        pair(results, f"{key}_{batch}x{threads}", f"decode, {batch} session(s), {threads} thread(s), tokens/s",
+             base_name, runs, "tps")
     torch.set_num_threads(1)
 
 

@@ -1,8 +1,9 @@
 """The torch engine's written-out decode step and prefill (``rlonce.engine.decode``) against
 transformers' own forward: the same logits and the same cache after every step and prefill, on
 the embedded model (Llama, grouped-query attention), a Qwen2 model (biased q/k/v projections) and
-bfloat16 weights; left padding and holes masked; the engine's tokens and log-probs with it on and
-off."""
+bfloat16 weights; left padding and holes masked; with the step's attention in
+``rlonce.engine.native``'s C loop and in torch's products; the engine's tokens and log-probs with
+it on and off."""
 
 import copy
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from conftest import gen_many
 
-from rlonce.engine import decode, kvcache
+from rlonce.engine import decode, kvcache, native
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.torch_engine import TorchEngine
 from rlonce.train.trainer import token_logprobs
@@ -53,13 +54,15 @@ def _steps(model, step, dense: bool, n: int = 5):
 
 @pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
 @pytest.mark.parametrize("dense", [False, True])
-def test_the_written_out_step_equals_transformers_forward(lm, which, dense):
+@pytest.mark.parametrize("native_attention", [True, False])
+def test_the_written_out_step_equals_transformers_forward(lm, which, dense, native_attention):
     model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
     if which.endswith("bf16"):
         model = model.to(torch.bfloat16)
     assert decode.why_not(model) is None
-    fast, generic = decode.stepper(model, KW), decode.stepper(model, KW, fast=False)
+    fast, generic = decode.stepper(model, KW, native_attention=native_attention), decode.stepper(model, KW, fast=False)
     assert isinstance(fast, decode.FastDecode) and not isinstance(generic, decode.FastDecode)
+    assert (fast.kernel is not None) == (native_attention and not isinstance(native.kernel(), str))
     got, got_keys = _steps(model, fast, dense)
     want, want_keys = _steps(model, generic, dense)
     assert torch.isfinite(got).all()

