@@ -3,6 +3,7 @@ float64 (and against torch's float32 products, which it must be no less accurate
 columns, tails of fewer than 16 keys, the head sizes it is built for, cache views with spare
 columns, one and two threads; what it refuses; a build that leaves nothing on disk."""
 
+import shutil
 import tempfile
 
 import pytest
@@ -86,3 +87,17 @@ def test_a_build_leaves_nothing_on_disk_and_says_why_it_cannot(monkeypatch, tmp_
     assert list(tmp_path.iterdir()) == []  # the library was loaded from a private directory, then removed
     monkeypatch.setattr(native, "compiler", lambda: None)
     assert native._build() == "no C compiler (cc, gcc or clang) on PATH"
+
+
+@needs_loop
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_each_compiler_builds_the_same_attention(monkeypatch, cc):
+    """gcc builds it with OpenMP (torch's runtime), clang without: both compute the same thing."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} is not installed")
+    monkeypatch.setenv("CC", cc)
+    fn = native._build()
+    assert not isinstance(fn, str), fn
+    q, keys, values, bias = _case(48, 2, 3, 77, 32, True, seed=5)
+    got = native.attend(fn, q, keys, values, bias)
+    assert (got.double() - _reference(q, keys, values, bias)).abs().max() < 1e-5

@@ -99,10 +99,9 @@ class FastDecode:
         self.model, self.inner, cfg = model, model.model, model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        found = native.kernel() if native_attention else "engine.native_attention is false"
+        found = native.kernel() if native_attention else None
         self.kernel = None if isinstance(found, str) else found
         """``rlonce.engine.native``'s attention loop (None: torch's batched products)."""
-        self.why_not_native = found if isinstance(found, str) else None
 
     def new_cache(self) -> DynamicCache:
         return kvcache.new_cache(layers=len(self.inner.layers))
