@@ -101,3 +101,11 @@ def test_each_compiler_builds_the_same_attention(monkeypatch, cc):
     q, keys, values, bias = _case(48, 2, 3, 77, 32, True, seed=5)
     got = native.attend(fn, q, keys, values, bias)
     assert (got.double() - _reference(q, keys, values, bias)).abs().max() < 1e-5
+
+
+def test_a_compiler_that_fails_is_named_with_its_last_line(monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'attend.c:1: error: no such thing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    assert native._build() == f"{fake} failed to build attend.c: attend.c:1: error: no such thing"

@@ -73,7 +73,8 @@ def _build():
             if done.returncode == 0:
                 break
         else:
-            return f"{cc} failed to build {SOURCE.name}: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            return f"{cc} failed to build {SOURCE.name}: {last}"
         so = ctypes.CDLL(lib)
     except (OSError, subprocess.SubprocessError) as e:
         return f"building {SOURCE.name} failed: {e}"
