@@ -1,5 +1,5 @@
 """``rlonce.engine.native``: the decode step's attention as a C loop, against the same attention in
-float64 (and against torch's float32 products, which it must be no less accurate than), with masked
+float64 (and against torch's float32 products: within twice their error), with masked
 columns, tails of fewer than 16 keys, the head sizes it is built for, cache views with spare
 columns, one and two threads; what it refuses; a build that leaves nothing on disk."""
 
@@ -50,7 +50,7 @@ def test_the_loop_equals_attention_computed_in_float64(B, H, G, N, D, masked):
     assert got.shape == q.shape and got.dtype == torch.float32
     err = (got.double() - want).abs().max().item()
     assert err < 1e-5, err
-    # torch's float32 products with the bias the step builds for them: the loop is no further off
+    # torch's float32 products with the bias the step builds for them: the loop is about as close
     b_r1n = None if bias is None else bias[:, None, :].expand(B, H, N).reshape(B * H, 1, N)
     torch_err = (decode._attend(q.reshape(B * H, G, D), keys, values, b_r1n).view_as(q).double() - want).abs().max()
     assert err <= 2 * torch_err.item() + 1e-6, (err, torch_err.item())

@@ -171,7 +171,6 @@ class TorchEngine:
     @property
     def stats(self) -> dict[str, float]:
         out = dict(self._stats)
-        out["native_attention"] = float(getattr(self._fwd, "kernel", None) is not None)
         if self.prefixes is not None:
             out.update({f"prefix_{k}": v for k, v in self.prefixes.stats.items()})
             out["prefix_kept_mb"] = self.prefixes.used / 2**20
