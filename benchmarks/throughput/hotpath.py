@@ -3,8 +3,8 @@
 * fastdecode: the engine with the written-out Llama-family decode step (``engine.fast_decode``,
   the default) vs transformers' forward, at 1, 16 and 64 concurrent sessions, one torch thread
   and (at 64) two;
-* attention: the same, with the decode step's attention in ``rlonce.engine.native``'s C loop
-  (``engine.native_attention``, the default) vs torch's batched products;
+* native: the same, with the decode step's work besides its matrix products in
+  ``rlonce.engine.native``'s C loops (``engine.native_kernels``, the default) vs torch's operations;
 * omp: a local run's two compute threads in turn — the engine's worker decoding 64 sessions, the
   main thread running a training step, both with two torch threads — with each handing back its
   OpenMP team when its phase ends (``rlonce.model.omp``, the default) vs without (``release`` made
@@ -30,8 +30,8 @@ def fastdecode_pair(results: dict, lm, args, engine_decode, pair) -> None:
     knob_pair(results, lm, args, engine_decode, pair, "fast_decode", "fastdecode", "transformers' forward")
 
 
-def attention_pair(results: dict, lm, args, engine_decode, pair) -> None:
-    knob_pair(results, lm, args, engine_decode, pair, "native_attention", "attention", "torch's batched products")
+def native_pair(results: dict, lm, args, engine_decode, pair) -> None:
+    knob_pair(results, lm, args, engine_decode, pair, "native_kernels", "native", "torch's operations")
 
 
 def knob_pair(results: dict, lm, args, engine_decode, pair, knob: str, key: str, base_name: str) -> None:

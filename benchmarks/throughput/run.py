@@ -27,8 +27,8 @@
   16 sessions (16–256 new tokens: the tail runs one row at a time) vs the eager engine; compile
   time apart; and the engine's log-prob gap to the trainer, eager and compiled, float32 and
   bfloat16 autocast (``compiled.py``).
-* fastdecode, attention, omp: the written-out Llama decode step vs transformers' forward; its
-  attention in the C loop (``engine.native_attention``) vs torch's batched products; and a local
+* fastdecode, native, omp: the written-out Llama decode step vs transformers' forward; its work
+  besides the matrix products in C loops (``engine.native_kernels``) vs torch's operations; and a local
   run's two compute threads handing back their OpenMP teams vs keeping them (``hotpath.py``).
 * adamw: an AdamW step, torch's default per-tensor loop vs the fused kernel the trainer uses
   (``hotpath.py``).
@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--sessions", type=int, default=48, help="agent sessions per replay")
     ap.add_argument("--code-pack", default=None, help="a validated code pack: replay code-repair sessions too")
-    ap.add_argument("--parts", default="decode,fastdecode,attention,omp,solo,reuse,continuous,train,packing,prefix,"
+    ap.add_argument("--parts", default="decode,fastdecode,native,omp,solo,reuse,continuous,train,packing,prefix,"
                                        "microbatch,adamw,gqa",
                     help="which measurements (comma-separated; default all)")
     ap.add_argument("--train-rows", type=int, default=32)
@@ -341,10 +341,10 @@ def main() -> None:
         from hotpath import fastdecode_pair
 
         fastdecode_pair(results, lm, args, engine_decode, _pair)
-    if "attention" in parts:
-        from hotpath import attention_pair
+    if "native" in parts:
+        from hotpath import native_pair
 
-        attention_pair(results, lm, args, engine_decode, _pair)
+        native_pair(results, lm, args, engine_decode, _pair)
     if "omp" in parts:
         from hotpath import omp_pair
 

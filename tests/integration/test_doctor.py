@@ -24,8 +24,8 @@ def test_everything_the_quickstart_needs_is_here():
     for name in ("python", "torch", "bubblewrap", "prlimit", "keyctl", "disk", "memory", "reasoning-gym"):
         assert checks[name].ok, checks[name].line()
     assert "a command ran inside as uid" in checks["bubblewrap"].detail
-    attention = checks["attention"]
-    assert not attention.required and ("C loop" in attention.detail or "torch's batched products" in attention.detail)
+    kernels = checks["kernels"]
+    assert not kernels.required and ("C loops" in kernels.detail or "torch's operations" in kernels.detail)
     text, status = doctor.report(list(checks.values()))
     assert status == 0 and text.endswith("everything this job needs is here")
 
@@ -39,8 +39,8 @@ def test_the_cli_names_each_missing_tool_with_its_fix(tmp_path):
     lines = {line[7:].split()[0]: line for line in r.stdout.splitlines() if line.startswith("[")}  # after "[FAIL] "
     assert lines["bubblewrap"].startswith("[FAIL]") and "apt-get install -y bubblewrap" in lines["bubblewrap"]
     assert "apt-get install -y util-linux" in lines["prlimit"] and "apt-get install -y keyutils" in lines["keyctl"]
-    # no C compiler: the decode step keeps torch's products, a note rather than a failure
-    assert lines["attention"].startswith("[--  ]") and "apt-get install -y gcc" in lines["attention"]
+    # no C compiler: the decode step keeps torch's operations, a note rather than a failure
+    assert lines["kernels"].startswith("[--  ]") and "apt-get install -y gcc" in lines["kernels"]
     assert "3 required check(s) failed" in r.stdout
 
 

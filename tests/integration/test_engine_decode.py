@@ -1,9 +1,9 @@
 """The torch engine's written-out decode step and prefill (``rlonce.engine.decode``) against
 transformers' own forward: the same logits and the same cache after every step and prefill, on
 the embedded model (Llama, grouped-query attention), a Qwen2 model (biased q/k/v projections) and
-bfloat16 weights; left padding and holes masked; with the step's attention in
-``rlonce.engine.native``'s C loop and in torch's products; the engine's tokens and log-probs with
-it on and off."""
+bfloat16 weights; left padding and holes masked; with ``rlonce.engine.native``'s C loops (the
+step's rotary positions and attention, norms and MLP activation; a prefill's norms and activation)
+and with torch's operations; the engine's tokens and log-probs with the fast step on and off."""
 
 import copy
 
@@ -54,15 +54,15 @@ def _steps(model, step, dense: bool, n: int = 5):
 
 @pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
 @pytest.mark.parametrize("dense", [False, True])
-@pytest.mark.parametrize("native_attention", [True, False])
-def test_the_written_out_step_equals_transformers_forward(lm, which, dense, native_attention):
+@pytest.mark.parametrize("native_kernels", [True, False])
+def test_the_written_out_step_equals_transformers_forward(lm, which, dense, native_kernels):
     model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
     if which.endswith("bf16"):
         model = model.to(torch.bfloat16)
     assert decode.why_not(model) is None
-    fast, generic = decode.stepper(model, KW, native_attention=native_attention), decode.stepper(model, KW, fast=False)
+    fast, generic = decode.stepper(model, KW, native_kernels=native_kernels), decode.stepper(model, KW, fast=False)
     assert isinstance(fast, decode.FastDecode) and not isinstance(generic, decode.FastDecode)
-    assert (fast.kernel is not None) == (native_attention and not isinstance(native.kernel(), str))
+    assert (fast.kernel is not None) == (native_kernels and not isinstance(native.kernel(), str))
     got, got_keys = _steps(model, fast, dense)
     want, want_keys = _steps(model, generic, dense)
     assert torch.isfinite(got).all()
@@ -97,13 +97,14 @@ def _prefills(model, fwd):
 
 
 @pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
-def test_the_written_out_prefill_equals_transformers_forward(lm, which):
+@pytest.mark.parametrize("native_kernels", [True, False])
+def test_the_written_out_prefill_equals_transformers_forward(lm, which, native_kernels):
     """The written-out prefill (its last layer at each row's last position only) against
     transformers' forward: the same next-token logits, the same keys in every attended column."""
     model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
     if which.endswith("bf16"):
         model = model.to(torch.bfloat16)
-    got, got_keys = _prefills(model, decode.stepper(model, KW))
+    got, got_keys = _prefills(model, decode.stepper(model, KW, native_kernels=native_kernels))
     want, want_keys = _prefills(model, decode.stepper(model, KW, fast=False))
     assert torch.isfinite(got).all() and torch.isfinite(got_keys).all()
     if which.endswith("bf16"):

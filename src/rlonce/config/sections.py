@@ -116,10 +116,12 @@ class EngineConfig(Section):
     rlonce's own written-out forward (``rlonce.engine.decode``: the same weights and arithmetic,
     without transformers' per-call overhead; a prefill's last layer at the read position only);
     false: transformers' forward. Other architectures always run transformers'."""
-    native_attention: bool = True
-    """torch: the written-out decode step (``fast_decode``) attends in float32 through a small C
-    loop built at start with the system's C compiler (``rlonce.engine.native``: AVX-512, head sizes
-    16–128 in steps of 16); false, or where it cannot build or run: torch's batched products."""
+    native_kernels: bool = True
+    """torch: the written-out decode step (``fast_decode``) runs its float32 work besides the
+    matrix products — rotary positions and attention, RMSNorm, the MLP's ``silu(gate) * up`` — in
+    small C loops built at start with the system's C compiler (``rlonce.engine.native``: AVX-512;
+    attention for head sizes 16–128 in steps of 16), and a prefill its RMSNorm and MLP activation;
+    false, or where they cannot build or run: torch's operations."""
     compile_solo: bool = False
     """torch: a batch down to one row (a lone session, a wave's last straggler) decodes with the
     model ``torch.compile``-d over a static cache: faster per token on tiny models, but each cache

@@ -5,11 +5,13 @@ For models of the Llama family (``llama``, ``qwen2``: pre-norm decoder layers of
 query attention with rotary positions, a gated SiLU MLP) both are written out here as the
 plain sequence of tensor operations, over the same weights: transformers' generic forward spends
 most of a small model's one-token step in per-call work around the arithmetic (masks built
-for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Attention
-of one query per row runs in ``rlonce.engine.native``'s C loop where it builds and the tensors are
-float32 (``engine.native_attention``), else as two batched products against the cached keys and
-values; either way each query head reads its key/value head (no repeated copies) and the batch's
-attention mask is an additive bias on the scores; a prefill's attention is
+for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Where
+``rlonce.engine.native``'s C loops build and the tensors are float32 (``engine.native_kernels``),
+the step's rotary positions and attention of one query per row run in one of them, and RMSNorm and
+the MLP's ``silu(gate) * up`` in others (in a prefill too): each one call where torch makes several.
+Otherwise attention is two batched products against the cached keys and values; either way each
+query head reads its key/value head (no repeated copies) and the batch's attention mask is an
+additive bias on the scores. A prefill's attention is
 ``scaled_dot_product_attention`` over the grouped heads with a boolean mask (attended columns,
 causal among the new tokens), and its last layer runs the query, attention and MLP at each row's
 last position only — the one whose logits are read.
@@ -38,14 +40,14 @@ FAMILY = ("llama", "qwen2")
 """``config.model_type`` values whose decoder layers this step reproduces."""
 
 
-def stepper(model, cache_kw: str, fast: bool = True, native_attention: bool = True):
+def stepper(model, cache_kw: str, fast: bool = True, native_kernels: bool = True):
     """The engine's forward passes: ``step(ids_B1, pos_B1, cache, attn_BN) -> logits_BV`` (one new
     token per row; ``attn_BN`` None: every column attended), ``prefill(ids_BT, pos_BT, cache,
     attn_BN)`` (several, the last position's logits) and ``new_cache()`` — written out when
-    ``fast`` and the model is of the family, else transformers' forward. ``native_attention``: the
-    written-out step attends through ``rlonce.engine.native``'s loop where it can."""
+    ``fast`` and the model is of the family, else transformers' forward. ``native_kernels``: the
+    written-out step uses ``rlonce.engine.native``'s loops where it can."""
     if fast and why_not(model) is None:
-        return FastDecode(model, native_attention)
+        return FastDecode(model, native_kernels)
     return Generic(model, cache_kw)
 
 
@@ -95,52 +97,68 @@ def why_not(model) -> str | None:
 class FastDecode:
     """The written-out one-token step of a Llama-family model (module docstring)."""
 
-    def __init__(self, model, native_attention: bool = True):
+    def __init__(self, model, native_kernels: bool = True):
         self.model, self.inner, cfg = model, model.model, model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        found = native.kernel() if native_attention else None
+        found = native.kernel() if native_kernels else None
         self.kernel = None if isinstance(found, str) else found
-        """``rlonce.engine.native``'s attention loop (None: torch's batched products)."""
+        """``rlonce.engine.native``'s loops (None: torch's operations)."""
 
     def new_cache(self) -> DynamicCache:
         return kvcache.new_cache(layers=len(self.inner.layers))
 
     def __call__(self, ids_B1: torch.Tensor, pos_B1: torch.Tensor, cache, attn_BN: torch.Tensor | None) -> torch.Tensor:
-        B, d, kvh = ids_B1.shape[0], self.head_dim, self.kv_heads
-        g = self.heads // kvh
         x_BH = self.inner.embed_tokens(ids_B1)[:, 0]
-        cos, sin = self.inner.rotary_emb(x_BH, pos_B1)
-        cos, sin = cos.view(B, 1, 1, d), sin.view(B, 1, 1, d)
-        sin = torch.cat((-sin[..., :d // 2], sin[..., d // 2:]), -1)  # rotating half = rolling, a sign flipped
-        bias = {}  # masked columns (left padding, holes) add -inf before the softmax
-        if attn_BN is not None:
-            bias["BN"] = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
-        scaled = {}  # the rotary tables times a layer's attention scale: the query comes out scaled
+        step = {"rot": self.inner.rotary_emb(x_BH, pos_B1)}  # the step's tables, each made once when first needed
+        if attn_BN is not None:  # masked columns (left padding, holes) add -inf before the softmax
+            step["BN"] = torch.zeros(attn_BN.shape, dtype=torch.float32).masked_fill_(attn_BN == 0, float("-inf"))
         for layer, cached in zip(self.inner.layers, cache.layers):
             a, mlp = layer.self_attn, layer.mlp
-            if a.scaling not in scaled:
-                scaled[a.scaling] = (cos * a.scaling, sin * a.scaling)
-            h = _norm(x_BH, layer.input_layernorm)
-            q = _rope(_linear(h, a.q_proj).view(B, kvh, g, d), *scaled[a.scaling])
-            k = _rope(_linear(h, a.k_proj).view(B, kvh, 1, d), cos, sin)
-            keys, values = cached.update(k, _linear(h, a.v_proj).view(B, kvh, 1, d))
-            o = self._attention(q, keys, values, bias).view(B, self.heads * d)
-            x_BH = _residual(x_BH, o, a.o_proj)
-            h = _norm(x_BH, layer.post_attention_layernorm)
-            x_BH = _residual(x_BH, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
-        return self.model.lm_head(_norm(x_BH, self.inner.norm))
+            o = self._attention(self._norm(x_BH, layer.input_layernorm), a, cached, step)
+            x_BH = _residual(x_BH, o.view(x_BH.shape[0], self.heads * self.head_dim), a.o_proj)
+            x_BH = _residual(x_BH, self._gated(self._norm(x_BH, layer.post_attention_layernorm), mlp), mlp.down_proj)
+        return self.model.lm_head(self._norm(x_BH, self.inner.norm))
 
-    def _attention(self, q_BHGD, keys, values, bias: dict) -> torch.Tensor:
-        """One query per row and head: ``rlonce.engine.native``'s loop where it takes these
-        tensors, else ``_attend`` (``bias``: the step's (B, N) mask bias under 'BN', if any; its
-        per-row-and-head expansion is made once, under 'R1N')."""
-        if self.kernel is not None and native.usable(q_BHGD, keys, values):
-            return native.attend(self.kernel, q_BHGD, keys, values, bias.get("BN"))
-        B, kvh, g, d = q_BHGD.shape
-        if "BN" in bias and "R1N" not in bias:
-            bias["R1N"] = bias["BN"][:, None, :].expand(B, kvh, keys.shape[-2]).reshape(B * kvh, 1, -1)
-        return _attend(q_BHGD.reshape(B * kvh, g, d), keys, values, bias.get("R1N"))
+    def _attention(self, h_BH: torch.Tensor, a, cached, step: dict) -> torch.Tensor:
+        """A layer's attention for one new token per row: its query, key and value, the key and
+        value appended to ``cached``, the query against the row's cache; (B, kv heads, G, D).
+        ``rlonce.engine.native``'s loop where it takes these tensors (the key is appended as it
+        comes and rotated there), else torch's rotations and ``_attend``."""
+        B, d, kvh = h_BH.shape[0], self.head_dim, self.kv_heads
+        q = _linear(h_BH, a.q_proj).view(B, kvh, self.heads // kvh, d)
+        k, v = _linear(h_BH, a.k_proj).view(B, kvh, 1, d), _linear(h_BH, a.v_proj).view(B, kvh, 1, d)
+        if self.kernel is not None and type(cached) is kvcache.GrowLayer and native.usable(q, k, v):
+            if "BD" not in step:  # the rotary tables as (B, D) rows
+                step["BD"] = tuple(t.reshape(B, d).float().contiguous() for t in step["rot"])
+            keys, values = cached.update(k, v)
+            return native.attend(self.kernel, q, keys, values, step.get("BN"), (*step["BD"], a.scaling))
+        if "B11D" not in step:  # rotating half = rolling, a sign flipped
+            cos, sin = (t.view(B, 1, 1, d) for t in step["rot"])
+            step["B11D"] = cos, torch.cat((-sin[..., :d // 2], sin[..., d // 2:]), -1)
+        if a.scaling not in step:  # the tables times the attention's scale: the query comes out scaled
+            step[a.scaling] = tuple(t * a.scaling for t in step["B11D"])
+        keys, values = cached.update(_rope(k, *step["B11D"]), v)
+        q = _rope(q, *step[a.scaling])
+        if self.kernel is not None and native.usable(q, keys, values):
+            return native.attend(self.kernel, q, keys, values, step.get("BN"))
+        if "BN" in step and "R1N" not in step:  # the bias per row and head, made once
+            step["R1N"] = step["BN"][:, None, :].expand(B, kvh, keys.shape[-2]).reshape(B * kvh, 1, -1)
+        return _attend(q.reshape(B * kvh, -1, d), keys, values, step.get("R1N"))
+
+    def _norm(self, x: torch.Tensor, m) -> torch.Tensor:
+        """The RMSNorm ``m`` of ``x``: ``rlonce.engine.native``'s loop where it takes these, else ``_norm``."""
+        if self.kernel is not None and native.norm_usable(x, m.weight):
+            return native.rms_norm(self.kernel, x, m.weight, _eps(m))
+        return _norm(x, m)
+
+    def _gated(self, h: torch.Tensor, mlp) -> torch.Tensor:
+        """The MLP's ``silu(gate(h)) * up(h)``, in the gate's output: no further buffer (a prefill's
+        are megabytes, which the allocator maps fresh and the kernel zeroes each time)."""
+        gate, up = _linear(h, mlp.gate_proj), _linear(h, mlp.up_proj)
+        if self.kernel is not None and native.silu_usable(gate, up):
+            return native.silu_mul(self.kernel, gate, up)
+        return F.silu(gate, inplace=True).mul_(up)
 
     def prefill(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, cache, attn_BN: torch.Tensor) -> torch.Tensor:
         """Run ``T`` new tokens per row after ``cache`` (``attn_BN``: every column of the cache after
@@ -162,7 +180,7 @@ class FastDecode:
         last = len(self.inner.layers) - 1
         for i, (layer, cached) in enumerate(zip(self.inner.layers, cache.layers)):
             a, mlp = layer.self_attn, layer.mlp
-            h = _norm(x, layer.input_layernorm)
+            h = self._norm(x, layer.input_layernorm)
             k = _rope(_linear(h, a.k_proj).view(B, T, kvh, d).transpose(1, 2), cos, sin)
             keys, values = cached.update(k, _linear(h, a.v_proj).view(B, T, kvh, d).transpose(1, 2))
             if i == last:  # from here on, each row's last position only
@@ -173,9 +191,8 @@ class FastDecode:
             q = _rope(_linear(h, a.q_proj).view(B, t, H, d).transpose(1, 2), cos_q, sin_q)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=a.scaling, enable_gqa=True)
             x = _residual(x, o.transpose(1, 2).reshape(B * t, H * d), a.o_proj)
-            h = _norm(x, layer.post_attention_layernorm)
-            x = _residual(x, F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
-        return self.model.lm_head(_norm(x, self.inner.norm))
+            x = _residual(x, self._gated(self._norm(x, layer.post_attention_layernorm), mlp), mlp.down_proj)
+        return self.model.lm_head(self._norm(x, self.inner.norm))
 
 
 def _attend(q_RGD: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias_R1N: torch.Tensor | None):
@@ -204,8 +221,12 @@ def _norm(x: torch.Tensor, m) -> torch.Tensor:
     """The layer's RMSNorm: one fused call in float32; the module itself otherwise (it computes in
     float32 and rounds before its weight, which the fused call does not)."""
     if x.dtype == torch.float32 and m.weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), m.weight, getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6)))
+        return F.rms_norm(x, (x.shape[-1],), m.weight, _eps(m))
     return m(x)
+
+
+def _eps(m) -> float:
+    return getattr(m, "variance_epsilon", getattr(m, "eps", 1e-6))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

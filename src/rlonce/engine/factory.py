@@ -28,7 +28,7 @@ class EngineSpec:
     autocast: bool = False
     compile_solo: bool = False
     fast_decode: bool = True
-    native_attention: bool = True
+    native_kernels: bool = True
 
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
@@ -36,7 +36,7 @@ class EngineSpec:
         return cls(e.backend, str(model_dir), m.dtype, m.lm_head_fp32, e.max_batch_size, e.batch_wait_s,
                    cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
                    e.tensor_parallel_size, e.continuous, e.prefix_cache_mb, wants_autocast(m.autocast), e.compile_solo,
-                   e.fast_decode, e.native_attention)
+                   e.fast_decode, e.native_kernels)
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
@@ -73,7 +73,7 @@ class EngineSpec:
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
                            version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
                            threads=self.threads, compile_solo=self.compile_solo,
-                           fast_decode=self.fast_decode, native_attention=self.native_attention)
+                           fast_decode=self.fast_decode, native_kernels=self.native_kernels)
 
     def __call__(self, index: int):
         return self.build(index)

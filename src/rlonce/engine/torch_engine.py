@@ -69,7 +69,7 @@ class TorchEngine:
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
                  compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
                  threads: int | None = None, compile_solo: bool = False, fast_decode: bool = True,
-                 native_attention: bool = True):
+                 native_kernels: bool = True):
         self.model = model.eval()
         self.eos = set(eos_token_ids)
         self.pad = pad_token_id
@@ -84,7 +84,7 @@ class TorchEngine:
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
-        self._fwd = decode.stepper(self.model, self._cache_kw, fast_decode, native_attention)
+        self._fwd = decode.stepper(self.model, self._cache_kw, fast_decode, native_kernels)
         """The decode step and the prefill: written out for the Llama family (``rlonce.engine.decode``),
         or transformers' forward."""
         self.solo = Solo(self.model, self._cache_kw) if compile_solo else None

@@ -1,12 +1,18 @@
-/* One query per row and head against the row's cached keys and values: the torch engine's decode
- * step attention (rlonce/engine/native.py builds this file and calls it; decode.py says when).
+/* The torch engine's decode step, all but its matrix products, in float32 with AVX-512
+ * (rlonce/engine/native.py builds this file and calls it; decode.py says when):
  *
- * For each row b and key/value head h, the G query heads that read h (already scaled) are scored
- * against the N cached keys, the row's mask added as a bias (0 or -inf), softmax-ed and used to
- * weigh the N cached values. In float32 with AVX-512: torch's batched products spend most of their
- * time per small matrix at these shapes (3x32 by 32xN, 96 of them a layer on the embedded model),
- * which this loop does not. Exact to float32 rounding; exp is Cephes' single-precision polynomial.
- * Compiled without AVX-512, rl_attend_ready() says 0 and the engine keeps torch's products.
+ * - rl_attend: one query per row and head against the row's cached keys and values. For each row
+ *   b and key/value head h, the G query heads that read h are scored against the N cached keys,
+ *   the row's mask added as a bias (0 or -inf), softmax-ed and used to weigh the N cached values;
+ *   given the rotary tables, the queries are rotated (and scaled) first and so is each row's newest
+ *   key, in the cache. torch's batched products spend most of their time per small matrix at these
+ *   shapes (3x32 by 32xN, 96 of them a layer on the embedded model), which this loop does not.
+ * - rl_rms_norm: RMSNorm of rows.
+ * - rl_silu_mul: the gated MLP's silu(gate) * up, in place.
+ *
+ * Each replaces several torch operations, whose per-call cost is most of a small model's step.
+ * Exact to float32 rounding; exp is Cephes' single-precision polynomial. Compiled without AVX-512,
+ * rl_ready() says 0 and the engine keeps torch's operations.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,12 +21,9 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 
-/* exp of 16 lanes, each <= 0 or -inf (which gives 0): Cephes' polynomial after taking out k ln 2,
- * scaled back by 2^k */
-static inline __m512 exp_nonpos16(__m512 x)
+/* exp of 16 lanes within [-87, 88]: Cephes' polynomial after taking out k ln 2, scaled back by 2^k */
+static inline __m512 exp_poly16(__m512 c)
 {
-    __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-    __m512 c = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 k = _mm512_roundscale_ps(_mm512_fmadd_ps(c, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), c);
@@ -32,7 +35,14 @@ static inline __m512 exp_nonpos16(__m512 x)
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(finite, _mm512_scalef_ps(y, k));
+    return _mm512_scalef_ps(y, k);
+}
+
+/* exp of 16 lanes, each <= 0 or -inf (which gives exactly 0) */
+static inline __m512 exp_nonpos16(__m512 x)
+{
+    __mmask16 finite = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    return _mm512_maskz_mov_ps(finite, exp_poly16(_mm512_max_ps(x, _mm512_set1_ps(-87.0f))));
 }
 
 /* The lane sums of v[0..15], in order: a transpose folded into adds. */
@@ -116,22 +126,37 @@ static inline __attribute__((always_inline)) void attend_one(
     }
 }
 
-int rl_attend_ready(void) { return 1; }
+/* x (D) rotated in place: x * cos + rotate_half(x) * sin (rotate_half(x) = (-x2, x1) for the
+ * halves x1, x2), times scale */
+static inline void rope(float *restrict x, const float *restrict cs, const float *restrict sn, int64_t D, float scale)
+{
+    float t[128];
+    const int64_t h = D / 2;
+    for (int64_t i = 0; i < h; i++) t[i] = (x[i] * cs[i] - x[i + h] * sn[i]) * scale;
+    for (int64_t i = h; i < D; i++) t[i] = (x[i] * cs[i] + x[i - h] * sn[i]) * scale;
+    for (int64_t i = 0; i < D; i++) x[i] = t[i];
+}
+
+int rl_ready(void) { return 1; }
 
 /* q and out: (B, H, G, D) contiguous; keys and values: (B, H, N, D) with the given strides of
  * their first three dimensions (the last is contiguous); bias: (B, N) with row stride bsb, or
- * NULL. Returns 0, 1 when out of memory, 2 for a head size it was not built for. */
-int rl_attend(const float *q, const float *k, const float *v, const float *bias, float *out,
+ * NULL. cs, sn: NULL (q is rotated and scaled already), or the rotary tables (B, D): then each
+ * query is rotated and multiplied by scale, and each row's last key (column N - 1) is rotated in
+ * place first. Returns 0, 1 when out of memory, 2 for a head size it was not built for. */
+int rl_attend(const float *q, float *k, const float *v, const float *bias, float *out,
+              const float *cs, const float *sn, float scale,
               int64_t B, int64_t H, int64_t G, int64_t N, int64_t D,
               int64_t ksb, int64_t ksh, int64_t kn, int64_t vsb, int64_t vsh, int64_t vn, int64_t bsb)
 {
     if (D % 16 != 0 || D < 16 || D > 128) return 2;
     int failed = 0;
     /* rows split over the calling thread's OpenMP team (torch's own libgomp: native.py builds with
-       -fopenmp only then), each thread with its own scores; small calls stay on one thread */
+       -fopenmp only then), each thread with its own scores and rotated queries; small calls stay
+       on one thread */
 #pragma omp parallel if (B * H * G * N >= 8192)
     {
-        float *s = malloc(sizeof(float) * (size_t)(G * N));
+        float *s = malloc(sizeof(float) * (size_t)(G * N + G * D));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
@@ -139,7 +164,15 @@ int rl_attend(const float *q, const float *k, const float *v, const float *bias,
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H && s; h++) {
-                const float *qq = q + (b * H + h) * G * D, *K = k + b * ksb + h * ksh, *V = v + b * vsb + h * vsh;
+                const float *qq = q + (b * H + h) * G * D, *V = v + b * vsb + h * vsh;
+                float *K = k + b * ksb + h * ksh;
+                if (cs) {
+                    float *r = s + G * N;
+                    for (int64_t i = 0; i < G * D; i++) r[i] = qq[i];
+                    for (int64_t g = 0; g < G; g++) rope(r + g * D, cs + b * D, sn + b * D, D, scale);
+                    rope(K + (N - 1) * kn, cs + b * D, sn + b * D, D, 1.0f);
+                    qq = r;
+                }
                 const float *bb = bias ? bias + b * bsb : NULL;
                 float *oo = out + (b * H + h) * G * D;
                 switch (D) { /* a constant head size unrolls the chunk loops */
@@ -157,13 +190,51 @@ int rl_attend(const float *q, const float *k, const float *v, const float *bias,
     }
     return failed;
 }
-#else
-int rl_attend_ready(void) { return 0; }
 
-int rl_attend(const float *q, const float *k, const float *v, const float *bias, float *out,
+/* out[b] = x[b] / sqrt(mean(x[b]^2) + eps) * w for B rows of H (row stride xs); out contiguous */
+void rl_rms_norm(const float *x, const float *w, float *out, int64_t B, int64_t H, int64_t xs, float eps)
+{
+#pragma omp parallel for schedule(static) if (B * H >= 65536)
+    for (int64_t b = 0; b < B; b++) {
+        const float *xr = x + b * xs;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < H; i += 16) {
+            __m512 t = _mm512_maskz_loadu_ps(live(H - i), xr + i);
+            acc = _mm512_fmadd_ps(t, t, acc);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)H + eps));
+        for (int64_t i = 0; i < H; i += 16)
+            _mm512_mask_storeu_ps(out + b * H + i, live(H - i),
+                                  _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live(H - i), xr + i), inv),
+                                                _mm512_maskz_loadu_ps(live(H - i), w + i)));
+    }
+}
+
+/* g = silu(g) * u = g / (1 + exp(-g)) * u over n floats, in place */
+void rl_silu_mul(float *g, const float *u, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = live(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = exp_poly16(_mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_set1_ps(-87.0f)),
+                                            _mm512_set1_ps(88.0f)));
+        __m512 y = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+#else
+int rl_ready(void) { return 0; }
+
+int rl_attend(const float *q, float *k, const float *v, const float *bias, float *out,
+              const float *cs, const float *sn, float scale,
               int64_t B, int64_t H, int64_t G, int64_t N, int64_t D,
               int64_t ksb, int64_t ksh, int64_t kn, int64_t vsb, int64_t vsh, int64_t vn, int64_t bsb)
 {
     return 3; /* built without AVX-512 */
 }
+
+void rl_rms_norm(const float *x, const float *w, float *out, int64_t B, int64_t H, int64_t xs, float eps) {}
+
+void rl_silu_mul(float *g, const float *u, int64_t n) {}
 #endif
