@@ -123,8 +123,9 @@ class FastDecode:
     def _attention(self, h_BH: torch.Tensor, a, cached, step: dict) -> torch.Tensor:
         """A layer's attention for one new token per row: its query, key and value, the key and
         value appended to ``cached``, the query against the row's cache; (B, kv heads, G, D).
-        ``rlonce.engine.native``'s loop where it takes these tensors (the key is appended as it
-        comes and rotated there), else torch's rotations and ``_attend``."""
+        ``rlonce.engine.native``'s loop where it takes these tensors and the cache is a ``GrowLayer``
+        (whose ``update`` hands back views of its buffers: the key is appended as it comes and
+        rotated there, in place), else torch's rotations and ``_attend``."""
         B, d, kvh = h_BH.shape[0], self.head_dim, self.kv_heads
         q = _linear(h_BH, a.q_proj).view(B, kvh, self.heads // kvh, d)
         k, v = _linear(h_BH, a.k_proj).view(B, kvh, 1, d), _linear(h_BH, a.v_proj).view(B, kvh, 1, d)
@@ -140,8 +141,6 @@ class FastDecode:
             step[a.scaling] = tuple(t * a.scaling for t in step["B11D"])
         keys, values = cached.update(_rope(k, *step["B11D"]), v)
         q = _rope(q, *step[a.scaling])
-        if self.kernel is not None and native.usable(q, keys, values):
-            return native.attend(self.kernel, q, keys, values, step.get("BN"))
         if "BN" in step and "R1N" not in step:  # the bias per row and head, made once
             step["R1N"] = step["BN"][:, None, :].expand(B, kvh, keys.shape[-2]).reshape(B * kvh, 1, -1)
         return _attend(q.reshape(B * kvh, -1, d), keys, values, step.get("R1N"))
