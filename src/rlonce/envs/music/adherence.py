@@ -17,11 +17,10 @@ binary item, measured on the MIDI abc2midi wrote (what sounds), not on what the 
 
 from __future__ import annotations
 
-import math
 import re
 
 from rlonce.envs.music.compose import KEYS, Request
-from rlonce.envs.music.features import MAJOR_SCALE, MINOR_SCALE, Score, melody, pc_histogram
+from rlonce.envs.music.features import MAJOR_SCALE, MINOR_SCALE, Score, bar_count, melody, melody_bars, pc_histogram
 
 IN_KEY = 0.85
 SAME, DIFFERENT = 0.75, 0.5
@@ -47,21 +46,8 @@ def in_key(score: Score, key: str) -> float:
     return float(sum(h[(tonic + s) % 12] for s in steps) / total) if total > 0 else 0.0
 
 
-def bar_count(score: Score) -> int:
-    return math.ceil(score.quarters / score.bar_quarters - 1e-6) if score.notes else 0
-
-
-def _bars(score: Score) -> list[tuple]:
-    """The melody bar by bar, each as its (pitch, onset within the bar, duration) tuple."""
-    out: list[list] = [[] for _ in range(bar_count(score))]
-    for n in melody(score):
-        b = min(len(out) - 1, int(n.start // score.bar_quarters))
-        out[b].append((n.pitch, round(n.start - b * score.bar_quarters, 3), round(n.end - n.start, 3)))
-    return [tuple(b) for b in out]
-
-
 def form_holds(score: Score, form: str) -> bool:
-    bars = _bars(score)
+    bars = melody_bars(score)
     if not bars or len(bars) % len(form):
         return False
     k = len(bars) // len(form)

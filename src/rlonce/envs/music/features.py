@@ -123,6 +123,20 @@ def melody(score: Score) -> list[Note]:
     return [out[t] for t in sorted(out)]
 
 
+def bar_count(score: Score) -> int:
+    """The length in bars, rounded up (0 for no notes)."""
+    return math.ceil(score.quarters / score.bar_quarters - 1e-6) if score.notes else 0
+
+
+def melody_bars(score: Score) -> list[tuple]:
+    """The melody bar by bar, each as its tuple of (pitch, onset within the bar, duration)."""
+    out: list[list] = [[] for _ in range(bar_count(score))]
+    for n in melody(score):
+        b = min(len(out) - 1, int(n.start // score.bar_quarters))
+        out[b].append((n.pitch, round(n.start - b * score.bar_quarters, 3), round(n.end - n.start, 3)))
+    return [tuple(b) for b in out]
+
+
 def entropy(values) -> float:
     counts = np.unique(np.asarray(values), return_counts=True)[1]
     if counts.size == 0:
