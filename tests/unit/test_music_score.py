@@ -1,5 +1,5 @@
 """The music grader's numbers by hand: transforms, JSD, the seed's combined score, features of a
-hand-built score, extraction and gates, request adherence."""
+hand-built score, the substance factor, extraction and gates, request adherence."""
 
 import math
 import random
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from rlonce.envs.music import abc, adherence
+from rlonce.envs.music import abc, adherence, substance
 from rlonce.envs.music.compose import Request, compose
 from rlonce.envs.music.features import FEATURES, Note, Score, histograms, jsd, measure
 from rlonce.envs.music.score import WEIGHTS, combine, feature_score, reward, transform
@@ -86,6 +86,55 @@ def test_feature_score_by_hand():
     assert got == pytest.approx(round(100 * (0.85 * base + 0.15 * 1.0), 1) / 100)
     assert got == pytest.approx(0.949)
     assert reward(got, 0.5, 0.0) == got and reward(got, 0.5, 0.5) == pytest.approx(0.5 * got + 0.25)
+
+
+def _tune(pitches_per_bar, durations=None) -> Score:
+    """4/4 bars of quarter notes (or the given lengths), one part; a tuple of pitches is a chord."""
+    notes, t = [], 0.0
+    for bar in pitches_per_bar:
+        for i, p in enumerate(bar):
+            d = durations[i] if durations else 4.0 / len(bar)
+            notes += [Note(q, t, t + d, 0) for q in (p if isinstance(p, tuple) else (p,))]
+            t += d
+    return Score(tuple(notes), 4.0, (4, 4), 120.0)
+
+
+def test_substance_factors_by_hand():
+    # C for half a bar, D and E a quarter each: p = (1/2, 1/4, 1/4), entropy 1.5 bits, 2^1.5 pitch classes
+    s = _tune([[60, 62, 64]], durations=[2.0, 1.0, 1.0])
+    assert substance.variety(s) == pytest.approx(2 ** 1.5)
+    assert substance.measure(s, "A")["variety"] == pytest.approx((2 ** 1.5 - 2) / 2)  # 0 at 2, 1 at 4
+    assert substance.variety(_tune([[60, 72, 60, 60]])) == pytest.approx(1.0)  # one pitch class, two octaves
+    # four one-note bars C C C D: 2 distinct; AB asks for 4 new bars (0.5 -> ramp 0.5), AABB for 2
+    bars = _tune([[60], [60], [60], [62]])
+    assert substance.novelty(bars, "AB") == pytest.approx(0.5)
+    assert substance.measure(bars, "AB")["novelty"] == pytest.approx(0.5)  # 0 at 0.25, 1 at 0.75
+    assert substance.novelty(bars, "AABB") == 1.0
+    assert substance.novelty(_tune([[60]] * 4), "AB") == pytest.approx(0.25)
+    # C D E F G then down to C: steps 2 2 1 2 (one run of 4) and a leap of 7: 4 of 5 intervals
+    scale = _tune([[60, 62, 64, 65], [67, 60]])
+    assert substance.scale_share(scale) == pytest.approx(0.8)
+    assert substance.measure(scale, "A")["contour"] == pytest.approx((0.85 - 0.8) / 0.35)  # 1 at 0.5, 0 at 0.85
+    assert substance.scale_share(_tune([[60, 62, 64, 60]])) == 0.0  # a run of two steps is not a scale
+    # chords at 3 of 4 onsets: 0.75 -> (0.9 - 0.75) / 0.4
+    chords = _tune([[(60, 64), (62, 65), (64, 67), 65]])
+    assert substance.chord_share(chords) == pytest.approx(0.75)
+    assert substance.measure(chords, "A")["line"] == pytest.approx(0.15 / 0.4)
+
+
+def test_substance_is_the_product_and_the_default_reward_carries_it():
+    # C D E F | G C C C: pitch classes C 4/8, D E F G 1/8 each: entropy 2 bits, 4 pitch classes (variety 1);
+    # intervals 2 2 1 2 -7 0 0: one run of four steps, 4 of 7 (contour (0.85 - 4/7) / 0.35); two new bars
+    # of the two AB asks for (novelty 1); one note at a time (line 1)
+    tune = _tune([[60, 62, 64, 65], [67, 60, 60, 60]])
+    parts = substance.measure(tune, "AB")
+    assert parts["value_variety"] == pytest.approx(4.0) and parts["value_contour"] == pytest.approx(4 / 7)
+    assert [parts[k] for k in ("variety", "novelty", "line")] == [1.0, 1.0, 1.0]
+    s = (0.85 - 4 / 7) / 0.35
+    assert parts["substance"] == pytest.approx(s) and s == pytest.approx(0.795918, abs=1e-6)
+    assert reward(0.9, 1.0, 0.5, s) == pytest.approx(s * 0.95)
+    assert reward(0.9, 1.0, 0.0, 0.0) == 0.9  # adherence weight 0: the public scorer, no factor
+    assert reward(0.9, 1.0, 0.5) == pytest.approx(0.95)  # substance defaults to 1
 
 
 @pytest.mark.parametrize("reply,expected", [

@@ -18,8 +18,10 @@ seed's weights; ``dist_s = 1 − mean(JSD_pitch_class, JSD_interval, JSD_duratio
 reference's mean histograms (JSD in bits, so in [0, 1]).
 
 Going beyond the seed's limit ("does not use ground_truth … to verify adherence to the musical
-request"): ``reward = (1 − a) · score + a · adherence`` with ``a = adherence_weight``
-(``rlonce.envs.music.adherence``); ``a = 0`` is the public scorer exactly.
+request"): ``reward = substance · ((1 − a) · score + a · adherence)`` with ``a = adherence_weight``
+(``rlonce.envs.music.adherence``) and the substance factor of ``rlonce.envs.music.substance``
+(degenerate tunes that match the corpus's statistics and the request's header); ``a = 0`` is the
+public scorer exactly, substance included: it is not applied.
 """
 
 from __future__ import annotations
@@ -92,5 +94,9 @@ def feature_score(score: Score, ref: dict | None = None) -> tuple[float, dict[st
     return combine(base, parts["dist_s"]), parts
 
 
-def reward(feature: float, adherence: float, adherence_weight: float) -> float:
-    return (1.0 - adherence_weight) * feature + adherence_weight * adherence
+def reward(feature: float, adherence: float, adherence_weight: float, substance: float = 1.0) -> float:
+    """``substance · ((1 − a) · feature + a · adherence)``; ``feature`` alone when ``a = 0`` (the
+    seed's public scorer)."""
+    if adherence_weight == 0:
+        return feature
+    return substance * ((1.0 - adherence_weight) * feature + adherence_weight * adherence)
