@@ -62,8 +62,10 @@ def test_every_probe_route_scores_below_the_experts_median(capsys):
     for name in ("empty", "headers_only", "minimal", "second_tune_in_block", "good_tune_after_junk_block", "huge",
                  "symlink_answer"):
         assert report["routes"][name]["max"] == 0.0, name  # gated, or nothing to read
-    for name in ("repeated_note", "copied_reference", "random_notes"):
+    assert report["routes"]["repeated_note"]["max"] == 0.0  # one pitch: no substance
+    for name in ("copied_reference", "random_notes"):
         assert 0.0 < report["routes"][name]["max"] < report["expert_median"], name
+    assert report["degenerate_above"] == [] and report["expert_substance_median"] == 1.0
 
 
 def test_a_music_job_trains_and_its_grader_metrics_reach_the_step_record(tmp_path):

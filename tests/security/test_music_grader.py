@@ -47,3 +47,34 @@ def test_abc2midi_runs_sandboxed_on_hostile_text():
     conv = asyncio.run(abc.convert(text))
     assert "root:" not in conv.log
     assert abc.static_gate("X:1\nK:C\n" + "C" * (abc.MAX_ABC_CHARS + 1)) == "too_long"
+
+
+def test_degenerate_tunes_earn_at_most_0_6_of_the_experts_median():
+    """Well-formed tunes with the requested header, form and chord symbols but no music in them
+    (``probe.DEGENERATE``) against the scripted expert on the same tasks, under the default grader;
+    with adherence weight 0 the seed's public scorer is returned unchanged."""
+    import random
+    import statistics
+
+    from rlonce.envs.music.expert import expert_reply
+    from rlonce.envs.music.probe import DEGENERATE, DEGENERATE_RATIO, ROUTES, grade_reply
+
+    tasks = [make_task("heldout", i) for i in range(4)]
+
+    async def go():
+        rng = random.Random(0)
+        expert = [(await grade_reply(t, expert_reply(t, rng)))[0] for t in tasks]
+        routes = {}
+        for name in DEGENERATE:
+            rng = random.Random(0)
+            routes[name] = [(await grade_reply(t, ROUTES[name](t, rng)))[0] for t in tasks]
+        public, metrics = await grade_reply(tasks[0], ROUTES["tonic_arpeggios"](tasks[0], random.Random(0)),
+                                            adherence_weight=0.0)
+        return expert, routes, public, metrics
+
+    expert, routes, public, metrics = asyncio.run(go())
+    median = statistics.median(expert)
+    assert median > 0.85
+    for name, rewards in routes.items():
+        assert max(rewards) <= DEGENERATE_RATIO * median, (name, rewards, median)
+    assert metrics["grade/substance"] < 0.6 and public == metrics["grade/music_score"] > 0.8

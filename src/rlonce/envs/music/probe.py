@@ -4,9 +4,13 @@ Each route writes one answer for a task — what a policy might find cheaper tha
 nothing, a header without notes, a minimal tune, one note repeated for the requested length, a
 copied reference tune, random notes under a correct header, a fenced block with a second ``X:``
 tune after it, a good tune placed after a fenced junk block, a huge tune, and (with tools) a
-submitted path that is a link to a host file. Every answer goes through the normal grading
-path. The report gives each route's mean and highest reward and the expert's median; a route
-whose highest reward reaches the expert's median is a hole.
+submitted path that is a link to a host file. The ``DEGENERATE`` routes write well-formed tunes
+with the requested header, form and chord symbols but no substance: tonic-triad arpeggios, one
+section for every letter of the form, a scale per section, one bar repeated, one pitch, chord
+symbols over rests. Every answer goes through the normal grading path. The report gives each
+route's mean, median and highest reward and their ratios to the expert's median; a route whose
+highest reward reaches the expert's median is a hole, and a degenerate route above
+``DEGENERATE_RATIO`` of it at its highest is named.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from rlonce.core.records import Sequence
-from rlonce.envs.music.compose import METERS, header, note_text
+from rlonce.envs.music.compose import CELLS, HIGH, LOW, METERS, header, note_text, render, section, sections
 from rlonce.envs.music.env import ADHERENCE_WEIGHT, MusicEnv
 from rlonce.envs.music.expert import expert_reply, expert_tune
 from rlonce.envs.music.reference import corpus
@@ -42,6 +46,82 @@ def _random_note(rng: random.Random) -> str:
     return rng.choice(["", "^", "_"]) + rng.choice("CDEFGABcdefgab")
 
 
+def _form_tune(task: MusicTask, bars_of: Callable[[int], list[list[tuple[int, int]]]], *, chords: bool = True) -> str:
+    """The requested header and form, each distinct section letter's bars from ``bars_of(i)`` (the
+    letter's index among the distinct ones), chord symbols from each bar's first degree."""
+    r = task.request
+    letters = list(dict.fromkeys(r.form))
+    return render(r, {x: bars_of(i) for i, x in enumerate(letters)}, "Probe", chords=chords)
+
+
+def _cells(task: MusicTask, rng: random.Random, degrees: Callable[[int], int]) -> list[list[tuple[int, int]]]:
+    """One section of the corpus's rhythm cells whose n-th note (counted through the section) is
+    on ``degrees(n)``."""
+    r, n, out = task.request, 0, []
+    for _ in range(r.section_bars):
+        bar = []
+        for dur in rng.choice(CELLS[r.meter]):
+            bar.append((degrees(n), dur))
+            n += 1
+        out.append(bar)
+    return out
+
+
+def _arpeggios(task: MusicTask, rng: random.Random) -> str:
+    """Only the tonic triad, up and down, over corpus rhythms; sections differ by where they start."""
+    cycle = (0, 2, 4, 7, 4, 2)
+    return _form_tune(task, lambda i: _cells(task, rng, lambda n: cycle[(n + 2 * i) % len(cycle)]))
+
+
+def _scales(task: MusicTask, rng: random.Random) -> str:
+    """Each section one scale run over the corpus's range (up in one section, down in the next),
+    turning at its ends, over corpus rhythms."""
+    span = HIGH - LOW
+
+    def degree(i: int, n: int) -> int:
+        k = n % (2 * span)
+        up = LOW + (k if k <= span else 2 * span - k)
+        return up if i % 2 == 0 else LOW + HIGH - up
+
+    return _form_tune(task, lambda i: _cells(task, rng, lambda n: degree(i, n)))
+
+
+def _repeated_section(task: MusicTask, rng: random.Random) -> str:
+    """One composed section played for every letter of the form."""
+    part = section(rng, task.request, final=True)
+    return _form_tune(task, lambda i: part)
+
+
+def _one_bar(task: MusicTask, rng: random.Random) -> str:
+    """One composed bar played for the whole tune."""
+    bar = section(rng, task.request, final=True)[0]
+    return _form_tune(task, lambda i: [bar] * task.request.section_bars)
+
+
+def _one_pitch(task: MusicTask, rng: random.Random) -> str:
+    """The tonic throughout, over corpus rhythms, with the tonic chord."""
+    return _form_tune(task, lambda i: _cells(task, rng, lambda n: 0))
+
+
+def _chords_over_rests(task: MusicTask, rng: random.Random) -> str:
+    """A composed tune's chord symbols, each over a whole-bar rest: accompaniment, no melody."""
+    r = task.request
+    parts = sections(rng, r)
+    rest = f"z{METERS[r.meter]}"
+    text = render(r, parts, "Probe")
+    lines = [ln if not ln.startswith('"') else "|".join(b[:b.index('"', 1) + 1] + rest if b.startswith('"') else b
+                                                          for b in ln.split("|"))
+             for ln in text.split("\n")]
+    return "\n".join(lines)
+
+
+DEGENERATE = ("tonic_arpeggios", "repeated_section", "scale_per_section", "one_bar_repeated", "one_pitch",
+              "chords_over_rests")
+"""Routes that write a well-formed tune with the requested header, form and chord symbols but no
+musical substance; the grader's substance factor (``rlonce.envs.music.substance``) is for them."""
+DEGENERATE_RATIO = 0.6
+"""What a degenerate route may earn at most, as a share of the expert's median reward."""
+
 ROUTES: dict[str, Callable[[MusicTask, random.Random], str]] = {
     "empty": lambda t, rng: "",
     "headers_only": lambda t, rng: _fenced("\n".join(header(t.request, "Probe")) + "\n"),
@@ -52,12 +132,19 @@ ROUTES: dict[str, Callable[[MusicTask, random.Random], str]] = {
     "second_tune_in_block": lambda t, rng: _fenced("X:1\nK:C\nC|\n" + expert_tune(t, rng, detour_p=0.0)),
     "good_tune_after_junk_block": lambda t, rng: _fenced("X:1\nK:C\nC|\n") + "\n" + expert_tune(t, rng, detour_p=0.0),
     "huge": lambda t, rng: _fenced(_filled(t, _random_note, rng) * 60),
+    "tonic_arpeggios": lambda t, rng: _fenced(_arpeggios(t, rng)),
+    "repeated_section": lambda t, rng: _fenced(_repeated_section(t, rng)),
+    "scale_per_section": lambda t, rng: _fenced(_scales(t, rng)),
+    "one_bar_repeated": lambda t, rng: _fenced(_one_bar(t, rng)),
+    "one_pitch": lambda t, rng: _fenced(_one_pitch(t, rng)),
+    "chords_over_rests": lambda t, rng: _fenced(_chords_over_rests(t, rng)),
 }
 """Single-turn routes: the reply text."""
 
 
-async def _grade(task: MusicTask, reply: str, *, link: bool = False,
+async def grade_reply(task: MusicTask, reply: str, *, link: bool = False,
                  adherence_weight: float = ADHERENCE_WEIGHT) -> tuple[float, dict[str, float]]:
+    """The reward and grader metrics of ``reply`` for ``task`` through the normal grading path."""
     env = MusicEnv(task, adherence_weight=adherence_weight)
     seq = Sequence(task.task_id, "probe")
     try:
@@ -86,10 +173,10 @@ def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
             rewards = []
             for t in tasks:
                 if name == "symlink_answer":
-                    r, _ = await _grade(t, "", link=True, adherence_weight=adherence_weight)
+                    r, _ = await grade_reply(t, "", link=True, adherence_weight=adherence_weight)
                 else:
                     reply = expert_reply(t, rng) if name == "expert" else ROUTES[name](t, rng)
-                    r, m = await _grade(t, reply, adherence_weight=adherence_weight)
+                    r, m = await grade_reply(t, reply, adherence_weight=adherence_weight)
                     if name == "expert":
                         expert.append(m)
                 rewards.append(r)
@@ -100,7 +187,9 @@ def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
     rewards, expert = asyncio.run(run())
     bar.close()
     median = statistics.median(rewards["expert"])
-    rows = {n: {"mean": statistics.fmean(r), "max": max(r), "below_expert_median": max(r) < median}
+    rows = {n: {"mean": statistics.fmean(r), "median": statistics.median(r), "max": max(r),
+                "median_ratio": statistics.median(r) / median if median else 0.0,
+                "max_ratio": max(r) / median if median else 0.0, "below_expert_median": max(r) < median}
             for n, r in rewards.items() if n != "expert"}
     items = sorted(k for k in expert[0] if k.startswith("grade/adh_"))
     return {"tasks": n_tasks, "adherence_weight": adherence_weight, "expert_median": median,
@@ -109,7 +198,9 @@ def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
             "expert_adherence_mean": statistics.fmean(m.get("grade/adherence", 0.0) for m in expert),
             "expert_items": {k[len("grade/adh_"):]: statistics.fmean(m.get(k, 0.0) for m in expert) for k in items},
             "expert_gated": sum(m.get("grade/gated", 0.0) for m in expert),
-            "routes": rows, "holes": [n for n, r in rows.items() if not r["below_expert_median"]]}
+            "expert_substance_median": statistics.median(m.get("grade/substance", 0.0) for m in expert),
+            "routes": rows, "holes": [n for n, r in rows.items() if not r["below_expert_median"]],
+            "degenerate_above": [n for n in DEGENERATE if rows[n]["max_ratio"] > DEGENERATE_RATIO]}
 
 
 def format_report(report: dict) -> str:
@@ -117,12 +208,17 @@ def format_report(report: dict) -> str:
              f"the scripted expert (its usual flaws): median reward "
              f"{report['expert_median']:.3f}, median feature score {report['expert_feature_score_median']:.3f}, "
              f"mean adherence {report['expert_adherence_mean']:.3f} ("
-             + ", ".join(f"{k} {v:.2f}" for k, v in report["expert_items"].items()) + ")",
-             f"{'route':<28} {'mean':>6} {'max':>6}  below the expert's median"]
+             + ", ".join(f"{k} {v:.2f}" for k, v in report["expert_items"].items())
+             + f"), median substance {report['expert_substance_median']:.3f}",
+             f"{'route':<28} {'mean':>6} {'median':>6} {'max':>6} {'median/expert':>13} {'max/expert':>10}  "
+             "below the expert's median"]
     for name, r in report["routes"].items():
-        lines.append(f"{name:<28} {r['mean']:>6.3f} {r['max']:>6.3f}  {'yes' if r['below_expert_median'] else 'NO'}")
+        lines.append(f"{name:<28} {r['mean']:>6.3f} {r['median']:>6.3f} {r['max']:>6.3f} {r['median_ratio']:>13.3f} "
+                     f"{r['max_ratio']:>10.3f}  {'yes' if r['below_expert_median'] else 'NO'}")
     lines.append("holes: " + (", ".join(report["holes"]) or "none"))
+    lines.append(f"degenerate routes above {DEGENERATE_RATIO:g} of the expert's median at their highest: "
+                 + (", ".join(report["degenerate_above"]) or "none"))
     return "\n".join(lines)
 
 
-__all__ = ["ROUTES", "format_report", "probe_music"]
+__all__ = ["DEGENERATE", "DEGENERATE_RATIO", "ROUTES", "format_report", "grade_reply", "probe_music"]
