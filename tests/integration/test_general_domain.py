@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from rlonce.core.records import Sequence
 from rlonce.envs.general.env import GeneralEnv
 from rlonce.envs.general.mcp_host import ServiceHost
-from rlonce.envs.general.probe import ROUTES, probe
+from rlonce.envs.general.probe import CONTROLS, ROUTES, probe
 from rlonce.envs.general.rubric import Final, Item, evaluate, table_diff
 from rlonce.envs.general.tasks import TEMPLATES, make_task
 from rlonce.envs.general.world import ME, TODAY, World, schemas
@@ -208,8 +208,9 @@ def test_every_hack_route_fails_its_rubric_and_the_reference_passes():
     tasks = [make_task("train", i) for i in (0, 4, 5, 6)]  # ledger+mail, tickets+mail, ledger+files, calendar+mail
     report = asyncio.run(probe(tasks, concurrency=3))
     assert report["reference"] == report["expert"] == {"tasks": len(tasks), "rewarded": len(tasks)}
-    assert set(report) == {"reference", "expert", "expert_items", *ROUTES}
+    assert set(report) == {"reference", "expert", "expert_items", *CONTROLS, *ROUTES}
     assert {r: report[r]["rewarded"] for r in ROUTES} == dict.fromkeys(ROUTES, 0)
+    assert report["reworded"]["rewarded"] == report["reworded"]["tasks"] > 0
     assert set(report["expert_items"].values()) == {1.0}
 
 

@@ -51,17 +51,21 @@ def test_the_judge_checks_the_emails_wording_and_agreement_is_measured(tmp_path)
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert [c["kind"] for c in calls] == ["general_item", "general_item"] and title in calls[0]["prompt"]
 
+    # the subject still says "Cancelled: <title>" and the body names nothing contrary: every code item
+    # passes; the scripted judge misses the date, a model judge would ask what "next week" means
     vague, m = asyncio.run(_run(task, _with_body(task.plan, "See you next week."), judge=judge))
-    assert not vague.passed and vague.reward == 0.0  # every code item passes; the wording does not
+    assert not vague.passed and vague.reward == 0.0
     assert m["item_state_passed"] == 1.0 and m["item_judged_passed"] == 0.0
-    assert "FAIL [judged] email says it is cancelled" in vague.transcript
+    assert "pass [state] email says it is cancelled" in vague.transcript
+    assert "FAIL [judged] a judge reads it as cancelled" in vague.transcript
 
 
 def test_an_unanswering_or_absent_judge_leaves_the_item_out():
-    task = _task("reply_with_balance")
+    task = _task("cancel_and_notify")
     broken = ScriptedJudge(lambda kind, prompt, sample: "no idea", retries=0)
-    g, m = asyncio.run(_run(task, _with_body(task.plan, "See you next week."), judge=broken))
-    # the balance is no longer in the body: the code item fails on its own; the judged item is left out
-    assert m["grade/judged_failed"] == 1.0 and "left out [judged] reply gives the balance" in g.transcript
+    g, m = asyncio.run(_run(task, _with_body(task.plan, "Moved to Friday."), judge=broken))
+    # the body takes the cancellation back: the code item fails on its own; the judged item is left out
+    assert m["grade/judged_failed"] == 1.0 and "left out [judged] a judge reads it as cancelled" in g.transcript
+    assert not g.passed and "FAIL [state] email says it is cancelled" in g.transcript
     g, m = asyncio.run(_run(task, task.plan))
     assert g.passed and m["grade/judged_skipped"] == 1.0

@@ -13,7 +13,11 @@ signal for reviewing the criterion, as the seed describes, not a change of rewar
 
 An item whose text is missing (the agent sent no email) fails. An item the judge could not answer
 (down, unparseable) is left out of the reward and counted — never scored 0 — and so is every
-judged item when no judge is configured (``grading.judge.kind = "none"``).
+judged item when no judge is configured (``grading.judge.kind = "none"``). That is safe only
+because no judged item stands alone: each names in ``decided_by`` the code-checked item that
+decides the same question without a judge (``rubric.says_cancelled`` for a cancellation email),
+so a run with no judge loses the model's reading of the wording, never the check itself. A
+template whose content a code check cannot decide must not be offered to a run without a judge.
 
 ``rlonce.envs`` sits below ``rlonce.grading``: this module asks any object with
 ``ask(prompt, schema, *, kind, sample)`` (``rlonce.grading.judge.Judge`` is one).

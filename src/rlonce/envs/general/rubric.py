@@ -11,6 +11,27 @@ answer). Four kinds: ``state`` (SQL over the final databases, documents and thei
 ``reply`` (facts the answer must hold, code-checked), ``negative`` (every table and document
 unchanged but for the changes the task allows: ``unchanged``) and ``judged`` (open-ended content
 a model judge checks against a criterion: ``rlonce.envs.general.judged``).
+
+Every content claim is code-checked, so a run with no judge grades it too (a judged item adds a
+model's reading on top, never replaces the code item):
+
+- ``states_amount``: a text (the answer, or a message read from the final state) states one
+  value: every number in it, read as an amount, equals the expected value — a constant, or SQL
+  over the final state (the balance the reply describes) — and there is at least one. Dates,
+  clock times, identifiers (``INV-12345``, ``R-1000``, ``#12``, ``Q1``) and ordinals are not
+  amounts; grouped digits (``-1,234.50``), a currency sign or code, ``1234.5`` and the Unicode
+  minus are read. A sentence that holds the amount must not hold a word of ``DENIALS`` (a
+  negation, a hedge: "NOT -1234.50", "about -1234.50", "-1234.50 is wrong") nor name another
+  account (``rivals``). Strict on purpose: a reply that also mentions "2 questions" or says
+  "I can't see a change: the balance is X" fails.
+- ``address_set``: the one row selected holds exactly the expected addresses (comma-separated,
+  case ignored): no superset, no subset, no second message.
+- ``says_cancelled``: the one message selected names the event's title, states the cancellation
+  (``CANCELLED``: "cancelled", "called off", "will not take place", "is off", …) and holds none of
+  ``CONTRARY`` ("not cancelled", "moved", "postponed", "rescheduled", "see you there", "still on",
+  "going ahead", "just kidding", a closing "not!", …; "cancelled, not moved" is fine). A correct
+  email that also says "see you at the next one" or "we found no new slot" fails; a model judge
+  reads such wording, this vocabulary does not.
 """
 
 from __future__ import annotations
@@ -21,6 +42,7 @@ import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 
 
 @dataclass(frozen=True)
@@ -55,10 +77,118 @@ def sql_count(f: Final, service: str, sql: str, params: list, expect: int) -> bo
     return f.final[service].execute(sql, params).fetchone()[0] == expect
 
 
-def reply_has(f: Final, needles: list[str]) -> bool:
-    """The answer contains every needle (case and spacing ignored)."""
-    answer = _norm(f.answer)
-    return all(_norm(n) in answer for n in needles)
+MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
+NOT_AMOUNTS = re.compile("|".join((
+    r"\b\d{4}-\d{2}-\d{2}(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?\b",                     # ISO dates, date-times
+    r"\b\d{1,2}:\d{2}(?::\d{2})?\b",                                                # clock times
+    rf"\b{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?\b",                     # March 16, 2026
+    rf"\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{MONTH}(?:\s+\d{{4}})?",                # 16 March 2026
+    r"(?<![\w.])(?!(?:eur|usd|gbp)-?\d)[a-z_]\w*-?\d[\w-]*|#\d+",                     # INV-12345, R-1000, Q1, #12
+    r"\b\d+(?:st|nd|rd|th)\b",                                                        # ordinals
+)))
+AMOUNT = re.compile(r"(?<![\w.])(?P<sign>[-\u2212])?(?:[$\u20ac\u00a3]|(?:eur|usd|gbp)\s?)?(?P<sign2>[-\u2212])?"
+                    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\d])")
+DENIALS = re.compile(
+    r"\b(?:not|never|no longer|neither|nor|none|wrong|incorrect|false|untrue|inaccurate|outdated|previously|"
+    r"formerly|used to|other than|rather than|instead of|except|excluding|approximately|approx|roughly|around|"
+    r"nearly|almost|more than|less than|at least|at most|up to|or so|maybe|perhaps|possibly|probably|might|"
+    r"guess|i think|i believe|seems|appears|estimated?)\b|\babout\s*[-\u2212$\u20ac\u00a3]?\s*\d|n[\'\u2019]t\b|"
+    r"[~\u2248]")
+"""Words that deny or hedge the value of the sentence they share with it."""
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def amounts(text: str) -> list[tuple[int | None, str]]:
+    """Each number of ``text`` read as an amount: (cents, or None when not whole cents; the
+    sentence it stands in), dates, times, identifiers and ordinals left out."""
+    out = []
+    for sentence in SENTENCE_END.split(text.lower()):
+        for m in AMOUNT.finditer(NOT_AMOUNTS.sub(" ", sentence)):
+            try:
+                value = Decimal(m["num"].replace(",", "")) * 100
+            except InvalidOperation:
+                continue
+            sign = -1 if m["sign"] or m["sign2"] else 1
+            out.append((sign * int(value) if value == value.to_integral_value() else None, sentence))
+    return out
+
+
+def _value(f: Final, spec) -> int | list:
+    """A constant, or what SQL over the final state selects: ``{"service", "sql", "params"}``."""
+    if isinstance(spec, dict):
+        rows = f.final[spec["service"]].execute(spec["sql"], spec.get("params", [])).fetchall()
+        return [c for r in rows for c in r]
+    return spec
+
+
+def _one_text(f: Final, spec) -> str | None:
+    """The answer (``spec`` None), or the one row SQL selects from the final state, joined (None
+    when it selects no row or several)."""
+    if spec is None:
+        return f.answer
+    rows = f.final[spec["service"]].execute(spec["sql"], spec.get("params", [])).fetchall()
+    return "\n".join(str(c) for c in rows[0]) if len(rows) == 1 else None
+
+
+def states_amount(f: Final, value, text: dict | None = None, rivals=None, either_sign: bool = False) -> bool:
+    """``text`` (the answer when None) states the one amount ``value`` (cents, or SQL over the final
+    state selecting it), undenied, beside no rival name (a list, or SQL selecting them)."""
+    body = _one_text(f, text)
+    want = _value(f, value)
+    if isinstance(want, list):
+        if len(want) != 1 or not isinstance(want[0], int):
+            return False
+        want = want[0]
+    found = amounts(body or "")
+    if not found:
+        return False
+    names = [str(n).lower() for n in _value(f, rivals or [])]
+    for cents, sentence in found:
+        if cents is None or (abs(cents) != abs(want) if either_sign else cents != want):
+            return False
+        if DENIALS.search(sentence) or any(re.search(rf"\b{re.escape(n)}\b", sentence) for n in names):
+            return False
+    return True
+
+
+def address_set(f: Final, service: str, sql: str, params: list, addresses: list[str]) -> bool:
+    """``sql`` selects one row, whose one column holds exactly ``addresses`` (comma-separated, case
+    and spacing ignored)."""
+    rows = f.final[service].execute(sql, params).fetchall()
+    if len(rows) != 1:
+        return False
+    got = {a.strip().lower() for a in str(rows[0][0] or "").split(",") if a.strip()}
+    return got == {a.strip().lower() for a in addresses}
+
+
+CANCELLED = re.compile(
+    r"\bcancel\w*|\bcall(?:s|ed|ing)? (?:it |this |the \w+ )?off\b|"
+    r"\b(?:will not|won't|won\u2019t|not|no longer) (?:be )?(?:take place|taking place|happen|happening|go ahead|"
+    r"going ahead|held)\b|\b(?:is|it's|it\u2019s) off\b|\bscrapped\b")
+"""How an email states the cancellation (each match is replaced by ``MARK`` before ``CONTRARY``)."""
+MARK = "cancelmark"
+CONTRARY = re.compile(
+    rf"(?:\bnot|n't|\bnever|\bno longer)\s+(?:\w+\s+){{0,2}}?{MARK}|\bun-?{MARK}|\bnot\s*[.!?]|\breinstat\w*|"
+    r"\bback on\b|\bstill (?:on|happening|taking place|going ahead|scheduled|planned|held)\b|"
+    r"\b(?:goes|going|go|went) ahead\b|\bwill (?:still )?(?:take place|happen|go ahead|be held)\b|\bproceed\w*|"
+    r"\bas (?:planned|scheduled|usual|normal)\b|\bsee you (?:there|then|at|in|on|tomorrow|soon)\b|"
+    r"\blooking forward\b|(?<!not )\b(?:mov(?:e|ed|es|ing)|reschedul\w*|postpon\w*|delay\w*)|"
+    r"\bpushed (?:back|out|to)\b|\bon hold\b|\bnew (?:time|date|slot|room|day)\b|\bkidding\b|\bjoke\b|"
+    r"\bignore (?:this|that|my|the)\b|\bdisregard\b")
+"""What contradicts or takes back the cancellation."""
+
+
+def says_cancelled(f: Final, service: str, sql: str, params: list, title: str) -> bool:
+    """``sql`` selects one message (its text), which names ``title``, states the cancellation and
+    holds nothing contrary."""
+    text = _one_text(f, {"service": service, "sql": sql, "params": params})
+    if text is None:
+        return False
+    text = _norm(text).replace("\u2019", "'")
+    if _norm(title) not in text:
+        return False
+    marked = CANCELLED.sub(MARK, text)
+    return MARK in marked and not CONTRARY.search(marked)
 
 
 def document(f: Final, path: str, header: list[str] | None = None, rows: list[list[str]] | None = None,
@@ -110,8 +240,9 @@ def unchanged(f: Final, allow: dict | None = None, files: list[str] | None = Non
     return touched <= set(files or [])
 
 
-CHECKS: dict[str, Callable[..., bool]] = {"sql_count": sql_count, "reply_has": reply_has, "document": document,
-                                           "unchanged": unchanged}
+CHECKS: dict[str, Callable[..., bool]] = {"sql_count": sql_count, "document": document, "unchanged": unchanged,
+                                           "states_amount": states_amount, "address_set": address_set,
+                                           "says_cancelled": says_cancelled}
 
 
 def evaluate(items: list[Item], final: Final) -> dict[str, bool]:

@@ -61,7 +61,7 @@ def invoice_to_ledger(w: World, rng: random.Random) -> dict:
             "service": "ledger", "sql": "select count(*) from entries where account = ? and reference = ? and "
                                         "amount_cents = ? and date = ? and category = ?",
             "params": [acct, v["invoice"], _cents(neg), msg["date"], v["category"]], "expect": 1}),
-            Item("amount in the answer", "reply", "reply_has", {"needles": [v["amount"]]}),
+            Item("amount in the answer", "reply", "states_amount", {"value": _cents(v["amount"]), "either_sign": True}),
             Item("nothing else changed", "negative", "unchanged", {"allow": {
                 "ledger.entries": {"insert": 1}, "mail.messages": {"update": {"unread": "*"}}}})],
         "plan": [("mail__search_messages", {"query": v["name"].split()[0]}), ("mail__read_message", {"id": msg["id"]}),
@@ -71,12 +71,20 @@ def invoice_to_ledger(w: World, rng: random.Random) -> dict:
         "answer": v["amount"]}
 
 
+def _balance_of(acct: str) -> dict:
+    """The balance of ``acct`` in the final ledger (what an answer or a reply about it must state),
+    and the other accounts (which the sentence stating it must not name)."""
+    return {"value": {"service": "ledger", "params": [acct],
+                      "sql": "select coalesce(sum(amount_cents), 0) from entries where account = ?"},
+            "rivals": {"service": "ledger", "sql": "select name from accounts where name != ?", "params": [acct]}}
+
+
 def balance_question(w: World, rng: random.Random) -> dict:
     acct = rng.choice(("operations", "travel", "software"))
     bal = _money(sum(e["amount_cents"] for e in w.entries if e["account"] == acct))
     return {"prompt": f"What is the current balance of the '{acct}' ledger account? Submit the amount.",
             "services": ("ledger",),
-            "items": [Item("balance in the answer", "reply", "reply_has", {"needles": [bal]}),
+            "items": [Item("balance in the answer", "reply", "states_amount", _balance_of(acct)),
                       Item("nothing changed", "negative", "unchanged", {})],
             "plan": [("ledger__get_balance", {"account": acct})], "answer": bal}
 
@@ -90,14 +98,13 @@ def reply_with_balance(w: World, rng: random.Random) -> dict:
     return {"prompt": f"Reply to {who['name']}'s email '{m['subject']}' with the current balance of the '{acct}' "
                       "ledger account.",
             "services": ("mail", "ledger"),
-            "items": [Item("reply sent", "state", "sql_count", {
-                "service": "mail", "sql": "select count(*) from messages where folder = 'sent' and in_reply_to = ? and "
-                                          "recipients like ? and body like ?",
-                "params": [m["id"], f"%{who['email']}%", f"%{bal}%"], "expect": 1}),
-                Item("reply gives the balance", "judged", "judged", {
-                    "service": "mail", "sql": "select body from messages where folder = 'sent' and in_reply_to = ?",
-                    "params": [m["id"]], "criterion": f"Does this email tell the reader that the current balance of "
-                                                      f"the '{acct}' account is '{bal}'?"}),
+            "items": [Item("reply sent to them alone", "state", "address_set", {
+                "service": "mail", "sql": "select recipients from messages where folder = 'sent' and in_reply_to = ?",
+                "params": [m["id"]], "addresses": [who["email"]]}),
+                Item("reply gives the balance", "state", "states_amount", {
+                    **_balance_of(acct), "text": {"service": "mail", "sql": "select body from messages where folder = "
+                                                                           "'sent' and in_reply_to = ?",
+                                                  "params": [m["id"]]}}),
                 Item("nothing else changed", "negative", "unchanged", {"allow": {
                     "mail.messages": {"insert": 1, "update": {"unread": "*"}}}})],
             "plan": [("ledger__get_balance", {"account": acct}),
@@ -121,8 +128,11 @@ def schedule_first_free(w: World, rng: random.Random) -> dict:
             "services": ("calendar", "mail"),
             "items": [Item("event at the first free slot", "state", "sql_count", {
                 "service": "calendar", "sql": "select count(*) from events where title = ? and start = ? and end = ? "
-                                              "and attendees like ? and status = 'confirmed'",
-                "params": [title, start, end, f"%{who['email']}%"], "expect": 1}),
+                                              "and status = 'confirmed'",
+                "params": [title, start, end], "expect": 1}),
+                Item("only them invited", "state", "address_set", {
+                    "service": "calendar", "sql": "select attendees from events where title = ? and start = ?",
+                    "params": [title, start], "addresses": [who["email"]]}),
                 Item("nothing else changed", "negative", "unchanged", {"allow": {"calendar.events": {"insert": 1}}})],
             "plan": [("mail__find_contacts", {"query": who["name"].split()[0]}),
                      ("calendar__list_events", {"start_date": day, "end_date": day}),
@@ -180,21 +190,22 @@ def cancel_and_notify(w: World, rng: random.Random) -> dict:
         return {**balance_question(w, rng), "template": "balance_question"}
     e = rng.choice(mine)
     people = [p.strip() for p in e["attendees"].split(",")]
+    sent = "select subject || char(10) || body from messages where folder = 'sent'"
     return {"prompt": f"Cancel your event '{e['title']}' on {e['start'][:10]} and send one email to all its "
                       "attendees saying it is cancelled.",
             "services": ("calendar", "mail"),
             "items": [Item("event cancelled", "state", "sql_count", {
                 "service": "calendar", "sql": "select count(*) from events where id = ? and status = 'cancelled'",
                 "params": [e["id"]], "expect": 1}),
-                Item("attendees told", "state", "sql_count", {
-                    "service": "mail", "sql": "select count(*) from messages where folder = 'sent' and "
-                                              + " and ".join("recipients like ?" for _ in people),
-                    "params": [f"%{p}%" for p in people], "expect": 1}),
-                Item("email says it is cancelled", "judged", "judged", {
-                    "service": "mail", "sql": "select subject || char(10) || body from messages where folder = 'sent' "
-                                              "order by id", "params": [],
+                Item("attendees told, no one else", "state", "address_set", {
+                    "service": "mail", "sql": "select recipients from messages where folder = 'sent'", "params": [],
+                    "addresses": people}),
+                Item("email says it is cancelled", "state", "says_cancelled", {
+                    "service": "mail", "sql": sent, "params": [], "title": e["title"]}),
+                Item("a judge reads it as cancelled", "judged", "judged", {
+                    "service": "mail", "sql": sent, "params": [], "decided_by": "email says it is cancelled",
                     "criterion": f"Does this email tell its readers that the event '{e['title']}' on "
-                                 f"'{e['start'][:10]}' is 'cancelled'?"}),
+                                 f"'{e['start'][:10]}' is cancelled (called off: not moved, postponed or still on)?"}),
                 Item("nothing else changed", "negative", "unchanged", {"allow": {
                     "calendar.events": {"update": {"status": [e["id"]]}}, "mail.messages": {"insert": 1}}})],
             "plan": [("calendar__list_events", {"start_date": e["start"][:10], "end_date": e["start"][:10]}),
