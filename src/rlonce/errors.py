@@ -8,6 +8,14 @@ An exception of ``INTERNAL_TYPES`` raised from rlonce's own code is a bug in rlo
 outage: ``is_internal`` tells, and the rollout boundary records it as the failure category
 ``internal_error`` (counted in the ledger, and noted in ``INTERNAL_ERRORS`` so a test run that
 produces one fails).
+
+The rule of blame (docs/security.md, "The policy's own input"): an exception caused by what the
+policy wrote — commands, paths, file contents, tool arguments, answers — is the policy's failed
+attempt, scored and trained; never an infrastructure failure. ``PolicyInputError`` is how a
+layer says so; ``input_problem`` is the one check every tool call and submission passes through
+before anything runs (``rlonce.harness.loop``); ``blame`` is the one classification the
+boundaries apply to an exception (each tool call in the harness loop, grading in
+``rlonce.envs.base.grade_or_infra``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,65 @@ class UsageError(RlonceError):
 
 class PackError(RlonceError, ValueError):
     """A task pack (built or filtered) is missing, unreadable or unusable."""
+
+
+class PolicyInputError(ValueError):
+    """What the policy wrote cannot be handled (a NUL byte in a command, a path that leaves the
+    workspace, an argument over the size cap, a file the grader cannot parse): the policy's
+    failed attempt, never infrastructure."""
+
+
+MAX_ARGUMENT_CHARS = 100_000
+"""The most characters one tool call's arguments (or one submitted answer) may hold, summed over
+its strings: a command is handed to ``execve``, whose single-argument limit is 128 KiB."""
+
+
+def input_problem(value, *, limit: int = MAX_ARGUMENT_CHARS) -> str | None:
+    """Why ``value`` (a tool call's arguments or an answer, as decoded from the model's JSON)
+    cannot be handed to a tool, or None: a NUL character, a lone surrogate (JSON's ``\\udXXX``
+    escapes give Python strings no encoder accepts), or more than ``limit`` characters in all."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, str):
+            total += len(v)
+            if total > limit:
+                return f"the arguments hold over {limit} characters"
+            if "\x00" in v:
+                return "an argument holds a NUL character"
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return "an argument holds a lone surrogate (not encodable text)"
+    return None
+
+
+POLICY = "policy"
+INFRA = "infrastructure"
+INTERNAL = "internal"
+
+
+def blame(e: BaseException, *, infrastructure: tuple[type[BaseException], ...], tool_call: bool) -> str:
+    """Whose failure ``e`` is, at a boundary whose own machinery raises ``infrastructure``:
+    ``INTERNAL`` for a bug of ours (``is_internal``); ``POLICY`` for ``PolicyInputError`` and
+    ``UnicodeError`` (text the policy wrote that does not decode); at a ``tool_call`` also for a
+    ``ValueError``, ``ArithmeticError`` or ``RecursionError`` the tool raised on the policy's
+    arguments; else ``INFRA`` (the machinery's exceptions, the host's ``OSError``, and at grading
+    anything else: a grader's crash is never the policy's)."""
+    if is_internal(e):
+        return INTERNAL
+    if isinstance(e, (PolicyInputError, UnicodeError)):
+        return POLICY
+    if isinstance(e, (*infrastructure, OSError)):
+        return INFRA
+    if tool_call and isinstance(e, (ValueError, ArithmeticError, RecursionError)):
+        return POLICY
+    return INFRA
 
 
 def cause_of(e: BaseException) -> str:

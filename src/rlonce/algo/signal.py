@@ -246,6 +246,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             if s.infra_failed:
                 entry.infra_by_category[s.failure.value] = entry.infra_by_category.get(s.failure.value, 0) + 1
         entry.finished += len(seqs)
+        entry.policy_input_errors += sum(s.metrics.get("policy_input_errors", 0.0) > 0 for s in seqs)
         if not seqs:
             continue
         gid = [sample.group_id] * len(seqs)

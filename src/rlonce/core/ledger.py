@@ -16,7 +16,10 @@ Counted per task source. Rewrites that keep a sequence are counted beside the pa
 ``hack_zeroed`` (a confirmed hack's reward set to 0), ``length_penalized`` (a length
 deduction applied), ``zero_advantage`` (a retained sequence whose every context the penalty
 module dropped), ``contexts_dropped`` and ``unfinished_masked`` (a sequence cut by a budget
-without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``).
+without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``), and
+``policy_input_errors`` (a finished sequence in which the policy's own input — a command, path,
+argument or answer no tool or grader could take — was booked as its failed attempt, never as
+infrastructure; at most ``finished``).
 ``groups_short`` counts groups, not sequences: how many
 the step's batch lacks of its target after a sync step spent its dispatch cap (seed 001: "The
 mixer has to buy the batch it promised"). Also in groups, beside the partition: ``stale_reissued``
@@ -50,6 +53,7 @@ class LedgerEntry:
     zero_advantage: int = 0
     contexts_dropped: int = 0
     unfinished_masked: int = 0
+    policy_input_errors: int = 0
     carried_in: int = 0
     stale_dropped: int = 0
     carried_over: int = 0
@@ -67,9 +71,10 @@ class LedgerEntry:
                 f"infra_failed {self.infra_failed} + filtered {self.no_contrast_filtered} + rejected "
                 f"{self.penalty_rejected} + unfinished {self.unfinished_dropped} + stale {self.stale_dropped} "
                 f"+ retained {self.retained} + carried_over {self.carried_over}")
-        if self.unfinished_masked > self.finished:
-            raise LedgerImbalance(f"step {self.step} {self.source}: unfinished_masked {self.unfinished_masked} > "
-                                  f"finished {self.finished}")
+        for k in ("unfinished_masked", "policy_input_errors"):
+            if getattr(self, k) > self.finished:
+                raise LedgerImbalance(f"step {self.step} {self.source}: {k} {getattr(self, k)} > "
+                                      f"finished {self.finished}")
         if self.infra_by_category and sum(self.infra_by_category.values()) != self.infra_failed:
             raise LedgerImbalance(f"step {self.step} {self.source}: infra categories {self.infra_by_category} do not "
                                   f"sum to infra_failed {self.infra_failed}")

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 from rlonce.core import faults
 from rlonce.core.records import FailureCategory, Grade, Sequence, Status
 from rlonce.core.timeouts import Clock, Expired, within
-from rlonce.errors import cause_of, is_internal, note_internal
+from rlonce.errors import POLICY, blame, cause_of, is_internal, note_internal
 from rlonce.sandbox.base import Sandbox
 
 
@@ -26,7 +26,10 @@ class GradingError(Exception):
 async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> Grade | None:
     """``env.grade(seq)``; a grader that cannot give a verdict makes ``seq`` an infrastructure
     failure (its category from ``GradingError``) and the grade ``None`` — never a low score.
-    With ``clock``, grading runs within its reward limit and the rest of the trajectory."""
+    A grader that cannot handle what the policy left (``blame`` says ``POLICY``: a
+    ``PolicyInputError`` such as a hostile path, text that does not decode) gives the policy's
+    failed attempt instead: ``failed_grade`` (the environment's own, if it has one), graded and
+    trained. With ``clock``, grading runs within its reward limit and the rest of the trajectory."""
     try:
         faults.point("grade", GradingError)
         grade = await (env.grade(seq) if clock is None else clock.reward(env.grade(seq)))
@@ -36,8 +39,19 @@ async def grade_or_infra(env, seq: Sequence, clock: Clock | None = None) -> Grad
     except GradingError as e:
         seq.status, seq.failure, seq.cause = Status.INFRA, e.category, cause_of(e)
     except Exception as e:  # noqa: BLE001 - a grader outage is not the model's failure
+        if blame(e, infrastructure=(Expired, GradingError), tool_call=False) == POLICY:
+            env.metrics["policy_input_errors"] = env.metrics.get("policy_input_errors", 0.0) + 1
+            return failed_grade(env, cause_of(e))
         seq.status, seq.failure, seq.cause = Status.INFRA, *infra_failure(e, FailureCategory.GRADER_UNAVAILABLE)
     return None
+
+
+def failed_grade(env, why: str) -> Grade:
+    """The grade of an attempt the grader could not take: ``env.failed_grade(why)`` where the
+    environment defines what a failed attempt earns, else reward 0 and ``passed`` false."""
+    own = getattr(env, "failed_grade", None)
+    return own(why) if own is not None else Grade(0.0, passed=False,
+                                                  transcript=f"the grader could not take the attempt: {why}")
 
 
 def infra_failure(e: BaseException, category: FailureCategory) -> tuple[FailureCategory, str]:

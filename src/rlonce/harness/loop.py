@@ -11,10 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn
 
-from rlonce.envs.base import Environment
+from rlonce.core.timeouts import Expired
+from rlonce.engine.base import EngineError
+from rlonce.envs.base import Environment, GradingError
+from rlonce.errors import POLICY, blame, cause_of, input_problem
+from rlonce.gateway.messages import ProtocolError
 from rlonce.harness.arms import Arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
 from rlonce.harness.clients import Client
+from rlonce.harness.tools import Tool
+from rlonce.sandbox.base import SandboxError
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,51 @@ class HarnessLimits:
 
 
 FORMAT_HINT = "[error: no usable tool call; call one of these tools: {names}]"
+TOOL_ERROR = "[error: {name} could not run these arguments: {why}]"
+
+INFRASTRUCTURE = (SandboxError, EngineError, Expired, GradingError, ProtocolError, MemoryError)
+"""What a tool's own machinery raises: an infrastructure failure of the sequence, whatever the
+arguments were. Everything else a tool raises on the policy's arguments is the policy's failed
+call (``rlonce.errors.blame``)."""
+
+
+def _count(env: Environment, key: str) -> None:
+    env.metrics[key] = env.metrics.get(key, 0.0) + 1
+
+
+async def call_tool(tools: dict[str, Tool], env: Environment, name: str, args, session=None) -> str:
+    """One tool call at the boundary where the policy's input meets the tools: an unknown tool,
+    arguments that are not an object, that hold a NUL, a lone surrogate or over
+    ``MAX_ARGUMENT_CHARS``, and any exception a tool raises on them (``blame`` says ``POLICY``) come
+    back as an error observation the model sees, counted as ``policy_input_errors`` (the episode
+    goes on and trains). The machinery's exceptions and our own bugs propagate to the retry
+    boundary of ``run_sequence``."""
+    tool = tools.get(name)
+    why = (f"unknown tool; the tools are {', '.join(tools)}" if tool is None or tool.run is None
+           else "the arguments must be a JSON object" if not isinstance(args, dict) else input_problem(args))
+    if why is None:
+        try:
+            return await tool.run(env, args)
+        except Exception as e:  # noqa: BLE001 - the boundary: whose failure it is decides where it goes
+            if blame(e, infrastructure=INFRASTRUCTURE, tool_call=True) != POLICY:
+                raise
+            why = cause_of(e)
+    _count(env, "policy_input_errors")
+    if session is not None:
+        session.flag_last("unknown_tool" if tool is None or tool.run is None else "malformed_tool_call")
+    return TOOL_ERROR.format(name=str(name)[:80], why=why)
+
+
+def _answer(args, session) -> str:
+    """The submitted answer, or ``FormatError`` (the policy's failure, graded) when it is not
+    text a grader can take."""
+    answer = args.get("answer") if isinstance(args, dict) else None
+    problem = "submit needs a string 'answer'" if not isinstance(answer, str) else input_problem(answer)
+    if problem:
+        if session is not None:
+            session.flag_last("malformed_tool_call")
+        raise FormatError(f"submit: {problem}")
+    return answer
 
 
 async def run_episode(arm: Arm, env: Environment, client: Client, session, limits: HarnessLimits,
@@ -58,15 +109,10 @@ async def run_episode(arm: Arm, env: Environment, client: Client, session, limit
         results = []
         for cid, name, args in reply.calls:
             if name == "submit":
-                answer = args.get("answer")
-                if not isinstance(answer, str):
-                    if session is not None:
-                        session.flag_last("malformed_tool_call")
-                    raise FormatError("submit needs a string 'answer'")
-                raise Submitted(answer)
+                raise Submitted(_answer(args, session))
             if turn == limits.max_turns:
                 raise LimitsExceeded(f"no submission within {limits.max_turns} turns")
-            out = await tools[name].run(env, args)
+            out = await call_tool(tools, env, name, args, session)
             results.append((cid, arm.observe(out, limits.max_obs_chars)))
             log.append(f"{name} {args} -> {arm.observe(out, 200)}")
         if arm.compaction and reply.context_tokens >= limits.compact_at * max_context:

@@ -38,6 +38,15 @@ def tool_json(name: str, arguments: dict) -> str:
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
+def _encodable(value) -> bool:
+    """Whether every string in ``value`` (a call's decoded JSON arguments) is valid Unicode."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class ChatFormat(Protocol):
     """How a dialogue becomes text and a sampled turn becomes content and tool calls: what the
     gateway's sessions (``render``, ``continuation``, ``split_turn``) and the scripted and expert
@@ -185,6 +194,8 @@ class _ChatML:
         try:
             calls = self.parse_tool_calls(body)
         except ToolCallParseError:
+            return body.strip(), [], "malformed_tool_call"
+        if any(not _encodable(c.arguments) for c in calls):  # a lone \\udXXX escape: no client could send it back
             return body.strip(), [], "malformed_tool_call"
         if any(c.name not in known for c in calls):
             return body.strip(), [], "unknown_tool"

@@ -25,7 +25,7 @@ from rlonce.core.timeouts import Timeouts
 from rlonce.engine.base import Engine, EngineError, SamplingParams
 from rlonce.engine.lockstep import Lockstep
 from rlonce.envs.base import grade_group_or_infra, grade_or_infra, infra_failure
-from rlonce.errors import is_internal, note_internal
+from rlonce.errors import POLICY, blame, cause_of, is_internal, note_internal
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import ProtocolError
 from rlonce.gateway.session import Budgets, GatewaySettings, session_metrics
@@ -154,8 +154,12 @@ async def _episode(env, harness, gateway: Gateway, session, spec: RolloutSpec, c
         status = Status.LIMITS
     except FormatError:
         status = Status.FORMAT_ERROR
-    except Exception as e:  # noqa: BLE001 - the retry boundary: an outage or our bug, never the model's
-        status, (failure, cause) = Status.INFRA, infra_failure(e, _category(e))
+    except Exception as e:  # noqa: BLE001 - the retry boundary: whose failure it is decides the status
+        if blame(e, infrastructure=tuple(t for t, _ in _CATEGORIES), tool_call=False) == POLICY:
+            env.metrics["policy_input_errors"] = env.metrics.get("policy_input_errors", 0.0) + 1
+            status, cause = Status.FORMAT_ERROR, cause_of(e)  # the policy's input: graded, trained
+        else:  # an outage or our bug, never the model's
+            status, (failure, cause) = Status.INFRA, infra_failure(e, _category(e))
     return status, failure, answer, cause
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import os
 import secrets
 import shutil
@@ -59,11 +60,29 @@ import weakref
 from pathlib import Path
 
 from rlonce.core import faults
+from rlonce.errors import PolicyInputError, input_problem
 from rlonce.sandbox import hostfs, memcg, mounts, seccomp, sweep
 from rlonce.sandbox.base import ExecResult, SandboxError
 from rlonce.sandbox.limits import Limits
 
 WORKDIR = "/work"
+COMMAND_CHARS = 120_000
+"""The longest command a sandbox runs: ``/bin/sh -c CMD`` hands CMD to ``execve`` as one argument,
+which the kernel caps at 128 KiB. Longer (the policy's) is a ``PolicyInputError``."""
+
+
+def workspace_rel(path: str) -> str:
+    """``path`` as the sandbox names it (``poc.bin``, ``./poc.bin``, ``/work/poc.bin``) relative to
+    the workspace; ``hostfs.HostileFile`` (the policy's failure) for any other absolute path, a
+    climb out with ``..``, the workspace itself, a NUL or a lone surrogate."""
+    if problem := input_problem(path):
+        raise hostfs.HostileFile(f"path {path[:200]!r}: {problem}")
+    rel = Path(path.strip())
+    if rel.is_absolute():
+        rel = rel.relative_to(WORKDIR) if str(rel).startswith(WORKDIR + "/") else None
+    if rel is None or ".." in rel.parts or not rel.parts or rel.as_posix() == ".":
+        raise hostfs.HostileFile(f"path {path[:200]!r} is outside the sandbox workspace {WORKDIR}")
+    return rel.as_posix()
 UID_BASE = 2_000_000_000
 """Sandboxes started by root run as host uid ``UID_BASE + k`` (k random below ``UID_SPAN``): ids
 no account uses, one per sandbox, so one sandbox's processes and files are not another's."""
@@ -155,24 +174,15 @@ class BwrapSandbox:
         return str(stage)
 
     # ---- files ---------------------------------------------------------------------------
-    @staticmethod
-    def _rel(path: str) -> str:
-        rel = Path(path)
-        if rel.is_absolute():
-            rel = rel.relative_to(WORKDIR) if str(rel).startswith(WORKDIR + "/") else None
-        if rel is None or ".." in rel.parts or not rel.parts:
-            raise ValueError(f"path {path!r} is outside the sandbox workspace {WORKDIR}")
-        return rel.as_posix()
-
     def put_file(self, path: str, data: bytes | str) -> None:
         """Write a file into the workspace from the host, following no link the agent planted."""
-        hostfs.write_file(self.workspace, self._rel(path), data.encode() if isinstance(data, str) else data)
+        hostfs.write_file(self.workspace, workspace_rel(path), data.encode() if isinstance(data, str) else data)
 
     def get_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a workspace file from the host: regular files only, no link followed, at most
         ``max_bytes`` (default: the file-size limit). ``hostfs.HostileFile`` otherwise."""
         cap = max_bytes if max_bytes is not None else self.limits.file_size_mb << 20
-        return hostfs.read_file(self.workspace, self._rel(path), cap)
+        return hostfs.read_file(self.workspace, workspace_rel(path), cap)
 
     # ---- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> str:
@@ -282,6 +292,8 @@ class BwrapSandbox:
 
     async def _start(self, cmd: str, stdout, pass_fds: tuple[int, ...] = ()):
         self._hand_over()
+        if problem := input_problem(cmd, limit=COMMAND_CHARS):
+            raise PolicyInputError(f"the command cannot run: {problem.replace('arguments hold', 'command holds')}")
         r = _seccomp_fd(self._seccomp)
         piped = stdout == asyncio.subprocess.PIPE
         try:
@@ -291,6 +303,9 @@ class BwrapSandbox:
                 stderr=asyncio.subprocess.STDOUT if piped else asyncio.subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(r, *pass_fds), env=LAUNCH_ENV)
         except OSError as e:
+            if e.errno == errno.E2BIG:  # the policy's command (or its environment) is over execve's limit
+                raise PolicyInputError(f"the command of {len(cmd)} characters is over the kernel's argument "
+                                       "limit") from None
             raise SandboxError(f"could not start bwrap: {e}") from e
         finally:
             os.close(r)

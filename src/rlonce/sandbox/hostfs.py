@@ -25,16 +25,20 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlonce.errors import PolicyInputError, input_problem
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class HostileFile(Exception):
+class HostileFile(PolicyInputError):
     """A path the agent made unsafe (a symlink on the way, a FIFO or device, too large, too
-    many entries): the agent's failure, never infra."""
+    many entries, a NUL or a lone surrogate in its name): the agent's failure, never infra."""
 
 
 def _parts(rel: str | os.PathLike) -> list[str]:
+    if isinstance(rel, str) and (problem := input_problem(rel)):
+        raise HostileFile(f"path {rel[:200]!r}: {problem}")
     parts = [p for p in Path(rel).parts if p not in ("", ".", "/")]
     if any(p == ".." for p in parts):
         raise HostileFile(f"path {str(rel)!r} climbs out of its root")

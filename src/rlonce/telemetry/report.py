@@ -119,7 +119,8 @@ def write_report(run_dir: Path) -> Path:
 
 LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered",
                   "penalty_rejected", "unfinished_dropped", "stale_dropped", "retained", "hack_zeroed",
-                  "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked", "groups_short",
+                  "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked", "policy_input_errors",
+                  "groups_short",
                   "difficulty_skipped"]
 
 

@@ -67,6 +67,7 @@ def source_metrics(x: StepInputs) -> dict:
             k + "infra_failed": float(e.infra_failed),
             **{k + f"infra/{c}": float(v) for c, v in sorted(e.infra_by_category.items())},
             k + "hack_zeroed": float(e.hack_zeroed),
+            k + "policy_input_errors": float(e.policy_input_errors),
             k + "groups_short": float(e.groups_short),
             k + "difficulty_skipped": float(e.difficulty_skipped),
             k + "intercepted": float(sum(v for s in seqs for m, v in s.metrics.items() if m.startswith("intercepted"))),

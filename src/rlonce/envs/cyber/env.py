@@ -6,7 +6,8 @@ including the address-space cap, under which AddressSanitizer cannot start — s
 runs one command itself: ``run-target FILE`` (the whole command) reads FILE from the workspace
 without following links and runs the sanitizer build on it in a separate fresh sandbox
 (``rlonce.envs.cyber.oracle``), returning the program's output and the sanitizer's report. The
-agent submits the path of its PoC file.
+agent submits the path of its PoC file, as the sandbox names it (``poc.bin``, ``./poc.bin`` or
+``/work/poc.bin``); any other path (outside the workspace, a NUL in it) is a failed attempt.
 
 Grading: the submitted file is read the same way and run once more, in a fresh sandbox with only
 the pack's pristine binary; reward 1 when the report's type and topmost project frame are the
@@ -25,7 +26,7 @@ from rlonce.envs.cyber.tasks import CyberTask
 from rlonce.envs.cyber.validate import matches
 from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
-from rlonce.sandbox.bwrap import BwrapSandbox
+from rlonce.sandbox.bwrap import BwrapSandbox, workspace_rel
 from rlonce.sandbox.limits import Limits, command_limits
 
 SYSTEM_PROMPT = ("Reproduce the reported bug of a C program: read src/, write an input file, check it with "
@@ -69,7 +70,7 @@ class CyberEnv:
 
     def _read(self, path: str) -> bytes:
         assert self.sandbox is not None, "setup() was not called"
-        return hostfs.read_file(self.sandbox.workspace, path.strip(), MAX_POC_BYTES)
+        return hostfs.read_file(self.sandbox.workspace, workspace_rel(path), MAX_POC_BYTES)
 
     async def call_tool(self, name: str, arguments: dict) -> str:
         if name != "bash":
