@@ -95,8 +95,9 @@ class RenderResult:
     non-transparent background colour of the element or an ancestor, white if none) as CSS rgb
     strings, and ``font_px``."""
     raster_coverage: dict[str, float]
-    """Viewport name -> share of the first screen covered by raster or embedded content (img,
-    canvas, video, iframe, object, embed, svg image, and url(...) background images)."""
+    """Viewport name -> share of the first screen painted by images, whatever paints them (elements,
+    pseudo-elements, CSS image properties, SVG; ``render_page.py`` says which), the largest of the
+    measures around each screenshot; 1 where image paint could not be bounded."""
     seconds: float
     timed_out: bool = False
     """The page did not finish within the time limit (its fault)."""

@@ -22,9 +22,10 @@ Text drawn into an image or a canvas is not text.
 
 **Reward** = ``pixel · (0.5 + 0.5 · structure)``, or 0 when a gate closes:
 ``runtime`` (a console error, an uncaught exception, a failed load — there is no network), ``timed_out``
-and ``crashed`` (the page's own fault), ``embedded_image`` (raster or embedded content — img,
-canvas, video, iframe, object, CSS url() backgrounds — covering more than ``MAX_RASTER`` of a
-viewport: a screenshot pasted as the page), ``oversize`` (the document more than ``MAX_EXTENT``
+and ``crashed`` (the page's own fault), ``embedded_image`` (images covering more than ``MAX_RASTER`` of a
+viewport, whatever paints them — elements, pseudo-elements, CSS backgrounds, border images, masks,
+list markers, SVG images and filters — or image paint the renderer could not bound: a screenshot
+pasted as the page), ``oversize`` (the document more than ``MAX_EXTENT``
 viewports wide or tall).
 """
 
