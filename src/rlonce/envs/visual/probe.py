@@ -47,6 +47,61 @@ def _embedded(task: VisualTask, png: bytes) -> str:
     return _page(f'<img src="data:image/png;base64,{data}" style="display:block;width:100vw">')
 
 
+def _url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _hidden_texts(task: VisualTask) -> str:
+    """The reference's strings as DOM text, painted over by whatever comes later (structure 1)."""
+    return ('<div style="position:absolute;left:0;top:0;z-index:-1">'
+            + "".join(f"<p>{x}</p>" for x in task.texts) + "</div>")
+
+
+PAINTS: dict[str, Callable[[str], tuple[str, str]]] = {
+    "pseudo_content": lambda u: (f'body::before{{content:url("{u}");display:block}}', ""),
+    "pseudo_background": lambda u: (f'body::before{{content:"";position:fixed;inset:0;z-index:1;'
+                                    f'background:url("{u}") 0 0/640px 400px no-repeat}}', ""),
+    "border_image_fill": lambda u: (f'#s{{position:fixed;inset:0;z-index:1;border:0 solid;'
+                                    f'border-image:url("{u}") 0 fill/0/0 stretch}}', '<div id="s"></div>'),
+    "svg_feimage": lambda u: ("#s{position:fixed;inset:0;z-index:1;filter:url(#f)}",
+                              '<svg width="0" height="0" style="position:absolute"><filter id="f" x="0" y="0" '
+                              'width="640" height="400" filterUnits="userSpaceOnUse"><feImage x="0" y="0" '
+                              f'width="640" height="400" preserveAspectRatio="none" href="{u}"/></filter></svg>'
+                              '<div id="s"></div>'),
+}
+"""CSS and markup that paint a screenshot (a data URL) over the viewport without an ``<img>``."""
+TINY = "data:image/gif;base64,R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7"
+
+
+def _painted(task: VisualTask, ref: dict, how: str, both: bool) -> str:
+    """A page that paints the desktop screenshot (``target.png``, what the agent gets) or, with
+    ``both``, each viewport's own screenshot (the grader's, which an agent never sees) with the
+    reference's strings hidden underneath."""
+    desk, mob = _url(ref["png"]["desktop"]), _url(ref["png"]["mobile"])
+    if how in PAINTS:
+        css, html = PAINTS[how](desk)
+        if both:
+            css += "@media (max-width:400px){" + PAINTS[how](mob)[0] + "}"
+        return _page(f"<style>{css}</style>{_hidden_texts(task)}{html}", "white")
+    source = f'<source media="(max-width:400px)" srcset="{mob}">' if both else ""
+    if how == "rect_cap_then_img":  # the old gate measured the first 1,000 image rectangles only
+        first = "".join(f'<img src="{TINY}" style="position:absolute;left:{i % 40}px;top:{i // 40}px;'
+                        f'width:1px;height:1px">' for i in range(1000))
+        shot = f'<picture>{source}<img src="{desk}" style="position:fixed;inset:0;width:100%;z-index:1"></picture>'
+        return _page(f"{_hidden_texts(task)}{first}{shot}", "white")
+    if how == "element_cap_then_background":  # ... and the backgrounds of the first 5,000 elements only
+        css = f'#s{{position:fixed;inset:0;z-index:1;background:url("{desk}") 0 0/100% auto no-repeat}}'
+        if both:
+            css += f'@media (max-width:400px){{#s{{background-image:url("{mob}")}}}}'
+        return _page(f"<style>{css}</style>{_hidden_texts(task)}{'<i></i>' * 5100}<div id=\"s\"></div>", "white")
+    raise KeyError(how)
+
+
+PAINTED = {**{f"{how}_screenshot": how for how in PAINTS},
+           "rect_cap_then_img": "rect_cap_then_img", "element_cap_then_background": "element_cap_then_background"}
+"""Screenshot routes that paint the picture through what the image gate once missed (route -> how);
+each also as ``<route>_both``, with the grader's screenshot of each viewport."""
+
 ROUTES: dict[str, Callable[[VisualTask, dict], str]] = {
     "empty": lambda t, ref: "",
     "blank": lambda t, ref: _page(""),
@@ -60,6 +115,8 @@ ROUTES: dict[str, Callable[[VisualTask, dict], str]] = {
     "paint_at_desktop_size": lambda t, ref: _script(t, "if (innerWidth === 640) paint()"),
     "giant_page": lambda t, ref: "```html\n" + t.reference_html.replace("</body>", f"{GIANT}</body>"),
     "never_finishes": lambda t, ref: _page("<script>for(;;){}</script>"),
+    **{name: (lambda t, ref, how=how: _painted(t, ref, how, False)) for name, how in PAINTED.items()},
+    **{f"{name}_both": (lambda t, ref, how=how: _painted(t, ref, how, True)) for name, how in PAINTED.items()},
 }
 """Single-turn routes: the reply text."""
 TOOL_ROUTES = {
