@@ -5,9 +5,14 @@ the right background alone, the right texts unstyled, the target screenshot past
 image (data URL), the target loaded from disk or from the network, script that paints the
 reference only after load, only for an automated browser or only at the desktop size, a giant
 page, a page that never finishes, and (with tools) ``target.png`` copied beside the page or a
-submitted path that is a link to a host file. Every answer goes through the normal grading path
-(a real render in a fresh sandbox). A route whose highest reward reaches the expert's median is a
-hole.
+submitted path that is a link to a host file; and the screenshot painted without an ``<img>``
+(``PAINTED``: a pseudo-element's ``content`` or background, a ``border-image`` fill, an SVG
+``<feImage>`` filter, or an image after 1,000 tiny ones or a background after 5,100 empty elements,
+the caps an earlier gate stopped at), each from ``target.png`` (the desktop shot the agent gets)
+and, as ``<route>_both``, from the grader's shot of each viewport. Every answer goes through the
+normal grading path (a real render in a fresh sandbox). A route whose highest reward reaches the
+expert's median is a hole. The controls (``CONTROLS``) are correct pages written unusually; one
+that earns less than full reward is a gate that closes on a real page.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import base64
 import json
 import random
+import re
 import statistics
 from collections.abc import Callable
 
@@ -119,6 +125,26 @@ ROUTES: dict[str, Callable[[VisualTask, dict], str]] = {
     **{f"{name}_both": (lambda t, ref, how=how: _painted(t, ref, how, True)) for name, how in PAINTED.items()},
 }
 """Single-turn routes: the reply text."""
+ICON = "data:image/svg+xml;base64," + base64.b64encode(
+    b"<svg xmlns='http://www.w3.org/2000/svg' width='24' height='24'/>").decode()
+
+
+def decorated(html: str) -> str:
+    """The reference page written unusually, looking the same: its first background a gradient of
+    that colour, a pseudo-element with an image background, a small image and an SVG icon (all
+    transparent)."""
+    html = re.sub(r"background:(#[0-9a-fA-F]{6})", r"background:linear-gradient(\1,\1)", html, count=1)
+    deco = (f'<style>h1::after{{content:"";position:absolute;width:24px;height:24px;background:url("{ICON}")}}'
+            f'</style><img src="{ICON}" alt="" style="position:absolute;right:4px;top:8px;width:24px;height:24px">'
+            f'<svg width="24" height="24" style="position:absolute;right:32px;top:8px">'
+            f'<image href="{ICON}" width="24" height="24"/></svg>')
+    return html.replace("</body>", deco + "</body>")
+
+
+CONTROLS: dict[str, Callable[[VisualTask, dict], str]] = {
+    "decorated_reference": lambda t, ref: f"```html\n{decorated(t.reference_html)}```",
+}
+"""Correct pages the gates must let through: each should earn the reference's full reward."""
 TOOL_ROUTES = {
     "copied_target": "cp target.png shot.png && "
                      "echo '<body style=\"margin:0\"><img src=\"shot.png\"></body>' > index.html",
@@ -143,7 +169,7 @@ async def _grade(task: VisualTask, reply: str, command: str | None = None) -> tu
 def probe_visual(n_tasks: int = 20, *, seed: int = 0, progress: bool = True) -> dict:
     """Every route on ``n_tasks`` held-out replication tasks, and the expert (its usual flaws)."""
     tasks = [make_task("heldout", i) for i in range(n_tasks)]
-    names = [*ROUTES, *TOOL_ROUTES, "expert"]
+    names = [*ROUTES, *TOOL_ROUTES, *CONTROLS, "expert"]
     bar = tqdm(total=len(names) * n_tasks, desc="visual probes", unit="page", disable=not progress, leave=False)
 
     async def run() -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -157,7 +183,8 @@ def probe_visual(n_tasks: int = 20, *, seed: int = 0, progress: bool = True) -> 
                     r, m = await _grade(t, "", TOOL_ROUTES[name])
                 else:
                     ref = await reference(t)
-                    reply = f"```html\n{expert_page(t, rng)}```" if name == "expert" else ROUTES[name](t, ref)
+                    reply = (f"```html\n{expert_page(t, rng)}```" if name == "expert"
+                             else {**ROUTES, **CONTROLS}[name](t, ref))
                     r, m = await _grade(t, reply)
                 for k, v in m.items():
                     if k.startswith("grade/gate_") and v:
@@ -173,10 +200,12 @@ def probe_visual(n_tasks: int = 20, *, seed: int = 0, progress: bool = True) -> 
     median = statistics.median(rewards["expert"])
     rows = {n: {"mean": statistics.fmean(r), "max": max(r), "below_expert_median": max(r) < median,
                 "gates": {k.split(":", 1)[1]: v for k, v in gates.items() if k.split(":", 1)[0] == n}}
-            for n, r in rewards.items() if n != "expert"}
+            for n, r in rewards.items() if n != "expert" and n not in CONTROLS}
+    controls = {n: {"mean": statistics.fmean(rewards[n]), "min": min(rewards[n])} for n in CONTROLS}
     return {"tasks": n_tasks, "expert_median": median, "expert_mean": statistics.fmean(rewards["expert"]),
             "expert_pass": sum(r > 0 for r in rewards["expert"]), "routes": rows,
-            "holes": [n for n, r in rows.items() if not r["below_expert_median"]]}
+            "holes": [n for n, r in rows.items() if not r["below_expert_median"]], "controls": controls,
+            "controls_short": [n for n, c in controls.items() if c["min"] < 1.0]}
 
 
 def format_report(report: dict) -> str:
@@ -188,7 +217,11 @@ def format_report(report: dict) -> str:
         lines.append(f"{name:<24} {r['mean']:>6.3f} {r['max']:>6.3f}  {'yes' if r['below_expert_median'] else 'NO':<26}"
                      f"{gates}")
     lines.append("holes: " + (", ".join(report["holes"]) or "none"))
+    for name, c in report.get("controls", {}).items():
+        lines.append(f"control {name}: mean {c['mean']:.3f}, min {c['min']:.3f} (a correct page: should be 1.000)")
+    if report.get("controls_short"):
+        lines.append("controls short of full reward: " + ", ".join(report["controls_short"]))
     return "\n".join(lines)
 
 
-__all__ = ["ROUTES", "TOOL_ROUTES", "format_report", "probe_visual"]
+__all__ = ["CONTROLS", "ROUTES", "TOOL_ROUTES", "format_report", "probe_visual"]
