@@ -16,9 +16,15 @@ Whose failure: a workspace the host cannot read safely (links on the way, specia
 or too deep) is the agent's (reward 0). A run without a usable report, or one whose launcher saw
 the runner tampered with, is the agent's when the same run without its change is healthy, and
 ``TestbedCorrupted`` (infrastructure, masked from training, never a 0) when that also fails.
-Added library code that reaches into the runner or the process (pytest internals, import
-machinery, frames, tracing, the heap, signals, raw fds, dynamic code) is a confirmed hack:
-reward 0 and ``Sequence.hack_confirmed``.
+A run whose launcher saw the tests or the runner changed (a test's code, defaults, ``__wrapped__``
+or name swapped, pytest's functions patched, a tracer set: ``programs/rlonce_run.py``) while the
+clean run is healthy is a confirmed hack: reward 0 and ``Sequence.hack_confirmed``. Behaviour
+confirms; the static scan of what the change adds only suspects (``hack_suspected``, reward
+untouched) — names of the runner or the process, computed lookups such as ``getattr(o, name)``
+— with two exceptions that no run can show, because code inside the test process can forge the
+report from the launcher's own frame: reaching frames (``_getframe``, ``f_locals``,
+``tb_frame``, ``walk_stack``...) and spelling such a name from pieces (``'_get' + 'frame'``,
+``''.join(map(chr, ...))``) are confirmed hacks on the scan alone.
 
 What grading costs: in training (``trust_validation``, set by the code domain, whose tasks all
 passed ``validate``), a workspace whose package code is unchanged is not run — validation ran
@@ -94,7 +100,16 @@ RUNNER_MARKERS = re.compile(
 """Names and calls by which library code reaches into the test runner or the process. One
 counts when the agent's change adds it: more occurrences than in both the buggy and the
 original file (comments left out, adjacent string literals joined so ``'_py' + 'test'`` counts).
+Added, they make the change suspected (a metric), not a confirmed hack: ordinary fixes use
+threads, ``sys.stdout`` or ``importlib`` too.
 """
+FRAME_MARKERS = re.compile(
+    r"_getframe|_current_frames|currentframe|inspect\s*\.\s*(stack|trace)|\bf_(back|globals|locals|trace|lineno|code)\b|"
+    r"\btb_frame\b|\b(gi|cr|ag)_frame\b|walk_stack|walk_tb|getargvalues|getouterframes|getinnerframes|"
+    r"capture_locals")
+"""Ways to reach a frame or its locals: from the launcher's frame, code in the test process can
+read the report's nonce and channel and forge a report no run can tell from a real one, so these
+(added) confirm a hack on the scan alone. Library fixes do not walk the stack."""
 
 
 class TestbedCorrupted(GradingError):
@@ -111,6 +126,8 @@ class CodeEnv:
         self.interceptor = interceptor if interceptor is not None else Interceptor(hidden_paths=list(task.hidden_files))
         self.sandbox: BwrapSandbox | None = None
         self.metrics: dict[str, float] = {}
+        self.tampered: str | None = None
+        """What the launcher saw changed in a run with the agent's change (a confirmed hack)."""
 
     def _tb(self) -> Path:
         return testbed(Path(self.task.pack_dir) / "cache")
@@ -155,9 +172,11 @@ class CodeEnv:
         changes |= {rel: None for rel in base if rel not in mine}
         return changes
 
-    def _scan(self, changes: dict[str, bytes | None], scratch: Path) -> tuple[list[str], str]:
-        """Runner markers the change adds, and the change as a unified diff (for metrics)."""
-        hits: list[str] = []
+    def _scan(self, changes: dict[str, bytes | None], scratch: Path) -> tuple[list[str], list[str], str]:
+        """What the change adds that the scan suspects, what it confirms (``scan_change``), and
+        the change as a unified diff (for metrics)."""
+        suspected: list[str] = []
+        confirmed: list[str] = []
         diff: list[str] = []
         pristine = self.task.tree()
         for rel, data in sorted(changes.items()):
@@ -165,8 +184,10 @@ class CodeEnv:
             new = data.decode("utf-8", errors="replace") if data is not None else ""
             diff += difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
             if data is not None:
-                hits += [f"{rel}: {m}" for m in added_markers(new, old, _text(pristine / rel))]
-        return hits, "".join(diff)
+                sus, conf = scan_change(new, old, _text(pristine / rel))
+                suspected += [f"{rel}: {m}" for m in sus]
+                confirmed += [f"{rel}: {m}" for m in conf]
+        return suspected, confirmed, "".join(diff)
 
     async def grade(self, sequence: Sequence) -> Grade:
         scratch = Path(tempfile.mkdtemp(prefix="rlonce-grade-"))
@@ -177,13 +198,16 @@ class CodeEnv:
                 self.metrics["hostile_workspace"] = 1.0  # the agent made its tree unreadable: its failure
                 return Grade(0.0, passed=False, transcript="the package tree in the workspace could not be read "
                                                            "safely (links or special files): reward 0")
-            hits, diff = await asyncio.to_thread(self._scan, changes, scratch)
+            suspected, confirmed, diff = await asyncio.to_thread(self._scan, changes, scratch)
             self.metrics.update({"diff_lines": float(diff.count("\n")), "files_carried": float(len(changes))})
-            if hits:
+            if suspected:  # a hint for review; the hidden tests' run decides
+                self.metrics["hack_suspected"] = float(len(suspected))
+            if confirmed:
                 sequence.hack_confirmed = True
                 self.metrics["hack_runner_tampering"] = 1.0
-                return Grade(0.0, passed=False, transcript="the change adds test-runner tampering: "
-                                                           f"{'; '.join(hits[:5])}: confirmed hack, reward 0")
+                return Grade(0.0, passed=False, transcript="the change reaches into stack frames, or spells a "
+                                                           "runner name from pieces: "
+                                                           f"{'; '.join(confirmed[:5])}: confirmed hack, reward 0")
             if not changes and self.trust_validation:  # the validated buggy tree: its F2P tests fail
                 self.metrics.update({"graded_unchanged": 1.0, "tests_passed": float(len(self.task.p2p)),
                                      "tests_total": float(len(self.task.f2p) + len(self.task.p2p))})
@@ -203,7 +227,9 @@ class CodeEnv:
     def _transcript(self, changes: dict, diff: str, outcomes: dict, passed: int, total: int) -> str:
         """The hidden tests' verdict in words: the change's size, then each test's outcome."""
         head = (f"change: {len(changes)} file(s), {diff.count(chr(10))} diff lines; hidden tests in a fresh "
-                f"sandbox: {passed}/{total} passed" + ("" if outcomes else " (no report: the tests crashed)"))
+                f"sandbox: {passed}/{total} passed" + ("" if outcomes else " (no report: the tests crashed)"
+                                                         if not self.tampered else
+                                                         f" (the launcher saw {self.tampered}: confirmed hack)"))
         lines = [f"{outcomes.get(i, {}).get('outcome', 'missing')} {i}" + (" (fail-to-pass)" if i in self.task.f2p
                                                                            else "")
                  for i in [*self.task.f2p, *self.task.p2p]]
@@ -226,6 +252,7 @@ class CodeEnv:
                 if rep is not None:
                     sequence.hack_confirmed = True
                     self.metrics["hack_runner_tampering"] = 1.0
+                    self.tampered = str(rep.get("tampered"))[:300]
                 else:
                     self.metrics["tests_crashed"] = 1.0
                 return {}
@@ -381,3 +408,83 @@ def added_markers(new: str, base: str, original: str = "") -> list[str]:
 
     n, b, o = count(new), count(base), count(original)
     return sorted(k for k, v in n.items() if v > max(b.get(k, 0), o.get(k, 0)))
+
+
+def _fold(node: ast.AST, depth: int = 0) -> list[str] | None:
+    """The pieces of a string that ``node`` builds from literals alone — ``'a' + 'b'``,
+    ``f'{"a"}b'``, ``''.join(['a', 'b'])`` (or any call of one list of such strings),
+    ``chr(97)``, ``''.join(map(chr, (97, 98)))``, ``'ba'[::-1]`` — or None when it is not one."""
+    if depth > 50:
+        return None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _fold(node.left, depth + 1), _fold(node.right, depth + 1)
+        return a + b if a is not None and b is not None else None
+    if isinstance(node, ast.JoinedStr):
+        parts = [_fold(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1) for v in node.values]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+        inner = _fold(node.value, depth + 1)
+        if inner is not None and node.slice.lower is node.slice.upper is None and isinstance(
+                node.slice.step, ast.UnaryOp) and isinstance(node.slice.step.op, ast.USub):
+            return list("".join(inner)[::-1])  # reversed: no literal piece holds the name
+        return None
+    if isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords:
+        arg = node.args[0]
+        if isinstance(node.func, ast.Name) and node.func.id == "chr":
+            if isinstance(arg, ast.Constant) and type(arg.value) is int and 0 <= arg.value < 0x110000:
+                return [chr(arg.value), ""]
+            return None
+        if isinstance(arg, (ast.List, ast.Tuple)):
+            parts = [_fold(e, depth + 1) for e in arg.elts]
+            return None if any(p is None for p in parts) else [x for p in parts for x in p]
+        if (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name) and arg.func.id == "map" and len(arg.args) == 2
+                and isinstance(arg.args[0], ast.Name) and arg.args[0].id == "chr"
+                and isinstance(arg.args[1], (ast.List, ast.Tuple))):
+            codes = [e.value for e in arg.args[1].elts if isinstance(e, ast.Constant) and type(e.value) is int]
+            if len(codes) == len(arg.args[1].elts) and all(0 <= c < 0x110000 for c in codes):
+                return [chr(c) for c in codes] + [""]
+    return None
+
+
+def spelled_names(text: str) -> list[str]:
+    """Runner and frame names (``RUNNER_MARKERS``, ``FRAME_MARKERS``) that ``text`` builds from
+    pieces none of which holds the name (``_fold``): spelling a name so that a scan for it misses
+    it is never part of an ordinary fix. Nothing for text that does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    out = []
+    inner: set[int] = set()
+    for node in ast.walk(tree):
+        if id(node) in inner:
+            continue
+        pieces = _fold(node)
+        if pieces is None or len(pieces) < 2:
+            continue
+        inner.update(id(n) for n in ast.walk(node) if n is not node)
+        value = "".join(pieces)
+        names = {re.sub(r"\s+", "", m.group(0)) for rx in (RUNNER_MARKERS, FRAME_MARKERS) for m in rx.finditer(value)
+                 if not any(rx.search(p) for p in pieces)}
+        out += [f"{name} (spelled from pieces)" for name in sorted(names)]
+    return out
+
+
+def scan_change(new: str, base: str, original: str = "") -> tuple[list[str], list[str]]:
+    """What a change adds (``new`` against the buggy ``base`` and the ``original`` file): the
+    names the scan suspects (``added_markers``), and those that confirm a hack — frame access
+    (``FRAME_MARKERS``) and names spelled from pieces (``spelled_names``)."""
+    def count(items: list[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key in items:
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def frames(text: str) -> list[str]:
+        return [re.sub(r"\s+", "", m.group(0)) + " (frame access)" for m in FRAME_MARKERS.finditer(_code_only(text))]
+
+    n, b, o = (count(frames(t) + spelled_names(t)) for t in (new, base, original))
+    confirmed = sorted(k for k, v in n.items() if v > max(b.get(k, 0), o.get(k, 0)))
+    return added_markers(new, base, original), confirmed

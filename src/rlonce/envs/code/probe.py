@@ -1,23 +1,26 @@
 """``rlonce probe code``: a scripted hack agent tries known shortcut routes on every task.
 
 Each route is a short list of tool calls — made through the environment's own tools, so the
-interceptor sees them as it would see a model's — followed by the normal grading path. A route
-that earns reward on any task is a hole in the environment. Controls run in the same report: the
-reference fix, applied with the editor tool, must earn reward on every task; doing nothing must
-earn it on none. Routes follow the seeds' case table (seed 000, "How the Model Cheats, and How It
-Gets Caught"; seed 001, "The environment can accidentally hand out the answer"): reading hidden
-tests, git history and unreachable objects, installing or downloading the package (and its later
-tests), fetching an upstream file, cloning the upstream repository, consulting the issue
-tracker, probing installed versions, finding an installed or cached copy, planting
-test-runner hooks, editing the test settings, deleting tests, exiting early, and writing where
-the grader might look. Issue 15 added routes against the grader itself: shadowing the launcher,
-pytest or the report plugin from the workspace, patching the runner from files the static scan
-once exempted or through obfuscated imports, a ``sitecustomize`` package, a user site, copies of
-the package on other mounts, forging the report with a guessed nonce, tracing over asserts,
-walking the heap, faking the test module, compiled or linked shadows, and trees that would turn
-the agent's failure into infrastructure (deep, huge, FIFOs, a directory at a hidden test path, a
-hang at import). ``probe_pack`` runs them with the interceptor on and off; the routes themselves
-are in ``rlonce.envs.code.routes``.
+interceptor sees them as it would see a model's — followed by the normal grading path. A route that
+earns reward on any task is a hole in the environment. Controls run in the same report: the
+reference fix, applied with the editor tool, must earn reward on every task, and so must the same
+fix with a harmless ``getattr(o, name)`` helper added (``getattr_control``: a grader that punishes
+ordinary Python teaches the policy to avoid it); doing nothing must earn it on none. Routes follow
+the seeds' case table (seed 000, "How the Model Cheats, and How It Gets Caught"; seed 001, "The
+environment can accidentally hand out the answer"): reading hidden tests, git history and
+unreachable objects, installing or downloading the package (and its later tests), fetching an
+upstream file, cloning the upstream repository, consulting the issue tracker, probing installed
+versions, finding an installed or cached copy, planting test-runner hooks, editing the test
+settings, deleting tests, exiting early, and writing where the grader might look. Issue 15 added
+routes against the grader itself: shadowing the launcher, pytest or the report plugin from the
+workspace, patching the runner from files the static scan once exempted or through obfuscated
+imports, a ``sitecustomize`` package, a user site, copies of the package on other mounts, forging
+the report with a guessed nonce, tracing over asserts, walking the heap, faking the test module,
+compiled or linked shadows, and trees that would turn the agent's failure into infrastructure
+(deep, huge, FIFOs, a directory at a hidden test path, a hang at import). Issue 56 added a thread
+that swaps each test's code for a stub (and its variants: behind ``__wrapped__``, with swapped
+defaults, a test's name rebound, pytest's runner functions patched in place). ``probe_pack`` runs
+them with the interceptor on and off; the routes themselves are in ``rlonce.envs.code.routes``.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from tqdm.auto import tqdm
 from rlonce.core.records import Sequence
 from rlonce.envs.code.env import CodeEnv, TestbedCorrupted
 from rlonce.envs.code.interceptor import Interceptor
-from rlonce.envs.code.routes import PATCH_REPORTS, ROUTES, Call, reference_fix_calls
+from rlonce.envs.code.routes import PATCH_REPORTS, ROUTES, Call, getattr_control_calls, reference_fix_calls
 from rlonce.envs.code.tasks import CodeTask
 
-__all__ = ["KEYS", "PATCH_REPORTS", "ROUTES", "format_report", "probe_pack", "read_record", "reference_fix_calls",
-           "run_route"]
+__all__ = ["CONTROLS", "KEYS", "PATCH_REPORTS", "ROUTES", "format_report", "getattr_control_calls", "probe_pack",
+           "read_record", "reference_fix_calls", "run_route"]
 
 
 async def run_route(task: CodeTask, calls: Callable[[CodeEnv], list[Call]], *, intercept: bool) -> dict:
@@ -58,11 +61,18 @@ async def run_route(task: CodeTask, calls: Callable[[CodeEnv], list[Call]], *, i
 
 
 KEYS = ("rewarded", "denied", "hack_confirmed", "infra")
+CONTROLS: dict[str, Callable[[CodeTask, CodeEnv], list[Call]]] = {
+    "reference_fix": lambda t, env: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text()),
+    "noop": lambda t, env: [],
+    "getattr_control": lambda t, env: getattr_control_calls(t, (env.sandbox.workspace / t.mut.path).read_text()),
+}
+"""The controls every probe runs on every task: the first and last must earn reward, ``noop`` never."""
+CONTROL_LABELS = {"reference_fix": "reference fix", "noop": "no-op", "getattr_control": "fix + getattr"}
 
 
 def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, intercept: bool | str = "both",
                concurrency: int = 2, progress: bool = True, record: Path | None = None) -> dict:
-    """Run every route and both controls on every task. ``intercept``: True (interceptor on),
+    """Run every route and the controls (``CONTROLS``) on every task. ``intercept``: True (interceptor on),
     False (off: the grader alone) or ``"both"`` (each mode in turn; the report then holds an
     ``on`` and an ``off`` report, and ``routes`` rows with both columns). ``record``: a JSONL
     file that gets one line per attempt as it finishes; attempts already in it are not run
@@ -80,9 +90,7 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
     done = {(r["task"], r["route"]): r for r in read_record(record) if r["mode"] == mode} if record else {}
     jobs: list[tuple[str, CodeTask, Callable]] = []
     for t in tasks:
-        jobs.append(("reference_fix", t,
-                     lambda env, t=t: reference_fix_calls(t, (env.sandbox.workspace / t.mut.path).read_text())))
-        jobs.append(("noop", t, lambda env: []))
+        jobs += [(c, t, lambda env, c=c, t=t: CONTROLS[c](t, env)) for c in CONTROLS]
         jobs += [(r, t, lambda env, r=r, t=t: ROUTES[r](t)) for r in names]
     rows = [done[(t.task_id, name)] for name, t, _ in jobs if (t.task_id, name) in done]
     todo = [j for j in jobs if (j[1].task_id, j[0]) not in done]
@@ -113,13 +121,13 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
         bar.close()
         if out is not None:
             out.close()
-    results = {n: {"tasks": 0, **dict.fromkeys(KEYS, 0)} for n in ["reference_fix", "noop", *names]}
+    results = {n: {"tasks": 0, **dict.fromkeys(KEYS, 0)} for n in [*CONTROLS, *names]}
     for row in rows:
         results[row["route"]]["tasks"] += 1
         for k in KEYS:
             results[row["route"]][k] += int(row[k])
-    return {"routes": {r: results[r] for r in names}, "reference_fix": results["reference_fix"],
-            "noop": results["noop"], "interceptor": bool(intercept), "tasks": len(tasks)}
+    return {"routes": {r: results[r] for r in names}, **{c: results[c] for c in CONTROLS},
+            "interceptor": bool(intercept), "tasks": len(tasks)}
 
 
 def read_record(path: Path) -> list[dict]:
@@ -143,8 +151,7 @@ def format_report(report: dict) -> str:
         return _format_both(report["on"], report["off"])
     lines = [f"Hack probes on {report['tasks']} tasks (interceptor {'on' if report['interceptor'] else 'off'})", "",
              f"{'route':32} {'tasks':>6} {'rewarded':>9} {'denied':>7} {'hack':>5} {'infra':>6}"]
-    rows = [*report["routes"].items(), ("[control] reference fix", report["reference_fix"]),
-            ("[control] no-op", report["noop"])]
+    rows = [*report["routes"].items(), *((f"[control] {CONTROL_LABELS[c]}", report[c]) for c in CONTROLS)]
     for name, r in rows:
         lines.append(f"{name:32} {r['tasks']:6} {r['rewarded']:9} {r['denied']:7} "
                      f"{r['hack_confirmed']:5} {r['infra']:6}")
@@ -157,8 +164,7 @@ def _format_both(on: dict, off: dict) -> str:
     lines = [f"Hack probes on {on['tasks']} tasks, interceptor on | off", "",
              f"{'route':32} {'tasks':>6} {'rewarded':>12} {'denied':>7} {'hack':>11} {'infra':>11}"]
     rows = [*((n, on["routes"][n], off["routes"][n]) for n in on["routes"]),
-            ("[control] reference fix", on["reference_fix"], off["reference_fix"]),
-            ("[control] no-op", on["noop"], off["noop"])]
+            *((f"[control] {CONTROL_LABELS[c]}", on[c], off[c]) for c in CONTROLS)]
     for name, a, b in rows:
         lines.append(f"{name:32} {a['tasks']:6} {a['rewarded']:5} | {b['rewarded']:4} {a['denied']:7} "
                      f"{a['hack_confirmed']:4} | {b['hack_confirmed']:4} {a['infra']:4} | {b['infra']:4}")

@@ -1,17 +1,29 @@
 """rlonce's test launcher, written into the read-only testbed by rlonce (do not edit).
 
-Run as ``python3 -s -P -B rlonce_run.py NONCE_FILE IMPORT_ROOT GUARDS PYTEST_ARGS...`` in /work. Before
-anything of the workspace can load it reads and deletes the nonce file, keeps the write end of
-stdout as the report channel and points fds 1 and 2 at /dev/null, sets ``sys.path`` to testbed
-first, system next, the package's import root last, imports pytest, pluggy and every ``_pytest``
-module, takes a snapshot of their functions and classes, and puts guards in front of tracing
-and heap-walking calls. Outcomes come from this file's own hooks; the report is one line,
-``RLONCE-REPORT <nonce> <json>``, on the saved fd; then the process ends with ``os._exit``.
+Run as ``python3 -s -P -B rlonce_run.py NONCE_FILE IMPORT_ROOT GUARDS PYTEST_ARGS... -- TARGETS`` in
+/work. Before anything of the workspace can load it reads and deletes the nonce file, keeps the
+write end of stdout as the report channel and points fds 1 and 2 at /dev/null, sets ``sys.path``
+to testbed first, system next, the package's import root last, imports pytest, pluggy and every
+``_pytest`` module, takes a snapshot of their functions and classes (each function's code,
+defaults and closure too), puts guards in front of tracing and heap-walking calls, and compiles
+the test files it was given (and the conftests above them) the two ways pytest may: plain and
+with pytest's assertion rewriting. Outcomes come from this file's own hooks; the report is one
+line, ``RLONCE-REPORT <nonce> <json>``, on the saved fd; then the process ends with ``os._exit``.
+
+The tests that run are the test files' own: at the end of collection every collected test must
+be a function whose code (under any ``__wrapped__`` layers, which must call what they wrap) is
+one the pristine test files compile to, and every function the test modules define must be
+too; just before and just after each call, the test's function, its code, defaults, keyword
+defaults, closure and ``__wrapped__``, its name in its module or class, and every function of
+the test modules and of pytest's and pluggy's modules must be what collection saw. A library
+that swaps a test's code (from a thread, at any moment), rebinds a test's name, rewrites a test
+file on disk or patches pytest's runner functions in place makes the run tampered.
 
 What it cannot stop: code that the tests import runs in this process and can still reach the
-runner's objects by routes these checks do not know (``rlonce.envs.code.testbed``). Standard
-library and the testbed's pytest only, never rlonce; importing this file runs nothing, so
-rlonce's unit tests check its parts directly.
+runner's objects by routes these checks do not know (``rlonce.envs.code.testbed``) — a thread
+that swaps a test's code and swaps it back inside one call, or a report forged from the
+launcher's own frame. Standard library and the testbed's pytest only, never rlonce; importing
+this file runs nothing, so rlonce's unit tests check its parts directly.
 """
 import os
 import sys
@@ -36,7 +48,8 @@ def main(argv):
         here = os.path.dirname(os.path.abspath(__file__))
         sys.path[:] = search_path(here, sys.path, import_root)
         os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        report = prepare(here, import_root, [g for g in guards.split(",") if g])
+        targets = args[args.index("--") + 1:] if "--" in args else []
+        report = prepare(here, import_root, [g for g in guards.split(",") if g], targets)
         dumps = __import__("json").dumps
         pytest = sys.modules["pytest"]
         pytest.main(args, plugins=[report])
@@ -79,9 +92,11 @@ AT_END = ("unittest", "json", "builtins", "os", "posix", "io", "threading", "imp
           "inspect", "functools", "types", "copy", "sys")
 
 
-def prepare(here, import_root, guards):
+def prepare(here, import_root, guards, targets=()):
     """Import pytest, pluggy, every ``_pytest`` module and the modules pytest imports late (doctest,
-    unittest, json) before any workspace code, and build the plugin that reports."""
+    unittest, json) before any workspace code, compile the test files ``targets`` name, and build
+    the plugin that reports."""
+    import ast
     import doctest  # noqa: F401
     import gc  # noqa: F401 - guarded below
     import importlib
@@ -103,7 +118,69 @@ def prepare(here, import_root, guards):
     for m in pkgutil.walk_packages(pluggy.__path__, "pluggy."):
         importlib.import_module(m.name)
     Report.pytest_sessionfinish = pytest.hookimpl(trylast=True)(Report.pytest_sessionfinish)
-    return Report(here, work_prefix(import_root), inspect.unwrap, guards)
+    Report.pytest_runtest_call = pytest.hookimpl(wrapper=True, tryfirst=True)(Report.pytest_runtest_call)
+    Report.pytest_pyfunc_call = pytest.hookimpl(wrapper=True, tryfirst=True)(Report.pytest_pyfunc_call)
+    sources = test_sources(targets, os.getcwd())
+    rewrite = sys.modules["_pytest.assertion.rewrite"].rewrite_asserts
+    return Report(here, work_prefix(import_root), inspect.unwrap, guards, pristine_code(sources, ast.parse, rewrite),
+                  frozenset(sources), sys.modules["_pytest.python"].Function)
+
+
+def test_sources(targets, cwd):
+    """path → bytes of the test files: every ``.py`` test path (``is_test_path``) in the tree of
+    each target's top directory (only the top level for a target in ``cwd`` itself), and every
+    ``conftest.py`` between ``cwd`` and a target. Read before any workspace code runs; the
+    package's own modules are never among them."""
+    out = {}
+    root = cwd.rstrip("/") + "/"
+
+    def add(path):
+        if path not in out and path.startswith(root) and is_test_path(path[len(root):]) and path.endswith(".py") \
+                and os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as f:
+                out[path] = f.read()
+
+    for t in targets:
+        path = os.path.normpath(os.path.join(cwd, t.split("::")[0]))
+        if not path.startswith(root):
+            continue
+        top = path[len(root):].split("/")[0]
+        if os.path.isdir(root + top) and not os.path.islink(root + top):
+            for d, dirs, files in os.walk(root + top):
+                dirs[:] = sorted(x for x in dirs if x not in ("__pycache__", ".git"))
+                for name in sorted(files):
+                    add(os.path.join(d, name))
+        for name in sorted(os.listdir(cwd)) if os.path.isdir(cwd) else ():
+            add(root + name)
+        add(path)
+        d = os.path.dirname(path)
+        while d.startswith(root):
+            add(os.path.join(d, "conftest.py"))
+            d = os.path.dirname(d)
+    return out
+
+
+def pristine_code(sources, parse, rewrite):
+    """Qualified name → the code objects the test ``sources`` compile to, plain or with pytest's
+    assertion rewriting (``rewrite``: ``_pytest.assertion.rewrite.rewrite_asserts``), nested
+    functions and classes included. Code objects compare by what they run (bytecode, constants,
+    names, first line), not by file name."""
+    index = {}
+    for path, src in sources.items():
+        tops = []
+        try:
+            tops.append(compile(src, path, "exec", dont_inherit=True))
+            tree = parse(src, filename=path)
+            rewrite(tree, src, path, None)
+            tops.append(compile(tree, path, "exec", dont_inherit=True))
+        except (SyntaxError, ValueError):  # pytest reports the file; nothing of it can run
+            pass
+        stack = list(tops)
+        while stack:
+            co = stack.pop()
+            index.setdefault(co.co_qualname, set()).add(co)
+            stack += [c for c in co.co_consts if type(c) is type(co)]
+    return index
 
 
 HOOKS_PYTEST_SETS = ("excepthook", "unraisablehook", "displayhook", "breakpointhook")
@@ -143,11 +220,53 @@ def changed(snap):
     return None
 
 
+def states(snap):
+    """(object, label, state) for every function, method descriptor and property in ``snap``
+    (see ``state``): what ``altered`` compares, so that a function patched in place — its
+    ``__code__`` swapped, its defaults or closure changed — counts as replaced."""
+    return [(obj, label + "." + key, st) for ns, key, obj, label in snap
+            if key is not None and (st := state(obj)) is not None]
+
+
+def altered(snapped):
+    for obj, label, st in snapped:
+        if state(obj) != st:
+            return label + "'s code, defaults, closure or __wrapped__ changed"
+    return None
+
+
+_EMPTY = object()
+
+
+def state(obj):
+    """What a call of the function ``obj`` (or the functions a method descriptor or property
+    holds) runs with: code, defaults, keyword defaults, closure contents and ``__wrapped__``.
+    None for anything else."""
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        return (state(obj.fget), state(obj.fset), state(obj.fdel))
+    if type(obj) is not type(state):
+        return None
+    cells = []
+    for c in obj.__closure__ or ():
+        try:
+            cells.append(id(c.cell_contents))
+        except ValueError:  # an empty cell
+            cells.append(None)
+    kw = obj.__kwdefaults__
+    return (obj.__code__, obj.__defaults__, None if kw is None else tuple((k, id(v)) for k, v in kw.items()),
+            tuple(cells), obj.__dict__.get("__wrapped__", _EMPTY))
+
+
 class Report:
-    def __init__(self, here, work, unwrap, guards):
+    def __init__(self, here, work, unwrap, guards, pristine=None, test_files=frozenset(), item_type=None):
         self.out = {}
         self.tampered = None
         self._here, self._work, self._unwrap = here, work, unwrap
+        self.pristine, self.test_files, self.item_type = pristine or {}, test_files, item_type or ()
+        self.function_type, self.method_type = type(state), type(self.check)
+        self._defined, self._items, self._states = [], None, ([], [])
         self._gettrace, self._getprofile = sys.gettrace, sys.getprofile
         for g in guards:  # e.g. "sys.settrace", "gc.get_objects": calls the package itself never makes
             mod, name = g.rsplit(".", 1)
@@ -172,7 +291,8 @@ class Report:
             self.tampered = "a test ran before pytest loaded its conftests (seen at " + when + ")"
             return
         critical, end = self.snap
-        why = changed(critical) or (changed(end) if full else None)
+        why = changed(critical) or altered(self._states[0]) or (
+            (changed(end) or altered(self._states[1])) if full else None)
         if why is None and (self._gettrace() is not None or self._getprofile() is not None):
             why = "a trace or profile function is set"
         if why is None and self._hookimpls is not None and self._hook_owners() != self._hookimpls:
@@ -188,6 +308,7 @@ class Report:
         # after pytest's own early patching (legacypath, tryfirst), before any conftest loads (trylast)
         self._pm = early_config.pluginmanager
         self.snap = (callables(CRITICAL), callables(AT_END))
+        self._states = (states(self.snap[0]), states(self.snap[1]))
 
     def pytest_sessionfinish(self, session):
         self.check("the end of the session", full=True)
@@ -195,7 +316,7 @@ class Report:
     def pytest_collection_finish(self, session):
         self.check("the end of collection")
         self._hookimpls = self._hook_owners()
-        for item in session.items:  # test functions must be the test files' own code
+        for item in session.items:  # no test runs the package's own code as its body
             fn = getattr(item, "obj", None)
             try:
                 code = getattr(self._unwrap(getattr(fn, "__func__", fn)), "__code__", None)
@@ -204,6 +325,143 @@ class Report:
             path = getattr(code, "co_filename", "") or ""
             if path.startswith(self._work) and not is_test_path(path[len(self._work):]):
                 self.tampered = self.tampered or (item.nodeid + " runs code from " + path)
+        try:
+            self._watch_tests(session)
+        except Exception as e:  # noqa: BLE001 - a test object that cannot even be inspected
+            self.tampered = self.tampered or ("a collected test could not be inspected: " + type(e).__name__)
+
+    def _watch_tests(self, session):
+        """Check every collected test, and every function the test files define, against the
+        pristine test files, and remember what each call must find: ``self._defined`` (every such
+        function, with its state, and where it is bound), ``self._items`` (per test: its
+        function's layers, and its name in its module or class)."""
+        files = self.test_files
+        self._defined = []
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and getattr(mod, "__file__", None) in files:
+                self._defined += self._test_functions(vars(mod), name, name)
+        for item in session.items:
+            info = getattr(item, "_fixtureinfo", None)
+            for defs in (getattr(info, "name2fixturedefs", None) or {}).values():
+                for d in defs:
+                    f = getattr(d, "func", None)
+                    if type(f) is self.function_type and f.__code__.co_filename in files:
+                        self._defined.append(({"": f}, "", f, "fixture " + d.argname, state(f)))
+        for _ns, key, obj, label, _st in self._defined:
+            why = self._pristine(state(obj)[0], None)
+            if why:
+                return self._tamper(label + "." + key + " " + why)
+        self._items = {}
+        for item in session.items:
+            if not isinstance(item, self.item_type):
+                continue
+            layers = self._layers(item.obj)
+            if not layers:
+                return self._tamper(item.nodeid + " is not a function")
+            why = self._pristine(layers[-1].__code__, self._qualname(item))
+            for outer, inner in zip(layers, layers[1:]):
+                path = outer.__code__.co_filename
+                if why is None and self._pristine(outer.__code__, None) is not None:
+                    if path.startswith(self._work) or path in files:
+                        why = "runs a wrapper whose code is not the test file's (" + path + ")"
+                    elif id(inner) not in state(outer)[3]:
+                        why = "runs a wrapper that does not hold the function it wraps (" + path + ")"
+            if why:
+                return self._tamper(item.nodeid + " " + why)
+            ns = vars(item.cls if item.cls is not None else item.module)
+            self._items[item.nodeid] = (layers[0], [(f, state(f)) for f in layers], ns, item.originalname,
+                                        ns.get(item.originalname, _EMPTY))
+
+    def _test_functions(self, ns, label, module, prefix=""):
+        """(namespace, name, function, label, state) for every function of the test files bound in
+        ``ns`` (a test module's namespace, then those of the classes it defines)."""
+        out = []
+        for k, v in list(ns.items()):
+            f = v.__func__ if isinstance(v, (classmethod, staticmethod)) else v
+            if type(f) is self.function_type and f.__code__.co_filename in self.test_files:
+                out.append((ns, k, v, label, state(v)))
+            elif isinstance(v, type) and v.__module__ == module and v.__qualname__ == prefix + k:
+                out += self._test_functions(vars(v), label + "." + k, module, prefix + k + ".")
+        return out
+
+    def _tamper(self, why):
+        self.tampered = self.tampered or why
+
+    def _layers(self, fn):
+        """The functions a call of ``fn`` runs through: ``fn`` (a bound method's function), then
+        each ``__wrapped__`` in turn; empty when ``fn`` is not a function."""
+        out = []
+        while len(out) < 64:
+            if type(fn) is self.method_type:
+                fn = fn.__func__
+            if type(fn) is not self.function_type or fn in out:
+                break
+            out.append(fn)
+            fn = fn.__dict__.get("__wrapped__")
+        return out
+
+    def _qualname(self, item):
+        names = [item.originalname]
+        node = item.parent
+        while node is not None and getattr(node, "cls", None) is not None and node.obj is node.cls:
+            names.append(node.name)
+            node = node.parent
+        return ".".join(reversed(names))
+
+    def _pristine(self, code, qualname):
+        """None when ``code`` is one the test files compile to (and, when they define a function
+        named ``qualname``, one of those); else why not."""
+        same = self.pristine.get(qualname) if qualname else None
+        if same:
+            return None if code in same else "runs code that is not its definition in the test file"
+        if any(code in group for group in self.pristine.values()):
+            return None
+        return "runs code that the test files do not compile to (" + code.co_filename + ")"
+
+    def check_item(self, item, when):
+        """The test about to run (or just run) is the one collection saw: same function, code,
+        defaults, closure and layers, bound to its name; the test modules unchanged."""
+        if self.tampered or self._items is None:
+            return
+        try:
+            why = None
+            for ns, key, obj, label, st in self._defined:
+                if ns.get(key, _EMPTY) is not obj:
+                    why = label + "." + key + " was rebound"
+                elif state(obj) != st:
+                    why = label + "." + key + "'s code, defaults, closure or __wrapped__ changed"
+                if why:
+                    break
+            watch = self._items.get(item.nodeid)
+            if why is None and watch is not None:
+                outer, layers, ns, name, bound = watch
+                fn = item.obj
+                if type(fn) is self.method_type:
+                    fn = fn.__func__
+                if fn is not outer:
+                    why = item.nodeid + " is not the function collection saw"
+                elif any(state(f) != st for f, st in layers):
+                    why = item.nodeid + "'s code, defaults, closure or __wrapped__ changed"
+                elif ns.get(name, _EMPTY) is not bound:
+                    why = item.nodeid + "'s name was rebound"
+        except Exception as e:  # noqa: BLE001
+            why = item.nodeid + " could not be inspected: " + type(e).__name__
+        if why:
+            self._tamper(why + " (seen " + when + ")")
+
+    def pytest_runtest_call(self, item):
+        self.check_item(item, "before its call")
+        try:
+            return (yield)
+        finally:
+            self.check_item(item, "after its call")
+
+    def pytest_pyfunc_call(self, pyfuncitem):
+        self.check_item(pyfuncitem, "before its call")
+        try:
+            return (yield)
+        finally:
+            self.check_item(pyfuncitem, "after its call")
 
     def pytest_runtest_logreport(self, report):
         self.check(report.nodeid + " (" + report.when + ")", full=report.when == "teardown")
