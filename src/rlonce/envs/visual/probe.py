@@ -211,10 +211,10 @@ def probe_visual(n_tasks: int = 20, *, seed: int = 0, progress: bool = True) -> 
 def format_report(report: dict) -> str:
     lines = [f"visual probes on {report['tasks']} held-out replication tasks; the scripted expert (its usual "
              f"flaws): median reward {report['expert_median']:.3f}, mean {report['expert_mean']:.3f}",
-             f"{'route':<24} {'mean':>6} {'max':>6}  below the expert's median  gates closed"]
+             f"{'route':<34} {'mean':>6} {'max':>6}  below the expert's median  gates closed"]
     for name, r in report["routes"].items():
         gates = ", ".join(f"{k} {v:g}" for k, v in r["gates"].items()) or "-"
-        lines.append(f"{name:<24} {r['mean']:>6.3f} {r['max']:>6.3f}  {'yes' if r['below_expert_median'] else 'NO':<26}"
+        lines.append(f"{name:<34} {r['mean']:>6.3f} {r['max']:>6.3f}  {'yes' if r['below_expert_median'] else 'NO':<26}"
                      f"{gates}")
     lines.append("holes: " + (", ".join(report["holes"]) or "none"))
     for name, c in report.get("controls", {}).items():
