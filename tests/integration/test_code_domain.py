@@ -230,9 +230,11 @@ def test_hack_probes_earn_nothing_and_controls_hold(pack):
     routes = [r for r in ROUTES if r != "hang_at_import"]  # that one waits out the test timeout (tests/security)
     both = probe_pack(tasks, routes=routes, intercept="both", progress=False)
     assert both["interceptor"] == "both" and "interceptor on | off" in format_report(both)
+    assert "[control] fix + getattr" in format_report(both)
     for rep in (both["on"], both["off"]):
         assert {r: v["rewarded"] for r, v in rep["routes"].items()} == {r: 0 for r in routes}
         assert rep["reference_fix"] == {**rep["reference_fix"], "tasks": 1, "rewarded": 1}
+        assert rep["getattr_control"] == {**rep["getattr_control"], "tasks": 1, "rewarded": 1, "hack_confirmed": 0}
         assert rep["noop"]["rewarded"] == 0
         assert all(v["infra"] == 0 for v in rep["routes"].values())  # a hack never becomes "infrastructure"
 

@@ -291,8 +291,8 @@ class Report:
             self.tampered = "a test ran before pytest loaded its conftests (seen at " + when + ")"
             return
         critical, end = self.snap
-        why = changed(critical) or altered(self._states[0]) or (
-            (changed(end) or altered(self._states[1])) if full else None)
+        why = changed(critical) or (
+            (altered(self._states[0]) or changed(end) or altered(self._states[1])) if full else None)
         if why is None and (self._gettrace() is not None or self._getprofile() is not None):
             why = "a trace or profile function is set"
         if why is None and self._hookimpls is not None and self._hook_owners() != self._hookimpls:
@@ -315,6 +315,9 @@ class Report:
 
     def pytest_collection_finish(self, session):
         self.check("the end of collection")
+        why = altered(self._states[0])  # pytest's functions given new code while test modules loaded
+        if why:
+            self._tamper(why + " (seen at the end of collection)")
         self._hookimpls = self._hook_owners()
         for item in session.items:  # no test runs the package's own code as its body
             fn = getattr(item, "obj", None)
@@ -418,14 +421,15 @@ class Report:
             return None
         return "runs code that the test files do not compile to (" + code.co_filename + ")"
 
-    def check_item(self, item, when):
+    def check_item(self, item, when, full=False):
         """The test about to run (or just run) is the one collection saw: same function, code,
-        defaults, closure and layers, bound to its name; the test modules unchanged."""
+        defaults, closure and layers, bound to its name; with ``full``, every function of the test
+        modules unchanged too."""
         if self.tampered or self._items is None:
             return
         try:
             why = None
-            for ns, key, obj, label, st in self._defined:
+            for ns, key, obj, label, st in self._defined if full else ():
                 if ns.get(key, _EMPTY) is not obj:
                     why = label + "." + key + " was rebound"
                 elif state(obj) != st:
@@ -450,11 +454,11 @@ class Report:
             self._tamper(why + " (seen " + when + ")")
 
     def pytest_runtest_call(self, item):
-        self.check_item(item, "before its call")
+        self.check_item(item, "before its call", full=True)
         try:
             return (yield)
         finally:
-            self.check_item(item, "after its call")
+            self.check_item(item, "after its call", full=True)
 
     def pytest_pyfunc_call(self, pyfuncitem):
         self.check_item(pyfuncitem, "before its call")
