@@ -90,6 +90,11 @@ CASES = [
      ["{root}/torn_cfg/config.json is not a usable saved config"]),
     ("resume_config_not_object", ["train", "--resume", "{root}/list_cfg"],
      ["{root}/list_cfg/config.json is not a usable saved config: not a JSON object"]),
+    ("audit_torn_config", ["audit", "{root}/torn_cfg"], ["{root}/torn_cfg/config.json cannot be read as JSON"]),
+    ("audit_config_not_object", ["audit", "{root}/list_cfg"], ["{root}/list_cfg/config.json is not a JSON object"]),
+    ("out_with_newline", ["train", "--out", "{root}/runs/a\nb"], ["--out", "holds a control character"]),
+    ("out_override_with_tab", ["train", "out={root}/runs/a\tb"], ["config key 'out'", "control character"]),
+    ("pack_with_newline", ["tasks", "validate", "{root}/pa\nck"], ["--pack", "control character"]),
     # flags
     ("serve_port_too_big", ["serve", "--model", "embedded", "--port", "99999"], ["--port: 99999", "0..65535"]),
     ("serve_port_negative", ["serve", "--model", "embedded", "--port", "-1"], ["--port: -1", "0..65535"]),

@@ -484,3 +484,41 @@ def test_with_api_keys_only_their_holders_open_sessions(serve):
     r = httpx.post(f"{base}/v1/messages", headers={"x-api-key": "stranger"},
                    json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "q"}]})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_request_heads_over_64_kib_are_431_whole_or_in_pieces(serve):
+    """The documented cap on a request's line and headers holds for a head that arrives in one
+    read (h11's own bound sees only a head still arriving) and for one trickled in pieces."""
+    gw, base = serve()
+    statuses = set()
+    for kb in (65, 70, 100, 1000):
+        try:
+            r = httpx.post(f"{base}/v1/chat/completions", json=HELLO, timeout=30,
+                           headers={"authorization": "Bearer k", "x-pad": "a" * (kb << 10)})
+        except httpx.TransportError:  # cut off while still sending (h11's bound on a head in pieces)
+            statuses.add("closed")
+            continue
+        statuses.add(r.status_code)
+        assert r.status_code in (431, 400), (kb, r.status_code)
+        if r.status_code == 431:
+            _openai_error(r, 431, "65536-byte cap")
+    assert 431 in statuses, statuses
+    r = httpx.post(f"{base}/v1/messages", json={"max_tokens": 5, **HELLO}, timeout=30,
+                   headers={"x-api-key": "k", "anthropic-version": "2023-06-01", "x-pad": "a" * (70 << 10)})
+    assert r.status_code == 431 and r.json()["type"] == "error", r.text[:200]
+    ok = _chat(base, "k2")  # a head under the cap is served
+    assert ok.status_code == 200 and not gw.sessions.get("k") and "k2" in gw.sessions
+
+
+def test_refused_requests_open_no_session(serve):
+    """A request the turn refuses (its prompt over the context budget) leaves no session behind:
+    3,000 of them must not fill the session table."""
+    gw, base = serve(budgets=Budgets(max_tokens_per_turn=8, max_context=64), context_errors=True)
+    long = {"messages": [{"role": "user", "content": "word " * 200}]}
+    before = len(gw.sessions)
+    with httpx.Client(timeout=30) as c:
+        for i in range(300):
+            r = c.post(f"{base}/v1/chat/completions", json=long, headers={"authorization": f"Bearer key{i}"})
+            assert r.status_code == 400, r.text[:200]
+    assert len(gw.sessions) == before
+    assert _chat(base, "fine").status_code == 200 and len(gw.sessions) == before + 1

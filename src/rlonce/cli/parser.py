@@ -313,6 +313,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
+    for name, value in vars(args).items():  # paths and names: a control character is a typo or an attack
+        if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            parser.error(f"--{name.replace('_', '-')} {value!r} holds a control character (a newline, a tab, ...): "
+                         "pass it without one")
     if getattr(args, "mode", None):
         args.overrides = [*args.overrides, f"rollout.mode={args.mode}"]
     if getattr(args, "executor", None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlonce.config.grading import GradingConfig
 from rlonce.config.objectives import AlgoConfig
@@ -160,7 +160,14 @@ class RunConfig(Section):
         return self
 
     out: str = Field("runs/latest", min_length=1)
-    """The run directory."""
+    """The run directory (no control characters: a newline in a path is a typo or an attack)."""
+
+    @field_validator("out")
+    @classmethod
+    def _no_control_characters(cls, v: str) -> str:
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("the run directory holds a control character (a newline, a tab, ...): name it without one")
+        return v
     executor: Literal["local", "ray"] = "local"
     """Where rollouts, generation and training run: this process, or Ray actors (``[ray]``)."""
     model: ModelConfig = ModelConfig()

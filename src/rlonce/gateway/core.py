@@ -128,6 +128,7 @@ class Gateway:
             if held:
                 session.lock.release()
             raise
+        fresh = session is None
         session = session or self.open(session_id, key=key)
         if not held:
             await session.lock.acquire()  # free (checked above, nothing awaited since): taken at once
@@ -136,6 +137,9 @@ class Gateway:
         if not req.stream:
             try:
                 return adapter.answer(await session.turn(req), req, body, session.responses)
+            except ProtocolError:
+                self._forget(session, fresh)
+                raise
             finally:
                 self._done(session)
         out = adapter.streamer(req, body, session.responses)
@@ -159,7 +163,11 @@ class Gateway:
             raise
         if not first.done():  # the turn ended before any token: a refusal or failure is raised here
             first.cancel()
-            task.result()
+            try:
+                task.result()
+            except ProtocolError:
+                self._forget(session, fresh)
+                raise
             first = None
         return self._events(out, session, req, task, tokens, first)
 
@@ -194,6 +202,12 @@ class Gateway:
         req = PROTOCOLS["anthropic-messages"].parse(body)
         tools = req.tools if self.settings.render_tools else []
         return {"input_tokens": len(self.settings.encode(self.settings.fmt.render(req.messages, tools)))}
+
+    def _forget(self, session: Session, fresh: bool) -> None:
+        """A session this request opened and the turn refused (a context over its budget) is
+        dropped again: a refused request never leaves a session behind."""
+        if fresh and not session.generations and self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
 
     def _done(self, session: Session) -> None:
         self.inflight -= 1

@@ -44,7 +44,7 @@ from rlonce.engine.base import EngineError
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import MAX_DEPTH, Overloaded, ProtocolError, loads
 from rlonce.gateway.protocols import PROTOCOLS
-from rlonce.gateway.server import AsyncServer, ServerThread  # noqa: F401 - served from here too
+from rlonce.gateway.server import MAX_HEAD_BYTES, AsyncServer, ServerThread  # noqa: F401 - served from here too
 from rlonce.gateway.session import Session, SessionClosed
 
 
@@ -171,7 +171,30 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.add_exception_handler(ProtocolError, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _no_route)
+    app.add_middleware(HeadCap)
     return app
+
+
+class HeadCap:
+    """431 for a request whose line and headers together pass ``MAX_HEAD_BYTES``. The server's h11
+    bound holds only while a head is still arriving; a head that arrives whole in one read is
+    measured here, before any route (or session) sees it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = (len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode())
+                    + len(scope.get("query_string", b"")) + sum(len(k) + len(v) + 4 for k, v in scope["headers"]))
+            if size > MAX_HEAD_BYTES:
+                protocol = "anthropic-messages" if any(k == b"anthropic-version" for k, _ in scope["headers"]) \
+                    else "openai-chat"
+                e = ProtocolError(f"request line and headers of {size} bytes, over the {MAX_HEAD_BYTES}-byte cap: "
+                                  "send smaller headers", status=431)
+                await error_response(e, protocol, close=True)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,13 @@ def audit(run_dir: Path) -> list[Verdict]:
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json); pass the --out of a run")
-    config = json.loads((run_dir / "config.json").read_text())
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{run_dir / 'config.json'} cannot be read as JSON ({type(e).__name__}: {e}); "
+                         "a run writes it at its start: pass the --out of a run, or restore the file") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{run_dir / 'config.json'} is not a JSON object; pass the --out of a run")
     steps = stored_steps(run_dir)
     stored = {s: read_step(run_dir, s) for s in steps}
     ledger = read_jsonl(run_dir / "ledger.jsonl")
