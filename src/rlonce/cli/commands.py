@@ -172,7 +172,6 @@ def _tasks(args) -> int:
 
 
 def _probe(args) -> int:
-    import json
 
     from rlonce.cli import domain_commands as dc
 
@@ -210,8 +209,7 @@ def _probe(args) -> int:
     report = probe_pack(tasks, routes=routes, intercept={"both": "both", "on": True, "off": False}[mode],
                         concurrency=args.concurrency, progress=not args.quiet and not args.json,
                         record=Path(args.record) if args.record else None)
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return dc.show_probe(args, report, format_report)
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -22,6 +22,31 @@ def writable_dir(path: str) -> Path:
     return p
 
 
+def show_probe(args, report: dict, format_report) -> int:
+    """Print a domain probe's report with the hostile-input episodes of ``rlonce.rollout.hostile``
+    run on one of the domain's tasks (unless ``--no-hostile``): one JSON object with ``--json``."""
+    import asyncio
+    import json
+
+    if not args.no_hostile:
+        from rlonce.config.sections import TaskConfig
+        from rlonce.envs.domains import DOMAINS, domain_for
+        from rlonce.rollout.hostile import arms_for, probe_hostile_input
+
+        domain, entry = domain_for(TaskConfig(name=args.domain, pack=args.pack)), DOMAINS[args.domain]
+        report["hostile_input"] = asyncio.run(probe_hostile_input(
+            domain.env_factory, domain.task("train", 0), arms_for(entry.single_turn, entry.tools)))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        from rlonce.rollout.hostile import format_hostile
+
+        print(format_report(report))
+        if "hostile_input" in report:
+            print(format_hostile(report["hostile_input"]))
+    return 0
+
+
 def is_cyber_pack(pack: str) -> bool:
     import json
 
@@ -65,7 +90,6 @@ def validate_cyber(args) -> int:
 
 
 def probe_cyber(args) -> int:
-    import json
 
     from rlonce.envs.cyber.probe import ROUTES, format_report, probe_pack
     from rlonce.envs.cyber.validate import validated_tasks
@@ -80,37 +104,31 @@ def probe_cyber(args) -> int:
     if not tasks:
         raise UsageError(f"{args.pack} has no validated tasks to probe")
     report = probe_pack(tasks, routes=routes, progress=not args.quiet and not args.json)
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return show_probe(args, report, format_report)
 
 
 def probe_music(args) -> int:
-    import json
 
     from rlonce.envs.music.abc import require_abc2midi
     from rlonce.envs.music.probe import format_report, probe_music
 
     require_abc2midi()
     report = probe_music(args.tasks, progress=not args.quiet and not args.json, adherence_weight=args.adherence_weight)
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return show_probe(args, report, format_report)
 
 
 def probe_visual(args) -> int:
-    import json
 
     from rlonce.envs.visual.probe import format_report, probe_visual
     from rlonce.envs.visual.render import require_browser
 
     require_browser()
     report = probe_visual(args.tasks, progress=not args.quiet and not args.json)
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return show_probe(args, report, format_report)
 
 
 def probe_general(args) -> int:
     import asyncio
-    import json
 
     from rlonce.envs.general.probe import ROUTES, format_report, probe
     from rlonce.envs.general.tasks import make_task
@@ -121,5 +139,4 @@ def probe_general(args) -> int:
         raise UsageError(f"--routes: unknown {sorted(set(routes) - set(ROUTES))}; known: {', '.join(ROUTES)}")
     tasks = [make_task("heldout", i) for i in range(args.tasks)]
     report = asyncio.run(probe(tasks, concurrency=args.concurrency, routes=routes))
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return show_probe(args, report, format_report)
