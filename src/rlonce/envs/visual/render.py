@@ -97,7 +97,7 @@ class RenderResult:
     raster_coverage: dict[str, float]
     """Viewport name -> share of the first screen painted by images, whatever paints them (elements,
     pseudo-elements, CSS image properties, SVG; ``render_page.py`` says which), the largest of the
-    measures around each screenshot; 1 where image paint could not be bounded."""
+    measures taken after each screenshot; 1 where image paint could not be bounded."""
     seconds: float
     timed_out: bool = False
     """The page did not finish within the time limit (its fault)."""

@@ -20,8 +20,8 @@ mask box), a marker's ``list-style-image``, ``filter`` or ``backdrop-filter`` ho
 ``image-set()``, ``cross-fade()``, ``element()``, ``paint()`` or any list of more than 16 colours
 (an SVG shape likewise for a ``fill``/``stroke`` that is not a gradient). Gradients of a few
 colours are decoration, not a picture, and do not count. The union of those boxes, clipped to the
-viewport, is counted in whole pixels, just before and just after each screenshot (the maximum is
-reported). Image paint the gate cannot bound by a box counts as the whole viewport (fail closed):
+viewport, is counted in whole pixels right after each screenshot (the largest is reported). Image
+paint the gate cannot bound by a box counts as the whole viewport (fail closed):
 more than 20,000 boxes or 2,000 image boxes, a replaced element whose content is not clipped to its
 box, a ``border-image`` outset, an SVG filter from another file, an SVG image, ``feImage`` or
 ``use`` inside a pattern, marker, mask or filter, ``-webkit-box-reflect``, and shadows of more than
@@ -391,10 +391,7 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
         wait = delay / 1000 - (time.time() - loaded)
         if wait > 0:  # and the wall clock at least as far (CSS animations run on it)
             await asyncio.sleep(wait)
-        # measured just before and just after the screenshot: a page would have to show its picture
-        # only in between, with its own clock stopped
-        covered = max(covered, await image_coverage(cdp, vp, deadline))
-        png = await page.screenshot(timeout=left_ms(deadline))
+        png = await page.screenshot(timeout=left_ms(deadline))  # measured right after, with the page's clock stopped
         covered = max(covered, await image_coverage(cdp, vp, deadline))
         with open(f"{OUT}/{job['viewport_index'][name]}-{k}.png", "wb") as f:
             f.write(png)
