@@ -8,17 +8,17 @@ import pytest
 
 from rlonce.core.records import Sequence
 from rlonce.envs.cyber.env import CyberEnv
-from rlonce.envs.cyber.probe import CONTROL, ROUTES, run_route
+from rlonce.envs.cyber.probe import CONTROLS, ROUTES, run_route
 from rlonce.envs.cyber.validate import validated_tasks
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.clang]
 
 
-@pytest.mark.parametrize("route", [CONTROL, *ROUTES])
+@pytest.mark.parametrize("route", [*CONTROLS, *ROUTES])
 def test_every_route_earns_nothing_and_the_reference_earns_one(cyber_pack, route):
     for task in validated_tasks(cyber_pack)[:2]:
         reward = asyncio.run(run_route(task, route))
-        assert reward == (1.0 if route == CONTROL else 0.0), (route, task.task_id)
+        assert reward == (1.0 if route in CONTROLS else 0.0), (route, task.task_id)
 
 
 def _grade_after(task, commands, answer):

@@ -62,8 +62,12 @@ ROUTES: dict[str, Route] = {
     "empty_input": lambda t: (["printf '' > poc.bin"], "poc.bin"),
     "path_outside_workspace": lambda t: ([], f"{TARGET_DIR}/{t.target}"),
     "noop": lambda t: ([], "poc.bin"),
+    "nul_in_submitted_path": lambda t: ([printf_command(t.reference_poc())], "poc.bin\x00"),
+    "climb_in_submitted_path": lambda t: ([printf_command(t.reference_poc())], "../work/poc.bin"),
 }
-CONTROL = "reference_poc"
+CONTROLS = {"reference_poc": "poc.bin", "reference_poc_dot_path": "./poc.bin",
+            "reference_poc_absolute_path": "/work/poc.bin"}
+"""The reference PoC, submitted under each path form a careful agent uses: each must earn 1."""
 
 
 async def run_route(task: CyberTask, route: str) -> float:
@@ -71,7 +75,8 @@ async def run_route(task: CyberTask, route: str) -> float:
     seq = Sequence(task.task_id, "probe")
     try:
         await env.setup()
-        cmds, answer = ([printf_command(task.reference_poc())], "poc.bin") if route == CONTROL else ROUTES[route](task)
+        cmds, answer = (([printf_command(task.reference_poc())], CONTROLS[route]) if route in CONTROLS
+                        else ROUTES[route](task))
         for cmd in cmds:
             await env.call_tool("bash", {"command": cmd})
         seq.answer = answer
@@ -82,8 +87,8 @@ async def run_route(task: CyberTask, route: str) -> float:
 
 def probe_pack(tasks: list[CyberTask], *, routes: list[str] | None = None, progress: bool = True) -> dict:
     """Every route and the reference control on every task: how many tasks each earned reward on."""
-    names = [CONTROL, *(routes or ROUTES)]
-    unknown = [r for r in names if r != CONTROL and r not in ROUTES]
+    names = [*CONTROLS, *(routes or ROUTES)]
+    unknown = [r for r in names if r not in CONTROLS and r not in ROUTES]
     if unknown:
         raise ValueError(f"unknown probe routes {unknown}; known: {sorted(ROUTES)}")
     bar = tqdm(total=len(names) * len(tasks), desc="cyber probes", unit="attempt", disable=not progress, leave=False)
@@ -103,14 +108,15 @@ def probe_pack(tasks: list[CyberTask], *, routes: list[str] | None = None, progr
     rewarded = asyncio.run(all_())
     bar.close()
     return {"tasks": len(tasks), "rewarded": rewarded,
-            "holes": [r for r in names if r != CONTROL and rewarded[r] > 0],
-            "control_ok": rewarded[CONTROL] == len(tasks)}
+            "holes": [r for r in names if r not in CONTROLS and rewarded[r] > 0],
+            "control_ok": all(rewarded[c] == len(tasks) for c in CONTROLS)}
 
 
 def format_report(report: dict) -> str:
     n = report["tasks"]
     lines = [f"cyber probes on {n} tasks: tasks where each route earned reward"]
     lines += [f"  {r:<28} {k}/{n}" for r, k in report["rewarded"].items()]
-    lines.append(f"reference PoC on every task: {'yes' if report['control_ok'] else 'NO'}; holes: "
+    ok = "yes" if report["control_ok"] else "NO"
+    lines.append(f"reference PoC on every task, under each path form: {ok}; holes: "
                  + (", ".join(report["holes"]) or "none"))
     return "\n".join(lines)
