@@ -33,10 +33,11 @@ SYSTEM_PROMPT = ("You write tunes in ABC notation. With tools, you may check a f
 SUBMIT_TOOL = function_tool("submit", "Submit the tune: its ABC text or the path of the .abc file.",
                             {"answer": {"type": "string"}}, ["answer"])
 ADHERENCE_WEIGHT = 0.5
-PASS_SCORE = PASS_ADHERENCE = PASS_SUBSTANCE = 0.5
+PASS_SCORE = PASS_ADHERENCE = 0.5
+PASS_SUBSTANCE = 0.75
 """``passed``: the tune cleared the gates, its feature score is at least ``PASS_SCORE`` and (when
 adherence counts) it meets at least ``PASS_ADHERENCE`` of the request and its substance is at
-least ``PASS_SUBSTANCE``."""
+least ``PASS_SUBSTANCE`` (one section for every letter of AABB has 0.5: it does not pass)."""
 
 
 def _is_path(answer: str) -> bool:
