@@ -88,7 +88,7 @@ def error_line(e):
 
 
 CRITICAL = ("_pytest", "pytest", "pluggy", "py", "iniconfig", "__main__")
-AT_END = ("unittest", "json", "builtins", "os", "posix", "io", "threading", "importlib", "gc", "traceback",
+AT_END = ("unittest", "json", "ast", "builtins", "os", "posix", "io", "threading", "importlib", "gc", "traceback",
           "inspect", "functools", "types", "copy", "sys")
 
 
@@ -122,8 +122,11 @@ def prepare(here, import_root, guards, targets=()):
     Report.pytest_pyfunc_call = pytest.hookimpl(wrapper=True, tryfirst=True)(Report.pytest_pyfunc_call)
     sources = test_sources(targets, os.getcwd())
     rewrite = sys.modules["_pytest.assertion.rewrite"].rewrite_asserts
-    return Report(here, work_prefix(import_root), inspect.unwrap, guards, pristine_code(sources, ast.parse, rewrite),
-                  frozenset(sources), sys.modules["_pytest.python"].Function)
+    report = Report(here, work_prefix(import_root), inspect.unwrap, guards, sources,
+                    sys.modules["_pytest.python"].Function)
+    hook = sys.modules["_pytest.assertion.rewrite"].AssertionRewritingHook
+    report.compilers = (compile, ast.PyCF_ONLY_AST, rewrite, hook)
+    return report
 
 
 def test_sources(targets, cwd):
@@ -160,26 +163,29 @@ def test_sources(targets, cwd):
     return out
 
 
-def pristine_code(sources, parse, rewrite):
-    """Qualified name → the code objects the test ``sources`` compile to, plain or with pytest's
-    assertion rewriting (``rewrite``: ``_pytest.assertion.rewrite.rewrite_asserts``), nested
-    functions and classes included. Code objects compare by what they run (bytecode, constants,
-    names, first line), not by file name."""
+def pristine_code(source, path, compilers, plain=True, rewritten=True):
+    """Qualified name → the code objects the test file ``source`` compiles to, plain and/or with
+    pytest's assertion rewriting, nested functions and classes included. ``compilers``: the
+    builtin ``compile``, ``ast.PyCF_ONLY_AST``, ``rewrite_asserts`` and pytest's rewriting
+    loader class, taken before any workspace code ran. Code objects compare by what they run
+    (bytecode, constants, names, first line), not by file name."""
+    compile_, only_ast, rewrite = compilers[:3]
+    tops = []
+    try:
+        if plain:
+            tops.append(compile_(source, path, "exec", dont_inherit=True))
+        if rewritten:
+            tree = compile_(source, path, "exec", only_ast, dont_inherit=True)
+            rewrite(tree, source, path, None)
+            tops.append(compile_(tree, path, "exec", dont_inherit=True))
+    except (SyntaxError, ValueError):  # pytest reports the file; nothing of it can run
+        pass
     index = {}
-    for path, src in sources.items():
-        tops = []
-        try:
-            tops.append(compile(src, path, "exec", dont_inherit=True))
-            tree = parse(src, filename=path)
-            rewrite(tree, src, path, None)
-            tops.append(compile(tree, path, "exec", dont_inherit=True))
-        except (SyntaxError, ValueError):  # pytest reports the file; nothing of it can run
-            pass
-        stack = list(tops)
-        while stack:
-            co = stack.pop()
-            index.setdefault(co.co_qualname, set()).add(co)
-            stack += [c for c in co.co_consts if type(c) is type(co)]
+    stack = list(tops)
+    while stack:
+        co = stack.pop()
+        index.setdefault(co.co_qualname, set()).add(co)
+        stack += [c for c in co.co_consts if type(c) is type(co)]
     return index
 
 
@@ -235,6 +241,26 @@ def altered(snapped):
     return None
 
 
+def codes(snap):
+    """(function, its code, label) for every function in ``snap``, those inside method descriptors
+    and properties too: ``recoded`` checks them faster than ``altered`` (code only)."""
+    out = []
+    for _ns, key, obj, label in snap:
+        if key is None:
+            continue
+        inner = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
+        fns = (inner.fget, inner.fset, inner.fdel) if isinstance(inner, property) else (inner,)
+        out += [(f, f.__code__, label + "." + key) for f in fns if type(f) is type(state)]
+    return out
+
+
+def recoded(pairs):
+    for f, code, label in pairs:
+        if f.__code__ is not code:
+            return label + "'s code changed"
+    return None
+
+
 _EMPTY = object()
 
 
@@ -260,13 +286,14 @@ def state(obj):
 
 
 class Report:
-    def __init__(self, here, work, unwrap, guards, pristine=None, test_files=frozenset(), item_type=None):
+    def __init__(self, here, work, unwrap, guards, sources=None, item_type=None):
         self.out = {}
         self.tampered = None
         self._here, self._work, self._unwrap = here, work, unwrap
-        self.pristine, self.test_files, self.item_type = pristine or {}, test_files, item_type or ()
+        self.sources, self.test_files, self.item_type = sources or {}, frozenset(sources or ()), item_type or ()
+        self.compilers, self._compiled, self._loaders = None, {}, {}
         self.function_type, self.method_type = type(state), type(self.check)
-        self._defined, self._items, self._states = [], None, ([], [])
+        self._defined, self._items, self._states, self._codes = [], None, ([], []), ([], [])
         self._gettrace, self._getprofile = sys.gettrace, sys.getprofile
         for g in guards:  # e.g. "sys.settrace", "gc.get_objects": calls the package itself never makes
             mod, name = g.rsplit(".", 1)
@@ -285,6 +312,9 @@ class Report:
         return denied
 
     def check(self, when, full=False):
+        """pytest's and pluggy's functions not replaced; with ``full`` (each teardown) none of the
+        snapshot's replaced or given new code; with ``"all"`` (the ends of collection and of the
+        session) nor their defaults, closures or ``__wrapped__`` changed."""
         if self.tampered:
             return
         if self.snap is None:
@@ -292,7 +322,9 @@ class Report:
             return
         critical, end = self.snap
         why = changed(critical) or (
-            (altered(self._states[0]) or changed(end) or altered(self._states[1])) if full else None)
+            (recoded(self._codes[0]) or changed(end) or recoded(self._codes[1])) if full else None)
+        if why is None and full == "all":
+            why = altered(self._states[0]) or altered(self._states[1])
         if why is None and (self._gettrace() is not None or self._getprofile() is not None):
             why = "a trace or profile function is set"
         if why is None and self._hookimpls is not None and self._hook_owners() != self._hookimpls:
@@ -309,15 +341,13 @@ class Report:
         self._pm = early_config.pluginmanager
         self.snap = (callables(CRITICAL), callables(AT_END))
         self._states = (states(self.snap[0]), states(self.snap[1]))
+        self._codes = (codes(self.snap[0]), codes(self.snap[1]))
 
     def pytest_sessionfinish(self, session):
-        self.check("the end of the session", full=True)
+        self.check("the end of the session", full="all")
 
     def pytest_collection_finish(self, session):
-        self.check("the end of collection")
-        why = altered(self._states[0])  # pytest's functions given new code while test modules loaded
-        if why:
-            self._tamper(why + " (seen at the end of collection)")
+        self.check("the end of collection", full="all")
         self._hookimpls = self._hook_owners()
         for item in session.items:  # no test runs the package's own code as its body
             fn = getattr(item, "obj", None)
@@ -340,8 +370,11 @@ class Report:
         function's layers, and its name in its module or class)."""
         files = self.test_files
         self._defined = []
+        if self.compilers is None:  # built without the test files (rlonce's unit tests)
+            return
         for name, mod in list(sys.modules.items()):
             if mod is not None and getattr(mod, "__file__", None) in files:
+                self._loaders[mod.__file__] = isinstance(getattr(mod, "__loader__", None), self.compilers[3])
                 self._defined += self._test_functions(vars(mod), name, name)
         for item in session.items:
             info = getattr(item, "_fixtureinfo", None)
@@ -412,14 +445,23 @@ class Report:
         return ".".join(reversed(names))
 
     def _pristine(self, code, qualname):
-        """None when ``code`` is one the test files compile to (and, when they define a function
-        named ``qualname``, one of those); else why not."""
-        same = self.pristine.get(qualname) if qualname else None
+        """None when ``code`` is one the test file it names compiles to (and, when that file
+        defines a function named ``qualname``, one of those); else why not. Each file is compiled
+        once, when first needed: the way its module was loaded, both ways if it was not."""
+        path = code.co_filename
+        if path not in self.sources:
+            return "runs code that is not in a test file (" + path + ")"
+        index = self._compiled.get(path)
+        if index is None:
+            rewritten = self._loaders.get(path)
+            index = self._compiled[path] = pristine_code(self.sources[path], path, self.compilers,
+                                                         plain=rewritten is not True, rewritten=rewritten is not False)
+        same = index.get(qualname) if qualname else None
         if same:
-            return None if code in same else "runs code that is not its definition in the test file"
-        if any(code in group for group in self.pristine.values()):
+            return None if code in same else "runs code that is not its definition in " + path
+        if any(code in group for group in index.values()):
             return None
-        return "runs code that the test files do not compile to (" + code.co_filename + ")"
+        return "runs code that " + path + " does not compile to"
 
     def check_item(self, item, when, full=False):
         """The test about to run (or just run) is the one collection saw: same function, code,
