@@ -90,6 +90,7 @@ CASES = [
      ["{root}/torn_cfg/config.json is not a usable saved config"]),
     ("resume_config_not_object", ["train", "--resume", "{root}/list_cfg"],
      ["{root}/list_cfg/config.json is not a usable saved config: not a JSON object"]),
+    ("arms_bare_string", ["train", "harness.arms=mini-bash"], ["a list is needed", "harness.arms=[mini-bash]"]),
     ("audit_torn_config", ["audit", "{root}/torn_cfg"], ["{root}/torn_cfg/config.json cannot be read as JSON"]),
     ("audit_config_not_object", ["audit", "{root}/list_cfg"], ["{root}/list_cfg/config.json is not a JSON object"]),
     ("out_with_newline", ["train", "--out", "{root}/runs/a\nb"], ["--out", "holds a control character"]),

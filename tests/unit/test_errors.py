@@ -63,3 +63,15 @@ def test_cause_is_one_bounded_line():
     assert cause_of(ConnectionError("refused")) == "ConnectionError: refused"
     long = cause_of(RuntimeError("x\n" * 1000))
     assert "\n" not in long and len(long) == errors.CAUSE_CHARS and long.endswith("…")
+
+
+def test_a_refused_resume_names_what_changed_in_the_code():
+    """Same commit with uncommitted edits: the digests and "uncommitted changes", never the commit twice."""
+    from rlonce.recipes.provenance import _code_label
+
+    was = {"git_commit": "a" * 40, "source_sha256": "1" * 64}
+    assert _code_label(was, {"git_commit": "a" * 40, "source_sha256": "2" * 64}) == \
+        f"source digest {'1' * 12} -> {'2' * 12} (uncommitted changes on commit {'a' * 12})"
+    assert _code_label(was, {"git_commit": "b" * 40, "source_sha256": "2" * 64}) == f"commit {'a' * 12} -> {'b' * 12}"
+    assert _code_label({"source_sha256": "1" * 64}, {"git_commit": None, "source_sha256": "3" * 64}) == \
+        f"source digest {'1' * 12} -> {'3' * 12}"

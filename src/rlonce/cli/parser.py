@@ -105,7 +105,9 @@ def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="held-out success of a model on a config's domain (default: the embedded one)")
     e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
     e.add_argument("--tasks", type=_int(1, 1_000_000), default=200, help="number of held-out tasks (default 200)")
-    e.add_argument("--out", default="runs/eval", help="where the embedded model is materialised if needed")
+    e.add_argument("--out", default="runs/eval",
+                   help="output folder (default runs/eval): eval/eval.jsonl with every attempt (and the outside "
+                        "harness's own JSONL), and the embedded model when it is materialised")
     e.add_argument("--harness-cmd", metavar="CMD",
                    help="also evaluate an outside agent command that reads OPENAI_BASE_URL/OPENAI_API_KEY (or the "
                         "ANTHROPIC_ ones), e.g. 'python -m rlonce.harness.mswea' (mini-swe-agent)")

@@ -130,6 +130,9 @@ def _explain(err: ValidationError) -> str:
         return f"config key {key!r} is a section, not a value ({_shown(e['input'])}); set its keys, e.g. {example}"
     if "Value error" in str(e["msg"]):  # a section-wide rule
         return f"config key {key!r}: {msg}"
+    if e["type"] == "list_type" and isinstance(e["input"], str):  # a TOML list written as one bare value
+        return (f"config key {key!r} = {_shown(e['input'])}: a list is needed; write it in brackets, e.g. "
+                f"{key}=[{e['input']}]")
     info = _field_at(loc)
     bound = bounds(info) if info is not None else ""
     if e["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",

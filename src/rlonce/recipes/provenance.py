@@ -117,6 +117,16 @@ def config_changes(saved: dict, now: dict) -> dict[str, tuple]:
             if a.get(k) != b.get(k) and not any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FREE)}
 
 
+def _code_label(was: dict, now: dict) -> str:
+    """``was -> now`` for a source that changed: commits where they differ, else the source
+    digests with what tells them apart (uncommitted changes on the same commit)."""
+    a, b = was.get("git_commit"), now.get("git_commit")
+    if a and b and a != b:
+        return f"commit {a[:12]} -> {b[:12]}"
+    where = f" (uncommitted changes on commit {b[:12]})" if a and a == b else ""
+    return f"source digest {was['source_sha256'][:12]} -> {now['source_sha256'][:12]}{where}"
+
+
 def check_resume(run_dir: Path, saved_config: dict, config: dict, step: int, accept: bool) -> dict:
     """The run's provenance with this resume recorded; refuses changed code or config unless ``accept``."""
     path = run_dir / FILE
@@ -130,8 +140,7 @@ def check_resume(run_dir: Path, saved_config: dict, config: dict, step: int, acc
             what.append("config " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in list(changes.items())[:4])
                         + (f" (+{len(changes) - 4} more)" if len(changes) > 4 else ""))
         if code_changed:
-            was = prov["code"].get("git_commit") or prov["code"]["source_sha256"][:12]
-            what.append(f"code {was} -> {code.get('git_commit') or code['source_sha256'][:12]}")
+            what.append(f"code {_code_label(prov['code'], code)}")
         raise UsageError(f"cannot resume {run_dir}: {'; '.join(what)} changed since the run started; resume "
                          "with the same code and config, or pass --accept-changes to resume anyway (recorded in "
                          f"{FILE})")
