@@ -73,6 +73,18 @@ def test_every_objective_descends_the_right_way(name):
     assert g[0] < 0 < g[1]
 
 
+@pytest.mark.parametrize("name", ["ppo", "four_bound", "cispo", "unified"])
+def test_ppo_kl_clamps_each_tokens_log_ratio_to_20_as_verl(name):
+    # log μ − log π per token: 30, −0.5, −25, and a masked 100 that must not count
+    old = torch.tensor([[-1.0, -1.0, -30.0, -1.0]])
+    new = torch.tensor([[-31.0, -0.5, -5.0, -101.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    _, m = policy_loss(name, new, old, torch.tensor([[1.0, -1.0, 1.0, 1.0]]), mask, agg="token-mean",
+                       **objective_params(AlgoConfig(objective=name)))
+    # clamped to ±20: (20 − 0.5 − 20) / 3; unclamped the mean would be (30 − 0.5 − 25) / 3 = 1.5
+    assert m["ppo_kl"] == pytest.approx(-0.5 / 3, rel=1e-6)
+
+
 def test_rollout_correction_truncated_masked_and_geometric():
     old = torch.log(torch.tensor([[0.5, 0.9, 0.2], [0.4, 0.4, 0.4]]))
     roll = torch.log(torch.tensor([[0.25, 0.9, 0.4], [0.1, 0.4, 0.4]]))

@@ -81,6 +81,17 @@ def _masked_mean(x_BT, mask_BT):
     return (x_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1)
 
 
+LOG_RATIO_BOUND = 20.0
+"""Bound on one token's log-ratio where a mean of them is reported (``ppo_kl``) or exponentiated
+(``kl_k3``), verl's ``±20``: one token whose probability collapsed would otherwise set the mean."""
+
+
+def _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT):
+    """The ``ppo_kl`` metric: mean ``log μ − log π`` over valid tokens, each clamped to
+    ``±LOG_RATIO_BOUND`` first, as verl reports it. Only the metric: losses use the exact ratio."""
+    return _masked_mean((old_logprobs_BT - logprobs_BT).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND), mask_BT)
+
+
 def _ratio(logprobs_BT, old_logprobs_BT, mask_BT):
     """``π/μ`` on valid tokens, 1 elsewhere — so padding can never overflow into a NaN."""
     return torch.exp(torch.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT)))
@@ -100,7 +111,7 @@ def ppo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip
     with torch.no_grad():
         metrics = {
             "clipfrac": _masked_mean((clipped_BT > unclipped_BT).float(), mask_BT),
-            "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT),
+            "ppo_kl": _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT),
         }
     if clip_c is not None:
         if clip_c <= 1:
@@ -133,7 +144,7 @@ def four_bound_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, 
     loss_BT = -ratio_BT * advantages_BT * logprobs_BT * keep_BT
     with torch.no_grad():
         metrics = {"clipfrac": _masked_mean(dropped_BT.float(), mask_BT),
-                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+                   "ppo_kl": _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT)}
         for name, hit_BT in out.items():
             sign_BT = mask_BT * (pos_BT if name.startswith("pos") else neg_BT).float()
             metrics[f"clip_{name}"] = _masked_mean(hit_BT.float(), sign_BT)
@@ -159,7 +170,7 @@ def cispo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, ep
     with torch.no_grad():
         clipped_BT = (ratio_BT < 1 - eps_low) | (ratio_BT > 1 + eps_high)
         metrics = {"clipfrac": _masked_mean(clipped_BT.float(), mask_BT),
-                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+                   "ppo_kl": _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT)}
     return loss_BT, {k: float(v) for k, v in metrics.items()}
 
 
@@ -178,7 +189,7 @@ def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, 
         clipped_BT = (ratio_BT < 1 - eps_low) | (ratio_BT > 1 + eps_high)
         metrics = {"clipfrac": _masked_mean(out_BT.float(), mask_BT),
                    "weight_clipfrac": _masked_mean(clipped_BT.float(), mask_BT),
-                   "ppo_kl": _masked_mean(old_logprobs_BT - logprobs_BT, mask_BT)}
+                   "ppo_kl": _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT)}
     return loss_BT, {k: float(v) for k, v in metrics.items()}
 
 
@@ -195,7 +206,8 @@ def kl_k3(logprobs_BT, ref_logprobs_BT, mask_BT):
     ``1 − e^d`` (0 where the ceiling binds): each token's log-prob is pulled toward the
     reference's. Zero where masked."""
     mask_BT = mask_BT.float()
-    d_BT = torch.where(mask_BT > 0, ref_logprobs_BT - logprobs_BT, torch.zeros_like(logprobs_BT)).clamp(max=20.0)
+    d_BT = torch.where(mask_BT > 0, ref_logprobs_BT - logprobs_BT, torch.zeros_like(logprobs_BT))
+    d_BT = d_BT.clamp(max=LOG_RATIO_BOUND)
     return (d_BT.exp() - d_BT - 1).clamp(max=K3_MAX) * mask_BT
 
 
