@@ -114,19 +114,45 @@ def test_rollout_correction_truncated_masked_and_geometric():
     assert m["correction_masked_frac"] == pytest.approx(2 / 5) and m["correction_weight_mean"] == pytest.approx(1.0)
     w, keep, m = run("sequence-mis", cap=5.0)
     assert w == pytest.approx([1.0, 1.0, 1.0, 4.0, 4.0, 0.0], rel=1e-5) and m["correction_masked_frac"] == 0.0
-    # geometric: row 0's (2·1·0.5)^(1/3) = 1 is inside [0.5, 1.5]; row 1's (4·1)^(1/2) = 2 is not
-    w, keep, m = run("geometric")
+    # geometric bounds the geometric mean of μ/π_old (1/ρ): row 0's (1/2·1·2)^(1/3) = 1 is inside
+    # [0.6, 1.5]; row 1's (1/4·1)^(1/2) = 0.5 is below it
+    w, keep, m = run("geometric", bounds=(0.6, 1.5))
     assert w == pytest.approx([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], rel=1e-5) and keep == [1, 1, 1, 0, 0, 0]
     assert m["correction_masked_frac"] == pytest.approx(2 / 5) and m["correction_weight_mean"] == pytest.approx(1.0)
-    assert run("geometric", bounds=(0.5, 2.5))[1] == [1, 1, 1, 1, 1, 0]
-    # below the lower bound: ratios 0.25, 1 → geometric mean 0.5
+    assert run("geometric", bounds=(0.4, 1.5))[1] == [1, 1, 1, 1, 1, 0]
+    # ratios 0.25, 1 → ρ's geometric mean 0.5, μ/π_old's 2: above the upper bound 1.5, inside 2.5
     low = torch.log(torch.tensor([[0.1, 0.1]])), torch.log(torch.tensor([[0.4, 0.1]])), torch.ones(1, 2)
     assert rollout_correction(*low, mode="geometric", cap=2.0, bounds=(0.6, 1.5))[1].tolist() == [[0.0, 0.0]]
-    assert rollout_correction(*low, mode="geometric", cap=2.0, bounds=(0.4, 1.5))[1].tolist() == [[1.0, 1.0]]
+    assert rollout_correction(*low, mode="geometric", cap=2.0, bounds=(0.6, 2.5))[1].tolist() == [[1.0, 1.0]]
     with pytest.raises(ValueError, match="unknown rollout correction"):
         rollout_correction(old, roll, mask, mode="nope", cap=2.0, bounds=(0.5, 1.5))
     with pytest.raises(ValueError, match="geometric bounds"):
         rollout_correction(old, roll, mask, mode="geometric", cap=2.0, bounds=(1.2, 1.5))
+
+
+def test_geometric_bounds_the_inverse_ratio_as_verl():
+    """verl's ``seq_mean_k1`` keeps a row when ``lower <= exp(mean log(μ/π_old)) <= upper``: with
+    bounds 0.8 / 1.1 a row's geometric-mean ratio ρ is kept in [1/1.1, 1/0.8] = [0.909, 1.25]
+    (bounding ρ itself would keep [0.8, 1.1])."""
+    rho_B = [0.85, 0.90, 0.92, 1.05, 1.2, 1.24, 1.26]
+    # two tokens per row, log-ratios 2·log ρ and 0: the row's geometric mean is ρ
+    log_rho = torch.log(torch.tensor(rho_B, dtype=torch.float64))
+    old = torch.stack([2 * log_rho - 1.0, torch.full_like(log_rho, -1.0)], -1)
+    roll = torch.full_like(old, -1.0)
+    _, keep, m = rollout_correction(old, roll, torch.ones_like(old), mode="geometric", cap=2.0, bounds=(0.8, 1.1))
+    assert keep[:, 0].tolist() == [0, 0, 1, 1, 1, 1, 0]
+    assert m["correction_masked_frac"] == pytest.approx(3 / 7)
+    # the default preset [0.999, 1.001] is verl's "0.999_1.001": ρ in [1/1.001, 1/0.999] = [0.999001, 1.001001]
+    for rho, kept in ((1.0010005, 1.0), (1.0010015, 0.0), (0.9990015, 1.0), (0.9990005, 0.0)):
+        lo = torch.tensor([[math.log(rho)]], dtype=torch.float64)
+        b = (AlgoConfig().geometric_low, AlgoConfig().geometric_high)
+        assert rollout_correction(lo, torch.zeros_like(lo), torch.ones_like(lo), mode="geometric", cap=2.0,
+                                  bounds=b)[1].item() == kept
+    # one token's log-ratio is clamped to ±20 before the mean, as verl: 40 and 0 average to 10, not 20
+    big = torch.tensor([[40.0, 0.0]], dtype=torch.float64)
+    keep = rollout_correction(big, torch.zeros_like(big), torch.ones_like(big), mode="geometric", cap=2.0,
+                              bounds=(math.exp(-10.5), 1.0))[1]
+    assert keep.tolist() == [[1.0, 1.0]]
 
 
 def test_entropy_controller_moves_bounds_and_checkpoints():

@@ -7,10 +7,13 @@ token's loss by ``min(π_old / μ, cap)`` (token level) or one capped product pe
 (sequence level), so the update stays an unbiased-up-to-truncation estimate for the policy being
 trained. Masked importance sampling (MIS) keeps the weight untruncated but drops the tokens (or
 sequences) whose weight exceeds the cap, and the geometric mask drops a whole sequence whose
-per-token ratios drift on average (their geometric mean outside ``[lower, upper]``): rejection
-rather than clipping, as Liu, Li et al. argue ("When Speed Kills Stability", 2025) and verl's
-rollout correction implements. Seed 001 places a rollout-correction stage in the public kernel's
-order ("Rollout correction follows") but gives no rule; these rules are not the seeds'.
+per-token ratios drift on average: rejection rather than clipping, as Liu, Li et al. argue ("When
+Speed Kills Stability", 2025) and verl's rollout correction implements. The bounded quantity is
+verl's (its ``seq_mean_k1`` rejection): the geometric mean of ``μ/π_old``, the inverse ratio,
+each token's log clamped to ±20 — so ``[lower, upper]`` keeps ``ρ = π_old/μ`` in
+``[1/upper, 1/lower]`` (0.8/1.1 keep ρ in [0.909, 1.25]), and verl's preset bounds mean the
+same here. Seed 001 places a rollout-correction stage in the public kernel's order ("Rollout
+correction follows") but gives no rule; these rules are not the seeds'.
 Seed 001 ("The equation only works if the history is true"): the sampling-time log-probs are
 kept, never recomputed as if the latest policy had produced them.
 
@@ -23,10 +26,13 @@ direction, kept inside fixed limits, so one noisy entropy reading cannot swing t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from rlonce.algo.losses import LOG_RATIO_BOUND
 
 
 def _tis_token(log_w_BT, mask_BT, cap, bounds):
@@ -52,8 +58,10 @@ def _mis_sequence(log_w_BT, mask_BT, cap, bounds):
 
 
 def _geometric(log_w_BT, mask_BT, cap, bounds):
-    g_B = (log_w_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1)).exp()
-    keep_BT = mask_BT * ((g_B >= bounds[0]) & (g_B <= bounds[1])).float()[:, None]
+    log_inv_BT = (-log_w_BT).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND) * mask_BT
+    stat_B = log_inv_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1)  # mean log(μ/π_old)
+    inside_B = (stat_B >= math.log(bounds[0])) & (stat_B <= math.log(bounds[1]))
+    keep_BT = mask_BT * inside_B.float()[:, None]
     return keep_BT.clone(), keep_BT, torch.zeros_like(mask_BT, dtype=torch.bool)
 
 
@@ -70,8 +78,10 @@ def rollout_correction(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch
       each of its tokens; every token kept.
     - ``token-mis`` / ``sequence-mis`` (MIS): ``ρ`` (or ``Πρ``) where it is at most ``cap``; a
       token (row) above the cap is masked out, not truncated.
-    - ``geometric``: a row whose geometric mean ``exp(mean log ρ)`` lies outside
-      ``bounds = (lower, upper)`` is masked whole; kept rows weigh 1 (rejection only, no IS weight).
+    - ``geometric``: a row whose geometric mean of the inverse ratio, ``exp(mean log(1/ρ))`` =
+      ``exp(mean log(μ/π_old))`` (each token's log clamped to ±20), lies outside
+      ``bounds = (lower, upper)`` is masked whole — verl's convention, so ``ρ``'s geometric mean is
+      kept in ``[1/upper, 1/lower]``; kept rows weigh 1 (rejection only, no IS weight).
 
     Returns ``(weights_BT, keep_BT, metrics)``: weights are 0 where masked or invalid; ``keep_BT``
     is ``mask_BT`` less the masked tokens (the trainer takes them out of the loss, so they leave

@@ -168,15 +168,16 @@ class AlgoConfig(Section):
     """Correction between trainer-recomputed (π_old) and rollout log-probs, costing one extra
     forward: 'token'/'sequence' truncated IS (weight capped), 'token-mis'/'sequence-mis' masked IS
     (tokens/sequences whose weight exceeds the cap are masked), 'geometric' (a sequence whose
-    geometric-mean ratio leaves [``geometric_low``, ``geometric_high``] is masked)."""
+    geometric mean of μ/π_old leaves [``geometric_low``, ``geometric_high``] is masked, as verl)."""
     correction_cap: float = Field(2.0, ge=1, le=1000)
     """Cap of the rollout-correction weight (truncated IS) or mask threshold (masked IS)."""
     geometric_low: float = Field(0.999, gt=0, le=1)
-    """'geometric': a sequence whose geometric mean of π_old/μ over its tokens is below this is
-    masked whole (default: verl's geometric rejection preset)."""
+    """'geometric': a sequence whose geometric mean of μ/π_old (the inverse ratio, verl's
+    convention) over its tokens is below this is masked whole, so π_old/μ's is kept up to
+    1/``geometric_low``. Default with ``geometric_high``: verl's geometric rejection preset, 0.999_1.001."""
     geometric_high: float = Field(1.001, ge=1, le=1000)
-    """'geometric': a sequence whose geometric mean of π_old/μ over its tokens is above this is
-    masked whole."""
+    """'geometric': a sequence whose geometric mean of μ/π_old over its tokens is above this is
+    masked whole, so π_old/μ's is kept down to 1/``geometric_high``."""
     kl_coef: float = Field(0.0, ge=0, le=100)
     """β of the KL term against the reference policy (MiniMax-M1 Eq. 1), added to the loss as β
     times the k3 estimate per token under the aggregation's weights; the reference is the policy
