@@ -30,6 +30,40 @@ def test_advantages_filter_and_ledger():
         LedgerEntry(1, "x", dispatched=3, finished=2, infra_failed=0).check()
 
 
+def test_an_unusable_grade_leaves_its_group_and_the_std_is_over_the_graded_rows():
+    """The run path has no invalid score: a grader's non-finite reward makes the sequence an
+    infrastructure failure (grader_unavailable), which leaves its group before the statistics."""
+    import asyncio
+    import math
+
+    from rlonce.core.records import Grade
+    from rlonce.envs.base import grade_or_infra
+
+    class NanGrader:
+        metrics: dict = {}
+
+        async def grade(self, seq):
+            return Grade(float("nan"), passed=False)
+
+    broken = _seq(None)
+    assert asyncio.run(grade_or_infra(NanGrader(), broken)) is None
+    assert (broken.status, broken.failure) == (Status.INFRA, FailureCategory.GRADER_UNAVAILABLE)
+    sample = Sample("a", "code", 1, [_seq(1.0), _seq(0.0), _seq(0.0), broken])
+    rows, ledger, _ = learning_signal([sample], 1, SignalSettings(norm_by_std=True))
+    # mean 1/3, unbiased std over the three graded rows √(1/3) = 0.577 (the kernel's fill, which
+    # counts the fourth row in n, would give √(2/9) = 0.471 and advantages 1.414, −0.707)
+    std = math.sqrt(1 / 3)
+    assert sample.signal["advantages"] == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-5)
+    assert [r.advantages[3] for r in rows] == pytest.approx([1.1547, -0.57735, -0.57735], rel=1e-4)
+    e = ledger["code"]
+    assert (e.dispatched, e.infra_failed, e.finished, e.retained) == (4, 1, 3, 3)
+    assert e.infra_by_category == {"grader_unavailable": 1}
+    # a graded-looking sequence without a usable reward is refused, not scored
+    for bad in (None, float("nan")):
+        with pytest.raises(ValueError, match="infrastructure failure"):
+            learning_signal([Sample("b", "code", 1, [_seq(1.0), _seq(bad)])], 1, SignalSettings())
+
+
 def test_hack_zeroed_before_statistics_and_counted():
     s = Sample("a", "code", 3, [_seq(1.0, hack_confirmed=True), _seq(1.0), _seq(0.0)])
     rows, ledger, _ = learning_signal([s], 3, SignalSettings())

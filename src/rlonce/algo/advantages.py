@@ -11,9 +11,11 @@ so it leaves the mean unchanged but counts in the std's ``n`` (the std shrinks b
 ``sqrt((k - 1)/(n - 1))`` with ``k`` valid rows of ``n``), and its advantage is then set to 0.
 A group with one valid row among several therefore gives it advantage 0. A singleton group
 (one row) uses mean 0 and std 1, so its lone score is its advantage (nothing to compare
-against; dynamic filtering normally drops such groups). Infrastructure failures never reach
-this function in ``learning_signal``: they leave their group first (the seed's
-infrastructure-UID exclusion, which precedes GRPO).
+against; dynamic filtering normally drops such groups). ``learning_signal`` never marks a row
+invalid: an unusable grade (none, a grader error, a non-finite reward) makes its sequence an
+infrastructure failure (``rlonce.envs.base.grade_or_infra``), and infrastructure failures leave
+their group before this function (the seed's infrastructure-UID exclusion, which precedes
+GRPO) — so, unlike a filled row, they do not count in the std's ``n``.
 """
 
 from __future__ import annotations

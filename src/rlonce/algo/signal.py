@@ -3,7 +3,10 @@
 Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one GRPO group):
 
  0. penalty rules detect on every model segment (flags written onto the segments)
- 1. infrastructure failures leave the group: never scored, never in its statistics
+ 1. infrastructure failures leave the group: never scored, never in its statistics — among
+    them every unusable grade (no verdict, a grader error, a non-finite reward: ``Grade``
+    refuses one and ``grade_or_infra`` makes the sequence ``grader_unavailable``), so no score
+    reaches step 6 invalid and ``group_advantages``' ``valid_N`` fill is not used here
  2. confirmed hacks → reward 0                          (before any group statistic)
  3. GRS: reward = R_test · S_sol · S_beh                (rubric scores; fallback R_test)
  4. length shaping: deduction on passing rows            (gate on the group's pass rate)
@@ -121,6 +124,10 @@ def _metric_or(seq: Sequence, key: str, default: float) -> float:
 
 def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, stats: dict):
     """Steps 2–4 over the valid sequences of one group: returns shaped scores and pass flags."""
+    for s in seqs:
+        if s.reward is None or not math.isfinite(s.reward):
+            raise ValueError(f"sequence of {s.task_id} ({s.status.value}) has reward {s.reward}: a grade that is "
+                             "missing or not finite must make the sequence an infrastructure failure")
     raw = torch.tensor([float(s.reward) for s in seqs])
     passed = torch.tensor([s.passed for s in seqs], dtype=torch.bool)
     if settings.zero_hacks:
