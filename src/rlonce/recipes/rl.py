@@ -104,9 +104,12 @@ async def rl_step(job, orch: Orchestrator) -> dict:
 
 def untrained_sample(job, res: StepResult, step: int) -> list:
     """``storage.untrained_fraction`` of the step's sequences it did not train on, by a draw seeded
-    with the run's seed and the step (the same run stores the same ones)."""
+    with the run's seed and the step (the same run stores the same ones) — or all of them on a
+    step that trained no row, when they are the only record of what went wrong."""
     trained = {id(s) for x in res.samples for s in x.sequences}
     pool = [s for s in res.finished if id(s) not in trained]
+    if res.row_count == 0:
+        return pool
     k = round(job.cfg.storage.untrained_fraction * len(pool))
     picked = random.Random(job.cfg.runtime.seed * 1_000_003 + step).sample(range(len(pool)), k) if k else []
     return [pool[i] for i in sorted(picked)]
