@@ -1,4 +1,12 @@
-"""``report.html``: a self-contained page of plots (PNG embedded) and the run's summary table."""
+"""``report.html``: a self-contained page of plots (PNG embedded) and the run's summary table.
+
+Each curve's title is its figure caption only (the image has none, so it reads once), its step
+axis has whole-number ticks, and nested summary values (per source, per arm) are tables. A
+held-out curve separates its evaluations by kind: baseline and final run on all held-out tasks,
+mid-run ones (``eval.every``) on a subset (``eval.during_tasks``), so their points are drawn as
+separate series whose legend gives each one's task count (read from ``RUN/eval/*.jsonl``) — a
+mid-run point below the baseline is a smaller sample, not necessarily a regression.
+"""
 
 from __future__ import annotations
 
@@ -52,29 +60,83 @@ def grading_plots(rows: list[dict]) -> list[tuple]:
               "cost/grading_token_share"))]
 
 
-def _plot(rows: list[dict], key, title: str, baseline: float | None) -> str:
+HELDOUT_KEYS = ("heldout_success", "heldout_reward")
+"""Curves of held-out evaluations: drawn per kind of evaluation (``_heldout_series``)."""
+
+
+def eval_task_counts(run_dir: Path) -> dict[str, int]:
+    """Tasks in each held-out evaluation the run kept (``RUN/eval/<name>.jsonl``: one line per
+    attempt), by name: ``baseline``, ``eval-<step>``, ``final``."""
+    counts = {}
+    for path in sorted((run_dir / "eval").glob("*.jsonl")) if (run_dir / "eval").is_dir() else []:
+        counts[path.stem] = len({(r.get("source"), r.get("task_id")) for r in read_jsonl(path)})
+    return counts
+
+
+def _eval_name(row: dict) -> tuple[str, str]:
+    """A held-out point's kind ("baseline and final" or "mid-run") and its evaluation's file name."""
+    if row.get("final"):
+        return "baseline and final", "final"
+    if row["step"] == 0 and "reward_mean" not in row:
+        return "baseline and final", "baseline"
+    return "mid-run", f"eval-{row['step']}"
+
+
+def _heldout_series(rows: list[dict], key: str, counts: dict[str, int]) -> list[tuple[str, list, list]]:
+    """``key``'s points as (label, steps, values) series: one per kind of evaluation and task count,
+    the count in the label ("mid-run, n=4 tasks")."""
+    series: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        if r.get(key) is None:
+            continue
+        kind, name = _eval_name(r)
+        n = counts.get(name)
+        xs, ys = series.setdefault(f"{kind}, n={n} tasks" if n else kind, ([], []))
+        xs.append(r["step"])
+        ys.append(r[key])
+    return [(label, xs, ys) for label, (xs, ys) in series.items()]
+
+
+def _figure(rows: list[dict], key, baseline: float | None, counts: dict[str, int] | None = None):
+    """The matplotlib figure of one curve (no title: the page captions it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5.2, 3.2), dpi=100)
     keys = key if isinstance(key, tuple) else (key,)
-    for k in keys:
-        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            target = k.endswith("/target_share")  # a source's target: dashed, beside its retained share
-            ax.plot(xs, ys, marker=None if target or len(pts) >= 30 else "o", ms=3, ls="--" if target else "-",
-                    label=k)
+    if key in HELDOUT_KEYS:
+        for label, xs, ys in _heldout_series(rows, key, counts or {}):
+            ends = label.startswith("baseline")
+            ax.plot(xs, ys, marker="s" if ends else "o", ms=6 if ends else 4, ls=":" if ends else "-",
+                    color="black" if ends else "tab:blue", label=label)
+    else:
+        for k in keys:
+            pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                target = k.endswith("/target_share")  # a source's target: dashed, beside its retained share
+                ax.plot(xs, ys, marker=None if target or len(pts) >= 30 else "o", ms=3, ls="--" if target else "-",
+                        label=k)
     if baseline is not None and key == "heldout_success":
-        ax.axhline(baseline, color="gray", ls="--", lw=1, label="baseline (step 0)")
-    ax.set_title(title, fontsize=10)
+        n = (counts or {}).get("baseline")
+        ax.axhline(baseline, color="gray", ls="--", lw=1, label=f"baseline level{f' (n={n} tasks)' if n else ''}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0] and (len(keys) > 1 or baseline is not None):
+    if ax.get_legend_handles_labels()[0] and (len(keys) > 1 or key in HELDOUT_KEYS):
         ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def _plot(rows: list[dict], key, title: str, baseline: float | None, counts: dict[str, int] | None = None) -> str:
+    """One curve as a base64 PNG (``title`` is the caption the page gives it)."""
+    import matplotlib.pyplot as plt
+
+    fig = _figure(rows, key, baseline, counts)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
@@ -85,14 +147,13 @@ def write_report(run_dir: Path) -> Path:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    baseline = summary.get("baseline_success")
+    baseline, counts = summary.get("baseline_success"), eval_task_counts(run_dir)
     figs = "".join(
-        f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline)}" alt="{html.escape(title)}">'
+        f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline, counts)}" alt="">'
         f"<figcaption>{html.escape(title)}</figcaption></figure>"
         for _, title, key in PLOTS + source_plots(rows) + grading_plots(rows)
     )
-    table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
-                    for k, v in summary.items())
+    table = summary_table(summary)
     ledger = read_jsonl(run_dir / "ledger.jsonl")
     ledger_rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in LEDGER_COLUMNS) + "</tr>"
@@ -104,9 +165,10 @@ def write_report(run_dir: Path) -> Path:
         "<style>body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
         "figure{display:inline-block;margin:0 1em 1em 0}\n"
         "table{border-collapse:collapse;margin-bottom:1.5em}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px}</style>\n"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:13px;vertical-align:top}"
+        "td table{margin:0}</style>\n"
         f"</head><body><h1>rlonce run: {html.escape(run_dir.name)}</h1>\n"
-        f"<h2>Summary</h2><table>{table}</table>\n"
+        f"<h2>Summary</h2>{table}\n"
         f"<h2>Curves</h2>{figs}\n"
         "<h2>Ledger (sequences per step and source; groups_short and difficulty_skipped in groups)</h2><table>"
         f"<tr>{''.join(f'<th>{c}</th>' for c in LEDGER_COLUMNS)}</tr>{ledger_rows}</table>\n"
@@ -124,7 +186,34 @@ LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "n
                   "difficulty_skipped"]
 
 
+def summary_table(summary: dict) -> str:
+    """``summary.json`` as an HTML table; nested values are tables too (``_cell``)."""
+    return "<table>" + "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>"
+                               for k, v in summary.items()) + "</table>"
+
+
+def _cell(v) -> str:
+    """A summary value as HTML: a dict of dicts (per source) is a table with a row per key and a
+    column per inner key, another dict a key/value table, a list of scalars comma-separated, a
+    list of dicts a table with a row per item; everything else ``_fmt``, escaped."""
+    if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+        cols = list(dict.fromkeys(k for x in v.values() for k in x))
+        head = "<tr><th></th>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in cols) + "</tr>"
+        body = "".join(f"<tr><th>{html.escape(str(k))}</th>" + "".join(f"<td>{_cell(x.get(c))}</td>" for c in cols)
+                       + "</tr>" for k, x in v.items())
+        return f"<table>{head}{body}</table>"
+    if isinstance(v, dict) and v:
+        return summary_table(v)
+    if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+        return _cell({str(i): x for i, x in enumerate(v)})
+    if isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v):
+        return html.escape(", ".join(_fmt(x) for x in v)) if v else "none"
+    return html.escape(_fmt(v))
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
+    if v is None:
+        return "—"
     return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
