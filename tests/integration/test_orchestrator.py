@@ -292,3 +292,48 @@ def test_a_reissued_task_is_still_not_reissued_twice_after_a_restart():
         o._evict_stale()
         runs.append((o.requeue["s"], o.window["s"].stale_reissued, o.window["s"].stale_dropped))
     assert runs[0] == runs[1] == ([], 0, 4)
+
+
+class Peak:
+    """Contrastful groups of 512 context tokens per sequence; records the most groups running at once."""
+
+    def __init__(self):
+        self.running = self.peak = 0
+
+    async def run_group(self, group, n):
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await asyncio.sleep(0.05)
+        self.running -= 1
+        seqs = [_seq(group.task.task_id, float(k % 2)) for k in range(n)]
+        for s in seqs:
+            s.metrics["context_tokens"] = 512.0
+        return seqs
+
+
+@pytest.mark.parametrize("budget, peak", [(None, 16), (4096, 2)])
+def test_rollout_kv_budget_reaches_the_async_dispatcher(budget, peak):
+    from types import SimpleNamespace
+
+    from rlonce.config import load_config
+    from rlonce.rollout.builders import build_orchestrator
+    from rlonce.rollout.sources import plan_sources
+
+    keys = ["rollout.mode=async", "rl.group_size=4", "rollout.target_groups=6", "rollout.max_sessions=64"]
+    cfg = load_config(None, keys + ([f"rollout.kv_budget={budget}"] if budget else []))
+    plan = plan_sources(cfg)[0]
+    domain = SimpleNamespace(task=lambda split, i: T(f"{plan.label}/{i}"))
+    executor = Peak()
+    o = build_orchestrator(cfg, {plan.label: SimpleNamespace(plan=plan, domain=domain)}, executor, SignalSettings(),
+                           None)
+    assert o.s.kv_budget == (float("inf") if budget is None else 4096.0)
+
+    async def go():
+        r = await o.collect(1, max_wait=5)
+        await o.close()
+        return r
+
+    assert len(asyncio.run(go()).samples) == 6
+    # each group is predicted to hold 512 tokens × 4 sequences = 2048: a budget of 4096 admits two
+    # at once; without one, the session cap alone admits 64 / 4 = 16
+    assert executor.peak == peak

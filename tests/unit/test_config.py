@@ -182,7 +182,7 @@ def test_every_numeric_field_states_bounds_and_a_description():
     from rlonce.config import bounds
 
     fields = _numeric_fields()
-    assert len(fields) == 113
+    assert len(fields) == 114
     unbounded = [k for k, info in fields if not bounds(info) and "entropy_band" not in k]
     assert unbounded == []
     undocumented = [k for k, info in fields if not info.description]
@@ -269,3 +269,10 @@ def test_docs_config_md_lists_every_key_as_the_schema_does():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
     assert reference() in doc, "docs/config.md is stale: regenerate its table with rlonce.config.reference()"
+
+
+def test_rollout_kv_budget_is_unset_by_default_and_bounded():
+    assert load_config(None, []).rollout.kv_budget is None
+    assert load_config(None, ["rollout.kv_budget=65536"]).rollout.kv_budget == 65536
+    with pytest.raises(ConfigError, match=r"rollout.kv_budget.* in \[1, "):
+        load_config(None, ["rollout.kv_budget=0"])

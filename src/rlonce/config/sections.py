@@ -311,3 +311,8 @@ class RolloutConfig(Section):
     """The Sample Mixer's weighted-average oversampling budget p̄."""
     max_sessions: int = Field(64, ge=1, le=MAX_PARALLEL)
     """Concurrent sequences the dispatcher may keep in flight (async)."""
+    kv_budget: int | None = Field(None, ge=1, le=10**12)
+    """async: predicted KV tokens the dispatcher may keep in flight. Each running group counts
+    its source's mean context tokens (measured as its groups end; 512 before the first) times
+    ``rl.group_size``; a new group starts only while the sum stays within this, though one group
+    always may. Unset: no budget (``max_sessions`` alone caps admission). Not read in sync mode."""

@@ -92,6 +92,7 @@ def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, sig
         OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=max(p.staleness for p in plans),
                              refill=r.mode == "sync", dispatch_cap=r.sync_dispatch_cap,
                              max_sessions=max(sessions, cfg.rl.group_size),
+                             kv_budget=float("inf") if r.kv_budget is None else float(r.kv_budget),
                              batch=cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups,
                              rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window,
                                                          p.dispatch_cap) for p in plans},

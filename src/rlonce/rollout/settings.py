@@ -67,7 +67,8 @@ class OrchestratorSettings:
     ``max_refill_rounds`` bounds the refills). A batch still short then is counted (``groups_short``)."""
     max_sessions: int = 64
     kv_budget: float = float("inf")
-    """Predicted KV tokens in flight (mean context tokens of the source × group size)."""
+    """Async admission: the most predicted KV tokens in flight, each running group counting its
+    source's mean context tokens × group size (``rollout.kv_budget``; inf: no budget)."""
     group_by_arm: bool = False
     """Judge each group's siblings per harness arm (``split_by_arm``)."""
     batch: int | None = None
