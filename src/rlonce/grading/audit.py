@@ -11,11 +11,14 @@ and an ``audit`` section of ``DIR/validation.json``; the training domain leaves 
 out until a person lists their ids in ``DIR/cleared.txt`` (``rlonce.envs.domains``).
 
 The attempts are real rollouts: tool calls through a ``CodeEnv`` in a sandbox, the carried change
-graded in a fresh sandbox, the graded diff shown to the auditor. The agents are scripted (a model
-agent at an endpoint is not wired here): the expert under two seeds (its detours differ, its fix
-does not), doing nothing, and deleting or skipping the tests — a sound task passes the first two
-and fails the others. What this does not catch: a weakness none of the four attempts exercises,
-and whatever the auditor misses (the scripted auditor's rules are in ``rlonce.grading.scripted``).
+graded in a fresh sandbox, the graded diff shown to the auditor. By default the agents are
+scripted: the expert under two seeds (its detours differ, its fix does not), doing nothing, and
+deleting or skipping the tests — a sound task passes the first two and fails the others. With
+``--agent URL`` a model at that endpoint (``ModelAgent``: the ``mini-bash`` harness arm, the
+policy's own loop and client) makes all four attempts instead, so the auditor sees what a model
+actually tries rather than the scripted probes. What this does not catch: a weakness none of the
+four attempts exercises, and whatever the auditor misses (the scripted auditor's rules are in
+``rlonce.grading.scripted``).
 """
 
 from __future__ import annotations
