@@ -32,6 +32,10 @@ class SamplingParams:
     """Under top-k/top-p, record each token's candidate-set size (``Generation.candidates``) for the
     trainer to renormalise over. Off only to measure what that buys: the trainer then normalises
     over the whole vocabulary."""
+    top_logprobs: int = 0
+    """Also record, per token, up to this many most likely tokens of the distribution it was drawn
+    from, with their log-probs (``Generation.top_logprobs``; what a gateway client asks for with
+    ``top_logprobs``). Read after the draw: it never changes what is sampled. 0: off."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,6 +48,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0 (0 disables it)")
         if self.stop_confident_run < 0 or not 0 < self.confident_p < 1:
             raise ValueError("stop_confident_run must be >= 0 and confident_p in (0, 1)")
+        if self.top_logprobs < 0:
+            raise ValueError("top_logprobs must be >= 0 (0 disables it)")
 
     @property
     def records_candidates(self) -> bool:
@@ -66,6 +72,10 @@ class Generation:
     """Per token, the size k of the candidate set it was drawn from: the k tokens the policy
     ranked highest at that position, which is what top-k and top-p keep (k = 0: the whole
     vocabulary). None when nothing restricted the distribution (top_p = 1 and top_k = 0)."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per token, the ``SamplingParams.top_logprobs`` most likely (token id, log-prob) of the
+    distribution it was drawn from, most likely first; tokens top-k or top-p cut away are not
+    listed. None when not asked for, or when the engine cannot give them (the vLLM engine)."""
 
 
 class EngineError(RuntimeError):
@@ -116,7 +126,8 @@ def watch_after(gen: Generation, watch: Watch | None) -> Generation:
             n = i + 1
             return replace(gen, token_ids=gen.token_ids[:n], logprobs=gen.logprobs[:n], versions=gen.versions[:n],
                            finish_reason="stop_sequence",
-                           candidates=None if gen.candidates is None else gen.candidates[:n])
+                           candidates=None if gen.candidates is None else gen.candidates[:n],
+                           top_logprobs=None if gen.top_logprobs is None else gen.top_logprobs[:n])
     return gen
 
 

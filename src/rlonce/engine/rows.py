@@ -114,19 +114,25 @@ class Row:
         self.tokens: list[int] = []
         self.logps: list[float] = []
         self.sizes: list[int] | None = [] if s.records_candidates else None
+        self.top_n = s.top_logprobs
+        self.tops: list[list[tuple[int, float]]] | None = [] if s.top_logprobs else None
         self.reason: str | None = None
         self.t0, self.prefill_s, self.batch_size = time.perf_counter(), 0.0, 0
         self.compiled = 0
         """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.solo``)."""
 
-    def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event) -> bool:
-        """Append the token (and its candidate-set size, where top-k/top-p is on) and decide whether
-        the row is done: end of sequence, a confident run that reached its limit ('repetition'),
-        the token budget, or the engine paused ('abort')."""
+    def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event,
+               top: list[tuple[int, float]] | None = None) -> bool:
+        """Append the token (and its candidate-set size, where top-k/top-p is on, and its most
+        likely alternatives, where asked for) and decide whether the row is done: end of
+        sequence, a confident run that reached its limit ('repetition'), the token budget, or the
+        engine paused ('abort')."""
         self.tokens.append(token)
         self.logps.append(logp)
         if self.sizes is not None:
             self.sizes.append(size)
+        if self.tops is not None:
+            self.tops.append(top or [])
         self.runs = self.runs + 1 if logp > self.run_thr else 0
         stop_here = self.req.watch is not None and self.req.watch(token)  # it sees every token, once
         if eos:
@@ -146,7 +152,7 @@ class Row:
                           metrics={"wave_size": self.batch_size, "wave_seconds": time.perf_counter() - self.t0,
                                    "prefill_seconds": self.prefill_s, "prompt_tokens": len(self.req.prompt_ids),
                                    "cached_prompt_tokens": self.reused, "compiled_tokens": self.compiled},
-                          candidates=self.sizes)
+                          candidates=self.sizes, top_logprobs=self.tops)
 
 
 @dataclass

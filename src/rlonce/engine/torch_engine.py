@@ -338,8 +338,9 @@ class TorchEngine:
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
         size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
         toks = tok_A.tolist()
+        top_A = _top(logp_AV, rows)
         done = [(r, row) for j, (r, row) in enumerate(zip(live, rows))
-                if row.record(toks[j], lp_A[j], size_A[j], toks[j] in self.eos, self._paused)]
+                if row.record(toks[j], lp_A[j], size_A[j], toks[j] in self.eos, self._paused, top_A[j])]
         self._finish(b, done, lane)
         self._stats["decode_steps"] += 1
         if not b.live:
@@ -384,6 +385,19 @@ class TorchEngine:
             self._stats["generated_tokens"] += len(row.tokens)
         for _, row in done:
             row.req.answer(row.generation(self.version))
+
+
+def _top(logp_AV: torch.Tensor, rows: list[Row]) -> list[list[tuple[int, float]] | None]:
+    """Per row that asks for them (``SamplingParams.top_logprobs``), its most likely tokens and
+    their log-probs in the distribution just sampled from; tokens top-k/top-p cut (−inf) are left
+    out. Nothing is computed when no row asks."""
+    n = max(row.top_n for row in rows)
+    if not n:
+        return [None] * len(rows)
+    vals_AN, ids_AN = logp_AV.topk(min(n, logp_AV.shape[-1]), dim=-1)
+    vals, ids = vals_AN.tolist(), ids_AN.tolist()
+    return [[(t, v) for t, v in zip(ids[j][:row.top_n], vals[j][:row.top_n]) if v != float("-inf")]
+            if row.top_n else None for j, row in enumerate(rows)]
 
 
 def _fail(reqs: list[Request], e: Exception) -> None:
