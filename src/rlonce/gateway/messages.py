@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rlonce.engine.base import Generation
 from rlonce.model.chat import ToolCall
 
 
@@ -100,6 +102,11 @@ class ChatRequest:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     """Stop sequences: the turn ends where its text first contains one (not included)."""
+    logprobs: bool = False
+    """Return each sampled token's log-prob (Chat ``logprobs``, Responses ``include``)."""
+    top_logprobs: int = 0
+    """With ``logprobs``: how many of the most likely tokens to list at each position (at most
+    ``MAX_TOP_LOGPROBS``)."""
 
 
 @dataclass
@@ -136,6 +143,39 @@ class Turn:
     one was sampled): what a later request continues by response id."""
     reasoning_tokens: int = 0
     """How many of the sampled tokens the reasoning took, its markup included (``reasoning_tokens``)."""
+    logprobs: list[TokenLogprob] | None = None
+    """Every sampled token of the turn with its recorded log-prob, when the request asked for them."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token as a client sees it: its text, the log-prob the session recorded for it
+    (of the distribution it was drawn from), and the most likely tokens at its position as
+    (text, log-prob) pairs."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def token_logprobs(gen: Generation, decode: Callable[[list[int]], str], top_n: int) -> list[TokenLogprob]:
+    """The turn's tokens with their recorded log-probs and, when ``top_n`` > 0, the engine's
+    ``top_n`` most likely tokens per position; an engine that gives none (scripted, vLLM) lists the
+    sampled token alone. Each token's text is its own decoding (a token holding part of a UTF-8
+    character decodes to U+FFFD)."""
+    text: dict[int, str] = {}
+
+    def piece(t: int) -> str:
+        if t not in text:
+            text[t] = decode([t])
+        return text[t]
+
+    tops = gen.top_logprobs if top_n else None
+    out = []
+    for i, (t, lp) in enumerate(zip(gen.token_ids, gen.logprobs)):
+        alts = tops[i][:top_n] if tops is not None else ([(t, lp)] if top_n else [])
+        out.append(TokenLogprob(piece(t), lp, tuple((piece(a), v) for a, v in alts)))
+    return out
 
 
 class Adapter(Protocol):
@@ -164,6 +204,8 @@ LIMITS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 """Accepted ranges of client sampling values (OpenAI's; Anthropic's are narrower)."""
 MAX_TOKENS = 1 << 20
 """The largest per-request output cap accepted (the session's own cap still applies)."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (OpenAI's limit)."""
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects a request may hold (tool schemas need ~10)."""
 
@@ -295,6 +337,15 @@ def top_k_of(body: dict) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS:
         raise ProtocolError("'top_k' must be a non-negative integer", param="top_k")
+    return v
+
+
+def top_logprobs_of(body: dict) -> int:
+    v = body.get("top_logprobs")
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS:
+        raise ProtocolError(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
     return v
 
 

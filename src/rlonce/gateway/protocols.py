@@ -21,6 +21,7 @@ from rlonce.gateway.messages import (
     Message,
     Overloaded,
     ProtocolError,
+    TokenLogprob,
     Turn,
     max_tokens_of,
     parse_arguments,
@@ -28,6 +29,7 @@ from rlonce.gateway.messages import (
     stops_of,
     text_of,
     top_k_of,
+    top_logprobs_of,
 )
 from rlonce.gateway.streams import ChatStream, MessagesStream, ResponsesStream, TurnStream
 from rlonce.model.chat import ToolCall
@@ -43,6 +45,24 @@ def _list(value, where: str) -> list:
     if not isinstance(value, list):
         raise ProtocolError(f"'{where}' must be an array", param=where)
     return value
+
+
+def _top(lp: TokenLogprob) -> list[dict]:
+    return [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in lp.top]
+
+
+def logprob_entries(lps: list[TokenLogprob] | None) -> list[dict]:
+    """Token log-probs in the shape both OpenAI APIs share: token, logprob, its UTF-8 bytes, and
+    the most likely tokens at its position in the same shape."""
+    return [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()), "top_logprobs": _top(lp)}
+            for lp in lps or []]
+
+
+def _flag(body: dict, key: str) -> bool:
+    v = body.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise ProtocolError(f"'{key}' must be a boolean", param=key)
+    return bool(v)
 
 
 def _function_tool(name, description, parameters, where: str) -> dict:
@@ -105,8 +125,10 @@ class OpenAIChat:
                 continue
             fn = _obj(t.get("function"), f"tools[{i}].function")
             tools.append(_function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{i}]"))
+        logprobs = _flag(body, "logprobs")
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
-                           stop=stops_of(body, "stop"), **request_fields(body))
+                           stop=stops_of(body, "stop"), logprobs=logprobs,
+                           top_logprobs=top_logprobs_of(body) if logprobs else 0, **request_fields(body))
 
     def _message(self, turn: Turn) -> dict:
         msg: dict = {"role": "assistant", "content": turn.content or (None if turn.calls else "")}
@@ -122,10 +144,14 @@ class OpenAIChat:
                 "total_tokens": turn.prompt_tokens + turn.completion_tokens,
                 "completion_tokens_details": {"reasoning_tokens": turn.reasoning_tokens}}
 
+    def logprobs(self, turn: Turn) -> dict | None:
+        """``choices[].logprobs``: every sampled token of the turn, when the request asked."""
+        return None if turn.logprobs is None else {"content": logprob_entries(turn.logprobs), "refusal": None}
+
     def reply(self, turn: Turn, req: ChatRequest) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-                "model": req.model, "choices": [{"index": 0, "message": self._message(turn), "logprobs": None,
-                                                 "finish_reason": turn.finish}],
+                "model": req.model, "choices": [{"index": 0, "message": self._message(turn),
+                                                 "logprobs": self.logprobs(turn), "finish_reason": turn.finish}],
                 "usage": self.usage(turn), "rlonce": {"session_id": turn.session_id, "turn": turn.turn_index}}
 
     def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
@@ -217,10 +243,16 @@ class AnthropicMessages:
             return "stop_sequence"
         return {"length": "max_tokens", "tool_calls": "tool_use"}.get(turn.finish, "end_turn")
 
+    def usage(self, input_tokens: int, output_tokens: int) -> dict:
+        """Usage as the real API counts it; the cache fields are 0 (no prompt-cache billing here,
+        whatever the engine's prefix reuse saved)."""
+        return {"input_tokens": input_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                "output_tokens": output_tokens}
+
     def message(self, turn: Turn, req: ChatRequest, content: list, stop, output_tokens: int) -> dict:
         return {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": req.model,
                 "content": content, "stop_reason": stop, "stop_sequence": turn.stop_sequence,
-                "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": output_tokens}}
+                "usage": self.usage(turn.prompt_tokens, output_tokens)}
 
     def reply(self, turn: Turn, req: ChatRequest) -> dict:
         return self.message(turn, req, self._content(turn), self.stop_reason(turn), turn.completion_tokens)
@@ -270,7 +302,11 @@ class OpenAIResponses:
             if t.get("type") != "function":
                 continue
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
-        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), **request_fields(body))
+        include = _list(body.get("include") or [], "include")
+        top = top_logprobs_of(body)
+        logprobs = "message.output_text.logprobs" in include or top > 0
+        return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), logprobs=logprobs,
+                           top_logprobs=top, **request_fields(body))
 
     def _item(self, msgs: list[Message], it: dict, where: str, thought: str) -> str:
         """Add one input item to ``msgs``; returns the reasoning waiting for the next assistant turn."""
@@ -313,15 +349,24 @@ class OpenAIResponses:
             raise ProtocolError(f"{where}.type must be a string", param=where)
         return thought
 
+    def output_text(self, text: str, turn: Turn | None = None) -> dict:
+        """The message's ``output_text`` part; its ``logprobs`` are every sampled token of the
+        turn when the request asked (``include``), else empty."""
+        return {"type": "output_text", "text": text, "annotations": [],
+                "logprobs": logprob_entries(turn.logprobs if turn is not None else None)}
+
     def _items(self, turn: Turn, rid: str) -> list[dict]:
         items = [{"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": "completed",
                   "content": [{"type": "reasoning_text", "text": turn.reasoning}]}] if turn.reasoning else []
         if turn.content or not turn.calls:
             items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
-                          "content": [{"type": "output_text", "text": turn.content, "annotations": [],
-                                       "logprobs": []}]})
+                          "content": [self.output_text(turn.content, turn)]})
         items += [{"type": "function_call", "id": f"fc_{rid}_{i}", "call_id": c.id, "name": c.name,
                    "arguments": c.arguments_json, "status": "completed"} for i, c in enumerate(turn.calls)]
+        if turn.finish == "length" and items:  # the item the cap cut short, as the real API marks it
+            items[-1]["status"] = "incomplete"
+            if items[0]["type"] == "reasoning" and not turn.content and not turn.calls:
+                items[0]["status"] = "incomplete"  # the cap came inside the reasoning (or right after it)
         return items
 
     def response(self, turn: Turn, req: ChatRequest, rid: str, status: str, output: list[dict]) -> dict:

@@ -39,7 +39,15 @@ from dataclasses import dataclass, replace
 from rlonce.core.records import Context, FailureCategory, Role, Segment
 from rlonce.core.timeouts import Expired, within
 from rlonce.engine.base import Generation, SamplingParams, Watch
-from rlonce.gateway.messages import CallOut, ChatRequest, ContextLengthExceeded, Message, ProtocolError, Turn
+from rlonce.gateway.messages import (
+    CallOut,
+    ChatRequest,
+    ContextLengthExceeded,
+    Message,
+    ProtocolError,
+    Turn,
+    token_logprobs,
+)
 from rlonce.gateway.settings import Budgets, GatewaySettings
 
 GREEDY_BELOW = 1e-3
@@ -205,6 +213,8 @@ class Session:
                 s = replace(s, top_p=min(1.0, max(req.top_p, GREEDY_BELOW)))
             if req.top_k and s.top_k != 1:  # Anthropic's top_k (0: off), unless greedy already
                 s = replace(s, top_k=req.top_k)
+        if req.logprobs:  # read after each draw: what is sampled does not change
+            s = replace(s, top_logprobs=req.top_logprobs)
         if self.seed is not None:
             s = replace(s, seed=self.seed + 7919 * len(self.generations))
         return s, want > room
@@ -285,12 +295,14 @@ class Session:
         more = await self.settings.engine.generate(prompt + gen.token_ids, more_s, **(kw or {}))
         sizes = None if gen.candidates is None and more.candidates is None else (
             (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
+        tops = None if gen.top_logprobs is None and more.top_logprobs is None else (
+            (gen.top_logprobs or [[] for _ in gen.token_ids]) + (more.top_logprobs or [[] for _ in more.token_ids]))
         metrics = {**gen.metrics, **more.metrics}
         for k in ("prompt_tokens", "cached_prompt_tokens", "compiled_tokens"):  # both parts count
             if k in gen.metrics or k in more.metrics:
                 metrics[k] = gen.metrics.get(k, 0) + more.metrics.get(k, 0)
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
-                          more.finish_reason, metrics, sizes)
+                          more.finish_reason, metrics, sizes, tops)
 
     def _commit_prompt_only(self, plan: _Plan) -> None:
         if plan.new_branch:
@@ -343,8 +355,9 @@ class Session:
             self.events.append({"kind": "truncated", "context": b.context.label, "reason": "trajectory budget"})
         dialogue = list(b.messages if gen.token_ids else req.messages)
         thought = self.settings.fmt.reasoning_length(gen.token_ids, self.settings.decode) if reasoning else 0
+        lps = token_logprobs(gen, self.settings.decode, req.top_logprobs) if req.logprobs else None
         return Turn(content, outs, finish, len(plan.prompt_ids), len(gen.token_ids), self.id, n, stopped, reasoning,
-                    dialogue, thought)
+                    dialogue, thought, lps)
 
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:

@@ -185,8 +185,9 @@ class ChatStream(TurnStream):
         self.base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": req.model}
 
-    def _chunk(self, delta: dict, finish=None) -> str:
-        return sse({**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+    def _chunk(self, delta: dict, finish=None, logprobs: dict | None = None) -> str:
+        return sse({**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                              "finish_reason": finish}]})
 
     def start(self, prompt_tokens: int) -> list[str]:
         return [self._chunk({"role": "assistant"})]  # content stays null unless text comes, as in the reply
@@ -208,7 +209,7 @@ class ChatStream(TurnStream):
                                                     "function": {"name": c.name, "arguments": ""}}]}))
             out += [self._chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
                     for p in chunks(c.arguments_json)]
-        out.append(self._chunk({}, turn.finish))
+        out.append(self._chunk({}, turn.finish, self.adapter.logprobs(turn)))  # known once the turn is sampled
         opts = self.body.get("stream_options")
         if isinstance(opts, dict) and opts.get("include_usage"):
             out.append(sse({**self.base, "choices": [], "usage": self.adapter.usage(turn)}))
@@ -281,7 +282,7 @@ class MessagesStream(TurnStream):
             out.append(self._ev({"type": "content_block_stop", "index": i}))
         out.append(self._ev({"type": "message_delta", "delta": {"stop_reason": self.adapter.stop_reason(turn),
                                                                 "stop_sequence": turn.stop_sequence},
-                             "usage": {"output_tokens": turn.completion_tokens}}))
+                             "usage": self.adapter.usage(turn.prompt_tokens, turn.completion_tokens)}))
         return out + [self._ev({"type": "message_stop"})]
 
     def error(self, e: ProtocolError, body: dict) -> list[str]:
@@ -311,9 +312,6 @@ class ResponsesStream(TurnStream):
         shell = self.adapter.response(Turn("", [], "stop", prompt_tokens, 0), self.req, self.rid, "in_progress", [])
         return [self._ev("response.created", response=shell), self._ev("response.in_progress", response=shell)]
 
-    def _part(self, text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
     def _reasoning_item(self, status: str) -> dict:
         content = [{"type": "reasoning_text", "text": self.sent_reasoning}] if status == "completed" else []
         return {"type": "reasoning", "id": f"rs_{self.rid}", "summary": [], "status": status, "content": content}
@@ -328,13 +326,14 @@ class ResponsesStream(TurnStream):
         return out + [self._ev("response.reasoning_text.delta", item_id=f"rs_{self.rid}", output_index=0,
                                content_index=0, delta=piece)]
 
-    def _close_thinking(self) -> list[str]:
+    def _close_thinking(self, status: str = "completed") -> list[str]:
         if not self.open_thinking or self.thinking_closed:
             return []
         self.thinking_closed = True
+        item = {**self._reasoning_item("completed"), "status": status}
         return [self._ev("response.reasoning_text.done", item_id=f"rs_{self.rid}", output_index=0, content_index=0,
                          text=self.sent_reasoning),
-                self._ev("response.output_item.done", output_index=0, item=self._reasoning_item("completed"))]
+                self._ev("response.output_item.done", output_index=0, item=item)]
 
     def record(self, turn: Turn) -> None:
         self.history[self.rid] = list(turn.dialogue)
@@ -346,7 +345,7 @@ class ResponsesStream(TurnStream):
             item = {"type": "message", "id": self.msg_id, "status": "in_progress", "role": "assistant", "content": []}
             out += [self._ev("response.output_item.added", output_index=self.msg_index, item=item),
                     self._ev("response.content_part.added", item_id=self.msg_id, output_index=self.msg_index,
-                             content_index=0, part=self._part(""))]
+                             content_index=0, part=self.adapter.output_text(""))]
         if piece:
             self.sent += piece
             out.append(self._ev("response.output_text.delta", item_id=self.msg_id, output_index=self.msg_index,
@@ -358,17 +357,18 @@ class ResponsesStream(TurnStream):
         rest, thought, out = self.rest(turn), self.rest_reasoning(turn), []
         if thought and not self.open_text:  # the reasoning item comes first
             out += self.thinking(thought)
-        out += self._close_thinking()
+        first = final["output"][0] if final["output"] else {}
+        out += self._close_thinking(first["status"] if first.get("type") == "reasoning" else "completed")
         out += self.text(rest) if rest or (not self.open_text and not turn.calls) else []
         for k, item in enumerate(final["output"]):
             if item["type"] == "reasoning":
                 continue
             if item["type"] == "message":
-                text = item["content"][0]["text"]
+                part = item["content"][0]
                 out += [self._ev("response.output_text.done", item_id=item["id"], output_index=k, content_index=0,
-                                 text=text, logprobs=[]),
+                                 text=part["text"], logprobs=part["logprobs"]),
                         self._ev("response.content_part.done", item_id=item["id"], output_index=k, content_index=0,
-                                 part=self._part(text))]
+                                 part=part)]
             else:
                 out.append(self._ev("response.output_item.added", output_index=k,
                                     item={**item, "arguments": "", "status": "in_progress"}))
