@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import socket
+import threading
 from pathlib import Path
 
 from rlonce.errors import UsageError
@@ -193,6 +194,9 @@ def serve(run_dir: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> N
 
     view = RunView(run_dir)
     sock = listen(host, port)
+    # the tokenizer takes seconds to load (it imports transformers): load it while the page opens,
+    # not when the first context is asked for
+    threading.Thread(target=view.tokenizer.get, name="view-tokenizer", daemon=True).start()
     server = uvicorn.Server(config(make_app(view), host, port))
     print(f"rlonce view of {view.run_dir} ({len(view.steps())} stored steps) at {url_of(sock)}\n  Ctrl-C stops",
           flush=True)

@@ -8,6 +8,12 @@ token, so that colouring is per token; the context is split into its turns — t
 sampled model turns (with the tool calls they make) and the observations in between — by which
 tokens carry a policy version (only sampled tokens do).
 
+Each group carries ``explain``: how its advantages were computed, in words, from what the step's
+record holds for it (scores, rewards, group and final advantages) and the run's ``algo`` settings
+— the baseline, the normalisation, dynamic filtering, what changed a reward into a score, what
+changed an advantage after the group, the penalties. An untrained group's record does not say
+why it was dropped; its explanation gives the step's ledger for its source instead.
+
 Trainer log-probs are shown only where the run stored them (a ``trainer_logprobs`` column beside
 ``rollout_logprobs``); otherwise the page says they were not recorded. Nothing here writes to
 the run.
@@ -180,31 +186,39 @@ class RunView:
         if stored is None:
             return None
         meta, cols = stored
-        off, mask = cols["row_offsets"], cols["loss_mask"]
+        cols_of = (cols["row_offsets"], cols["loss_mask"], cols["policy_versions"])
         rows_of: dict[tuple, list[int]] = {}
         for i, r in enumerate(meta["rows"]):
             rows_of.setdefault((r["group_id"], r["sequence"]), []).append(i)
-        groups = [_group(g, i, rows_of, off, mask) for i, g in enumerate(meta["groups"])]
-        groups += self._untrained_groups(meta, cols, len(groups))
+        algo = self.config.get("algo", {})
+        groups = [{**_group(g, i, rows_of, *cols_of), "explain": explain_group(g, algo)}
+                  for i, g in enumerate(meta["groups"])]
         ledger = [e for e in read_jsonl(self.run_dir / "ledger.jsonl") if e.get("step") == step]
+        groups += self._untrained_groups(meta, cols, len(groups), ledger)
         return {"step": step, "train_version": meta["train_version"], "staleness": meta["staleness"],
                 "rows_remote": meta.get("rows_remote", 0), "metrics": self._metrics().get(step, {}),
-                "ledger": ledger, "trainer_logprobs": "trainer_logprobs" in cols, "groups": groups}
+                "ledger": ledger, "trainer_logprobs": "trainer_logprobs" in cols, "groups": groups,
+                "trained_nothing": not meta["rows"] and not meta.get("rows_remote", 0)}
 
-    def _untrained_groups(self, meta: dict, cols: dict, first: int) -> list[dict]:
+    def _untrained_groups(self, meta: dict, cols: dict, first: int, ledger: list[dict]) -> list[dict]:
         off, mask = cols.get("untrained_row_offsets", np.zeros(1)), cols.get("untrained_loss_mask", np.zeros(0))
+        versions = cols.get("untrained_policy_versions", np.zeros(0))
         rows_of: dict[int, list[int]] = {}
         for j, k in enumerate(meta.get("untrained_rows", [])):
             rows_of.setdefault(k, []).append(j)
         by_task: dict[str, list[dict]] = {}
         for k, o in enumerate(meta.get("untrained", [])):
             seq = {**o, "index": k, "kind": "untrained", "retained": False, "score": None, "advantage": None,
-                   **_row_counts(rows_of.get(k, []), off, mask)}
+                   **_row_counts(rows_of.get(k, []), off, mask, versions)}
             by_task.setdefault(o["task_id"], []).append(seq)
-        return [{"index": first + n, "kind": "untrained", "group_id": None, "task_id": task,
-                 "source": self._source_of(task, meta["staleness"]), "dispatch_step": None, "retained": False,
-                 "scores": None, "advantages": None, "group_advantages": None, "sequences": seqs}
-                for n, (task, seqs) in enumerate(by_task.items())]
+        out = []
+        for n, (task, seqs) in enumerate(by_task.items()):
+            source = self._source_of(task, meta["staleness"])
+            out.append({"index": first + n, "kind": "untrained", "group_id": None, "task_id": task, "source": source,
+                        "dispatch_step": None, "retained": False, "scores": None, "advantages": None,
+                        "group_advantages": None, "sequences": seqs,
+                        "explain": explain_untrained(seqs, [e for e in ledger if source in (None, e.get("source"))])})
+        return out
 
     def context(self, step: int, row: int, *, untrained: bool = False) -> dict | None:
         stored = self.stored(step)
@@ -226,7 +240,8 @@ class RunView:
         mask = cols[p + "loss_mask"][a:b]
         return {"step": step, "row": row, "kind": "untrained" if untrained else "trained", **owner,
                 "outcome": outcome, "train_version": meta["train_version"], "tokenizer": source,
-                "tokens": len(ids), "trained_tokens": int(mask.sum()), "weight": float(cols[p + "weights"][row]),
+                "tokens": len(ids), "model_tokens": int(sampled.sum()),
+                "trained_tokens": 0 if untrained else int(mask.sum()), "weight": float(cols[p + "weights"][row]),
                 "token_ids": ids, "pieces": pieces, "loss_mask": mask.astype(int).tolist(),
                 "versions": versions.tolist(), "rollout_logprobs": _finite(rollout),
                 "trainer_logprobs": None if trainer is None else _finite(trainer),
@@ -242,7 +257,7 @@ class RunView:
         """The PNG of plot ``plot_id``, drawn by ``rlonce.telemetry.report`` (as in report.html)."""
         import base64
 
-        from rlonce.telemetry.report import _plot
+        from rlonce.telemetry.report import _plot, eval_task_counts
 
         specs = self._plot_specs()
         if not 0 <= plot_id < len(specs):
@@ -253,17 +268,20 @@ class RunView:
                 baseline = json.loads(path.read_text()).get("baseline_success") if path.is_file() else None
                 _, title, key = specs[plot_id]
                 rows = read_jsonl(self.run_dir / "metrics.jsonl")
-                self._plots[plot_id] = base64.b64decode(_plot(rows, key, title, baseline))
+                counts = eval_task_counts(self.run_dir)
+                self._plots[plot_id] = base64.b64decode(_plot(rows, key, title, baseline, counts))
             return self._plots[plot_id]
 
 
-def _row_counts(rows: list[int], off: np.ndarray, mask: np.ndarray) -> dict:
+def _row_counts(rows: list[int], off: np.ndarray, mask: np.ndarray, versions: np.ndarray) -> dict:
+    """A sequence's stored rows and their tokens: all, those the model sampled, those with loss mask 1."""
     spans = [(int(off[i]), int(off[i + 1])) for i in rows]
     return {"rows": rows, "tokens": sum(b - a for a, b in spans),
+            "model_tokens": sum(int((versions[a:b] >= 0).sum()) for a, b in spans),
             "trained_tokens": sum(int(mask[a:b].sum()) for a, b in spans)}
 
 
-def _group(g: dict, index: int, rows_of: dict, off: np.ndarray, mask: np.ndarray) -> dict:
+def _group(g: dict, index: int, rows_of: dict, off: np.ndarray, mask: np.ndarray, versions: np.ndarray) -> dict:
     """A trained group and its sequences; ``rows`` index the step's columns. Scores and
     advantages are per scored sequence (infrastructure failures are never scored)."""
     seqs, k = [], 0
@@ -272,7 +290,8 @@ def _group(g: dict, index: int, rows_of: dict, off: np.ndarray, mask: np.ndarray
         rows = rows_of.get((g["group_id"], k), []) if scored else []
         seqs.append({**o, "index": n, "kind": "trained", "retained": bool(rows),
                      "score": _at(g, "scores", k) if scored else None,
-                     "advantage": _at(g, "advantages", k) if scored else None, **_row_counts(rows, off, mask)})
+                     "advantage": _at(g, "advantages", k) if scored else None,
+                     **_row_counts(rows, off, mask, versions)})
         k += scored
     return {"index": index, "kind": "trained", "retained": True,
             **{key: g.get(key) for key in ("group_id", "task_id", "source", "dispatch_step", "scores", "advantages",
@@ -296,3 +315,90 @@ def _owner(meta: dict, row: int, untrained: bool) -> tuple[dict | None, dict]:
     scored = [o for o in g.get("sequences", []) if o["status"] != "infra"]
     o = scored[r["sequence"]] if r["sequence"] < len(scored) else None
     return o, {"group_id": r["group_id"], "sequence": r["sequence"]}
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _close(xs, ys, tol: float = 1e-4) -> bool:
+    return len(xs) == len(ys) and all(x is not None and y is not None and abs(x - y) <= tol for x, y in zip(xs, ys))
+
+
+def explain_group(g: dict, algo: dict) -> list[list[str]]:
+    """How a trained group's advantages came about, as ``[what, text]`` lines, from its stored
+    record (``rlonce.telemetry.rollouts``: rewards, scores, group and final advantages, each
+    sequence's outcome) and the run's ``algo`` settings. Sequences are numbered as the page
+    numbers them (infrastructure failures included; they are never scored)."""
+    scores, rewards = g.get("scores") or [], g.get("rewards") or []
+    grouped, final = g.get("group_advantages") or [], g.get("advantages") or []
+    seqs = g.get("sequences", [])
+    shown = [n for n, o in enumerate(seqs) if o["status"] != "infra"]  # scored k -> page number
+    infra = len(seqs) - len(shown)
+    left = f"; {infra} infrastructure failure{'s' * (infra != 1)} left the group first, unscored" if infra else ""
+    n = len(scores)
+    lines = []
+    if n > 1:
+        mean = sum(scores) / n
+        std = (sum((x - mean) ** 2 for x in scores) / (n - 1)) ** 0.5
+        lines.append(["baseline", f"the mean of the group's {n} scores, {_num(mean)}{left}"])
+        plain = _close(grouped, [x - mean for x in scores])
+        normed = _close(grouped, [(x - mean) / (std + 1e-6) for x in scores])
+        if normed and (algo.get("norm_by_std") or not plain):
+            lines.append(["normalisation", f"(score − baseline) / the group's std {_num(std)} (algo.norm_by_std on)"])
+        elif plain:
+            lines.append(["normalisation", "none: advantage = score − baseline (algo.norm_by_std off)"])
+        else:
+            lines.append(["normalisation", "the stored advantages do not follow from the scores alone"])
+    else:
+        lines.append(["baseline", f"none: a lone score is its own advantage{left}"])
+    if algo.get("filter_no_contrast", True):
+        lines.append(["filtering", "kept: its scores differ (dynamic filtering drops a group whose scores are "
+                                   "all equal)"])
+    else:
+        lines.append(["filtering", "off (algo.filter_no_contrast): kept whatever its scores"])
+    changed = [f"#{shown[k]} {_num(r)} → {_num(x)} ({_reason(seqs[shown[k]], algo)})"
+               for k, (r, x) in enumerate(zip(rewards, scores))
+               if k < len(shown) and r is not None and abs(r - x) > 1e-9]
+    lines.append(["reward → score", "; ".join(changed) if changed else "unchanged: each score is its reward"])
+    moved = [f"#{shown[k]} {_num(a)} → {_num(b)}" for k, (a, b) in enumerate(zip(grouped, final))
+             if k < len(shown) and abs(a - b) > 1e-9]
+    if moved:
+        lines.append(["after the group", "GAR moved advantages among passing sequences: " + "; ".join(moved)])
+    lines.append(["penalties", _penalties(algo)])
+    return lines
+
+
+def _reason(o: dict, algo: dict) -> str:
+    """Why a sequence's score differs from its reward (``rlonce.algo.signal`` steps 2–4)."""
+    if o.get("hack_confirmed") and algo.get("zero_confirmed_hacks", True):
+        return "confirmed hack zeroed"
+    ways = [w for w, on in (("GRS rubric", algo.get("grs")), ("length shaping", (algo.get("length") or {}).get(
+        "enabled"))) if on]
+    return " or ".join(ways) if ways else "shaped"
+
+
+def _penalties(algo: dict) -> str:
+    specs = algo.get("penalties") or []
+    acting = [f"{p['rule']} → {p['strategy']}" for p in specs if p.get("strategy") != "monitor"]
+    watched = [p["rule"] for p in specs if p.get("strategy") == "monitor"]
+    parts = [", ".join(acting) + " (flagged tokens' advantage or mask changed)"] if acting else []
+    if watched:
+        parts.append(f"{', '.join(watched)} counted only")
+    if algo.get("mask_unfinished"):
+        parts.append("a sequence cut by a budget without a pass gets no rows (algo.mask_unfinished)")
+    return "; ".join(parts) if parts else "none configured"
+
+
+def explain_untrained(seqs: list[dict], ledger: list[dict]) -> list[list[str]]:
+    """An untrained group's lines: its record does not say why it was dropped, so the step's
+    ledger for its source is given (the sequences' own status and failure are on their rows)."""
+    infra = sum(q["status"] == "infra" for q in seqs)
+    lines = [["not trained", "the record does not say why this group was dropped"
+              + (f"; {infra} of its stored sequences failed in the infrastructure" if infra else "")]]
+    for e in ledger:
+        lines.append([f"ledger of {e.get('source')}",
+                      f"filtered (no contrast) {e.get('no_contrast_filtered', 0)}, rejected by penalties "
+                      f"{e.get('penalty_rejected', 0)}, unfinished {e.get('unfinished_dropped', 0)}, stale "
+                      f"{e.get('stale_dropped', 0)}, infrastructure {e.get('infra_failed', 0)} sequences"])
+    return lines

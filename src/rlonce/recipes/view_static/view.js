@@ -1,9 +1,10 @@
 // rlonce view: the page of `rlonce view RUN`. Plain JS, no build step, nothing fetched from elsewhere.
 // Every text of the run is hostile (the policy wrote it): it only ever reaches the page as text
-// nodes (el() below), never as markup.
+// nodes (el() below), never as markup. The address names what is open (route() below), so a
+// step, a sequence and its context can be linked to and reopened.
 "use strict";
 
-const state = { run: null, step: null, ctx: null, rows: [], seq: null, mode: "version" };
+const state = { run: null, step: null, ctx: null, ctxIndex: 0, rows: [], seq: null, mode: "version", ticket: 0 };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, props, ...children) {
@@ -34,12 +35,88 @@ async function api(path) {
 
 function say(text) { $("status").textContent = text; }
 
+// ---- loading: #loading shows what is being fetched while anything is --------------------------
+let pending = 0;
+
+async function busy(text, work) {
+  pending += 1;
+  $("loading").textContent = text;
+  $("loading").hidden = false;
+  try {
+    return await work;
+  } finally {
+    pending -= 1;
+    if (!pending) $("loading").hidden = true;
+  }
+}
+
+function placeholder(text) { return el("div", { class: "loading-note" }, el("span", { class: "spinner" }), text); }
+
+// ---- the address: #/step/S[/group/G/seq/Q[/context/C]], #/compare/A/B or #/plots ----------------
+let following = false;
+
+function route() {
+  if (!$("pane-plots").hidden) return "#/plots";
+  if (!$("pane-compare").hidden) return `#/compare/${$("compare-a").value}/${$("compare-b").value}`;
+  if (!state.step) return "";
+  let h = `#/step/${state.step.step}`;
+  if (state.seq) h += `/group/${state.seq.g.index}/seq/${state.seq.q.index}`;
+  if (state.seq && state.ctxIndex > 0) h += `/context/${state.ctxIndex + 1}`;
+  return h;
+}
+
+function remember() { // a new history entry for what the user opened (none while following an address)
+  const h = route();
+  if (!following && h && h !== location.hash) history.pushState(null, "", h);
+}
+
+function parseRoute(hash) {
+  let m = hash.match(/^#\/step\/(\d+)(?:\/group\/(\d+)\/seq\/(\d+)(?:\/context\/(\d+))?)?\/?$/);
+  if (m) {
+    return { pane: "steps", step: +m[1], group: m[2] === undefined ? null : +m[2], seq: m[3] === undefined ? null : +m[3],
+      context: m[4] === undefined ? 1 : +m[4] };
+  }
+  m = hash.match(/^#\/compare\/(\d+)\/(\d+)\/?$/);
+  if (m) return { pane: "compare", a: m[1], b: m[2] };
+  return hash === "#/plots" ? { pane: "plots" } : null;
+}
+
+async function follow(hash) { // open what the address names; an address naming nothing here opens the first step
+  const r = parseRoute(hash);
+  const steps = state.run.steps.map((s) => s.step);
+  following = true;
+  try {
+    if (r && r.pane === "plots") showPane("plots");
+    else if (r && r.pane === "compare") {
+      for (const [id, v] of [["compare-a", r.a], ["compare-b", r.b]]) if (steps.includes(+v)) $(id).value = v;
+      showPane("compare");
+    } else {
+      showPane("steps");
+      if (r && !steps.includes(r.step)) say(`step ${r.step} is not stored in this run; showing step ${steps[0]}`);
+      const step = r && steps.includes(r.step) ? r.step : steps[0];
+      if (step === undefined) return;
+      if (!state.step || state.step.step !== step) await openStep(step);
+      else if (r && r.group === null) closeSeq();
+      if (r && r.group !== null) {
+        const g = state.step.groups.find((x) => x.index === r.group);
+        const q = g && g.sequences.find((x) => x.index === r.seq);
+        if (q) await openSeq(g, q, r.context - 1);
+        else say(`step ${step} has no group ${r.group} sequence #${r.seq}`);
+      }
+    }
+  } finally {
+    following = false;
+  }
+  const h = route();
+  if (h && h !== location.hash) history.replaceState(null, "", h);
+}
+
 // ---- steps -------------------------------------------------------------------------------
 async function loadRun() {
-  state.run = await api("/api/run");
+  state.run = await busy("loading the run…", api("/api/run"));
   $("title").textContent = `rlonce view: ${state.run.run}`;
   const body = $("steps").tBodies[0];
-  body.replaceChildren(...state.run.steps.map((s) => el("tr", { data: { step: s.step }, onclick: () => openStep(s.step) },
+  body.replaceChildren(...state.run.steps.map((s) => el("tr", { data: { step: s.step }, onclick: () => openStep(s.step).catch((e) => say(String(e))) },
     el("td", {}, s.step), el("td", {}, fmt(s.metrics.reward_mean)), el("td", {}, fmt(s.metrics.success_rate)),
     el("td", {}, fmt(s.metrics.trained_tokens, 0)))));
   for (const id of ["compare-a", "compare-b"]) {
@@ -48,13 +125,15 @@ async function loadRun() {
   if (state.run.steps.length) $("compare-b").selectedIndex = state.run.steps.length - 1;
   $("plots").replaceChildren(...state.run.plots.map((p) => el("figure", {},
     el("img", { src: `/api/plots/${p.id}.png`, alt: p.title, loading: "lazy" }), el("figcaption", {}, p.title))));
-  if (state.run.steps.length) await openStep(state.run.steps[0].step);
+  if (state.run.steps.length) await follow(location.hash);
   else say("this run has no stored steps (rollouts/ is empty)");
 }
 
 async function openStep(step) {
-  state.step = await api(`/api/steps/${step}`);
+  $("groups").replaceChildren(placeholder(`loading step ${step}…`));
+  state.step = await busy(`loading step ${step}…`, api(`/api/steps/${step}`));
   for (const tr of $("steps").tBodies[0].rows) tr.classList.toggle("selected", +tr.dataset.step === step);
+  closeSeq();
   const s = state.step;
   $("step-title").textContent = `Step ${s.step}: groups`;
   const m = s.metrics;
@@ -64,9 +143,22 @@ async function openStep(step) {
     `mismatch KL ${fmt(m.mismatch_kl, 6)}, clipped ${fmt(m.clipfrac)}`),
     el("div", {}, "ledger: ", s.ledger.map((e) =>
       `${e.source}: dispatched ${e.dispatched}, retained ${e.retained}, filtered ${e.no_contrast_filtered}, ` +
-      `rejected ${e.penalty_rejected}, unfinished ${e.unfinished_dropped ?? 0}, stale ${e.stale_dropped}, infra ${e.infra_failed}`).join(" | ")));
+      `rejected ${e.penalty_rejected}, unfinished ${e.unfinished_dropped ?? 0}, stale ${e.stale_dropped}, infra ${e.infra_failed}`).join(" | ")),
+    ...(s.trained_nothing ? [el("div", { class: "note" }, "no row trained at this step: its untrained sequences are " +
+      "all stored (runs made before this rule kept a sample)")] : []));
   fillFilters();
   renderGroups();
+  remember();
+}
+
+function closeSeq() {
+  state.seq = null;
+  state.ctx = null;
+  state.ctxIndex = 0;
+  state.ticket += 1;
+  $("context-title").textContent = "Sequence";
+  $("context-info").textContent = "pick a sequence on the left";
+  for (const id of ["context-tabs", "context", "legend"]) $(id).replaceChildren();
 }
 
 // ---- filters -----------------------------------------------------------------------------
@@ -102,48 +194,77 @@ function renderGroups() {
     shown += seqs.length;
     if (!seqs.length) continue;
     cards.push(el("div", { class: `group ${g.kind}`, data: { group: g.index } },
-      el("div", { class: "group-head" }, g.task_id, g.kind === "untrained" ? " (untrained sample)" : ""),
+      el("div", { class: "group-head" }, g.task_id, g.kind === "trained" ? "" : state.step.trained_nothing ? " (untrained, all stored)" : " (untrained sample)"),
       el("div", { class: "group-meta" }, `source ${g.source ?? "?"}`,
         g.kind === "trained" ? `, dispatched at step ${g.dispatch_step}, retained; scores [${(g.scores || []).map((x) => fmt(x)).join(", ")}]`
           + `, advantages [${(g.advantages || []).map((x) => fmt(x)).join(", ")}]` : ", not trained"),
-      seqs.map((q) => seqRow(g, q))));
+      explain(g), seqs.map((q) => seqRow(g, q))));
   }
   $("groups").replaceChildren(...cards);
   $("filter-count").textContent = `showing ${shown} of ${total} sequences`;
 }
 
+function explain(g) { // how the group's advantages came about (view_data.explain_group)
+  return el("dl", { class: "explain" }, (g.explain || []).flatMap(([what, text]) => [el("dt", {}, what), el("dd", {}, text)]));
+}
+
 function seqRow(g, q) {
-  return el("div", { class: "seq", data: { group: g.index, seq: q.index }, onclick: () => openSeq(g, q) },
+  const tokens = g.kind === "trained" ? `${q.tokens} tok, ${q.trained_tokens} trained`
+    : `${q.tokens} tok, ${q.model_tokens} from the model`;
+  return el("div", { class: "seq", data: { group: g.index, seq: q.index },
+    onclick: () => openSeq(g, q).catch((e) => say(String(e))) },
     el("span", {}, `#${q.index}`), el("span", { class: `badge st-${q.status}` }, q.status),
     el("span", {}, `reward ${fmt(q.reward)}`), el("span", {}, `adv ${fmt(q.advantage)}`),
-    el("span", {}, q.arm), el("span", {}, `${q.tokens} tok (${q.trained_tokens} trained)`),
+    el("span", {}, q.arm), el("span", {}, tokens),
     q.failure ? el("span", {}, `failure ${q.failure}`) : null, q.retained ? null : el("span", {}, "not trained"));
 }
 
 // ---- a sequence's contexts ---------------------------------------------------------------
-async function openSeq(g, q) {
+async function openSeq(g, q, context = 0) {
   for (const n of document.querySelectorAll(".seq")) {
     n.classList.toggle("selected", +n.dataset.group === g.index && +n.dataset.seq === q.index);
   }
   state.seq = { g, q };
   $("context-title").textContent = `Step ${state.step.step}, ${g.task_id}, sequence #${q.index}`;
   $("context-tabs").replaceChildren(...q.rows.map((r, i) => el("button", { type: "button", class: "ctx-tab",
-    onclick: () => openContext(g.kind, r) }, `context ${i + 1}`)));
-  if (q.rows.length) await openContext(g.kind, q.rows[0]);
+    data: { context: i }, onclick: () => openContext(g.kind, i).catch((e) => say(String(e))) }, `context ${i + 1}`)));
+  if (q.rows.length) await openContext(g.kind, Math.min(Math.max(context, 0), q.rows.length - 1));
   else {
     state.ctx = null;
+    state.ctxIndex = 0;
+    state.ticket += 1;
     $("context-info").textContent = "no stored context: this sequence was not made a row (not trained, not sampled)";
     $("context").replaceChildren(verdict(q));
     $("legend").replaceChildren();
+    remember();
   }
 }
 
-async function openContext(kind, row) {
+function describe(c) { // a context's token counts, worded so that "not trained" and "trained" never meet
+  const rest = `the other ${c.tokens - c.model_tokens} are prompt and tool output`;
+  if (c.kind === "untrained") {
+    return `untrained row ${c.row}: ${c.tokens} tokens, of which ${c.model_tokens} sampled from the model and ` +
+      `none trained (this sequence was not in the step's batch); ${rest}`;
+  }
+  const masked = c.model_tokens - c.trained_tokens;
+  return `row ${c.row}: ${c.tokens} tokens, of which ${c.trained_tokens} model tokens trained` +
+    (masked > 0 ? ` (${masked} more sampled but masked)` : "") + `; ${rest}, never trained. Row weight ${fmt(c.weight)}`;
+}
+
+async function openContext(kind, i) {
   const part = kind === "untrained" ? "untrained" : "rows";
-  state.ctx = await api(`/api/steps/${state.step.step}/${part}/${row}`);
-  const c = state.ctx;
-  $("context-info").textContent = `${c.kind} row ${c.row}: ${c.tokens} tokens, ${c.trained_tokens} trained, ` +
-    `weight ${fmt(c.weight)}; trains version ${c.train_version}; text from ${c.tokenizer}`;
+  const row = state.seq.q.rows[i], ticket = ++state.ticket;
+  state.ctxIndex = i;
+  for (const b of document.querySelectorAll(".ctx-tab")) b.classList.toggle("active", +b.dataset.context === i);
+  remember();
+  $("context-info").textContent = "";
+  $("legend").replaceChildren();
+  $("context").replaceChildren(placeholder("loading the context… (the first one also loads the run's tokenizer: " +
+    "a few seconds)"));
+  const c = await busy("loading a context…", api(`/api/steps/${state.step.step}/${part}/${row}`));
+  if (ticket !== state.ticket) return; // another sequence or context was opened meanwhile
+  state.ctx = c;
+  $("context-info").textContent = `${describe(c)}; trains version ${c.train_version}; text from ${c.tokenizer}`;
   renderContext();
 }
 
@@ -257,7 +378,8 @@ const COLOURS = {
 
 // ---- compare two steps ---------------------------------------------------------------------
 async function compare() {
-  const [a, b] = await Promise.all([api(`/api/steps/${$("compare-a").value}`), api(`/api/steps/${$("compare-b").value}`)]);
+  const [a, b] = await busy("loading two steps…",
+    Promise.all([api(`/api/steps/${$("compare-a").value}`), api(`/api/steps/${$("compare-b").value}`)]));
   const sum = (s, key) => s.groups.reduce((n, g) => n + g.sequences.reduce((m, q) => m + (q[key] || 0), 0), 0);
   const rows = [["groups trained", (s) => s.groups.filter((g) => g.kind === "trained").length],
     ["sequences shown", (s) => s.groups.reduce((n, g) => n + g.sequences.length, 0)],
@@ -284,15 +406,19 @@ function showPane(name) {
     $(`tab-${p}`).classList.toggle("active", p === name);
   }
   if (name === "compare") compare().catch((e) => say(String(e)));
+  remember();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const p of ["steps", "compare", "plots"]) $(`tab-${p}`).addEventListener("click", () => showPane(p));
+  window.addEventListener("popstate", () => follow(location.hash).catch((e) => say(String(e))));
   for (const id of [...Object.keys(FILTERS), "f-reward-min", "f-reward-max", "f-untrained"]) {
     $(id).addEventListener("input", renderGroups);
   }
   $("mode").addEventListener("change", () => { state.mode = $("mode").value; renderContext(); });
   $("context").addEventListener("mouseover", hover);
-  for (const id of ["compare-a", "compare-b"]) $(id).addEventListener("change", () => compare().catch((e) => say(String(e))));
+  for (const id of ["compare-a", "compare-b"]) {
+    $(id).addEventListener("change", () => { remember(); compare().catch((e) => say(String(e))); });
+  }
   loadRun().catch((e) => say(String(e)));
 });
