@@ -226,3 +226,16 @@ def test_the_report_captions_each_curve_once(tmp_path):
         assert page.count(html.escape(title)) == 1, title
     assert page.count("<figcaption>") == len(PLOTS)
     assert '<td><table><tr><th></th><th>share</th></tr><tr><th>toolfind</th><td>1</td></tr></table>' in page
+
+
+def test_an_evaluations_task_count_is_what_its_success_was_scored_on(tmp_path):
+    """As heldout_success counts: per source, scored attempts over arms; infrastructure failures out."""
+    from rlonce.telemetry.report import eval_task_counts
+
+    (tmp_path / "eval").mkdir()
+    rows = [{"source": "a", "task_id": f"t{i}", "arm": arm, "infra_failed": i == 0 and arm == "x"}
+            for i in range(3) for arm in ("x", "y")]
+    rows.append({"source": "b", "task_id": "u", "arm": "z", "infra_failed": True})
+    (tmp_path / "eval" / "final.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert eval_task_counts(tmp_path) == {"final": 2}  # a: 5 scored attempts // 2 arms; b: none scored
+    assert eval_task_counts(tmp_path / "nowhere") == {}

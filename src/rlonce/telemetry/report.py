@@ -65,11 +65,19 @@ HELDOUT_KEYS = ("heldout_success", "heldout_reward")
 
 
 def eval_task_counts(run_dir: Path) -> dict[str, int]:
-    """Tasks in each held-out evaluation the run kept (``RUN/eval/<name>.jsonl``: one line per
-    attempt), by name: ``baseline``, ``eval-<step>``, ``final``."""
+    """Tasks each held-out evaluation the run kept was scored on (``RUN/eval/<name>.jsonl``: one
+    line per attempt), by name: ``baseline``, ``eval-<step>``, ``final``. Counted as the
+    evaluation counts them (``rlonce.recipes.evaluate.heldout_success``): per source, its scored
+    attempts over its arms (infrastructure failures are left out), summed over sources."""
     counts = {}
     for path in sorted((run_dir / "eval").glob("*.jsonl")) if (run_dir / "eval").is_dir() else []:
-        counts[path.stem] = len({(r.get("source"), r.get("task_id")) for r in read_jsonl(path)})
+        rows = read_jsonl(path)
+        arms: dict = {}
+        scored: dict = {}
+        for r in rows:
+            arms.setdefault(r.get("source"), set()).add(r.get("arm"))
+            scored[r.get("source")] = scored.get(r.get("source"), 0) + (not r.get("infra_failed"))
+        counts[path.stem] = sum(n // len(arms[src]) for src, n in scored.items())
     return counts
 
 
