@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import slack
 
 from rlonce.algo.signal import SignalSettings
 from rlonce.core.records import FailureCategory, Role, Status
@@ -61,7 +62,7 @@ def test_a_model_request_past_its_limit_is_model_timeout_and_leaves_no_turn(lm):
     _infra(seq, FailureCategory.MODEL_TIMEOUT)
     assert len(engine.prompts) == 1 and seq.turns == 0
     assert [s.role for c in seq.contexts for s in c.segments].count(Role.MODEL) == 0
-    assert seq.metrics["seconds"] < 1.0
+    assert seq.metrics["seconds"] < slack(1.0)
 
 
 def test_a_trajectory_past_its_limit_is_trajectory_timeout_though_each_request_was_in_time(lm):
@@ -69,7 +70,7 @@ def test_a_trajectory_past_its_limit_is_trajectory_timeout_though_each_request_w
     assert len(task.chain) == 2
     seq, engine = run(lm, task=task, latency=0.2, model=1.0, trajectory=0.5)
     _infra(seq, FailureCategory.TRAJECTORY_TIMEOUT)
-    assert 1 <= seq.turns < 3 and seq.metrics["seconds"] < 1.0
+    assert 1 <= seq.turns < 3 and seq.metrics["seconds"] < slack(1.0)
 
 
 class SlowSetup(ToolfindEnv):
@@ -87,7 +88,7 @@ class BlockingSetup(ToolfindEnv):
 def test_setup_past_its_limit_is_setup_timeout_and_the_model_is_never_asked(lm):
     seq, engine = run(lm, env=SlowSetup, setup=0.2)
     _infra(seq, FailureCategory.SETUP_TIMEOUT)
-    assert engine.prompts == [] and seq.metrics["seconds"] < 0.9
+    assert engine.prompts == [] and seq.metrics["seconds"] < slack(0.9)
     seq, engine = run(lm, env=BlockingSetup, setup=0.1)  # a late result is expired too
     _infra(seq, FailureCategory.SETUP_TIMEOUT)
     assert engine.prompts == []
@@ -125,7 +126,7 @@ def test_a_built_in_agent_idle_in_a_tool_past_its_limit_is_agent_idle_timeout(lm
     sleep = FMT.assistant_text("", [ToolCall("bash", {"command": "sleep 4"})])
     seq, _ = run(lm, turns=[sleep, *solve(ONE_HOP)], agent_idle=0.5)
     _infra(seq, FailureCategory.AGENT_IDLE_TIMEOUT)
-    assert seq.turns == 1 and seq.metrics["seconds"] < 2.5  # the sandbox command was stopped
+    assert seq.turns == 1 and seq.metrics["seconds"] < slack(2.5)  # the sandbox command was stopped
 
 
 def test_a_slow_model_request_is_not_agent_idleness(lm):
@@ -148,7 +149,7 @@ def _outside(lm, command: str, latency: float = 0.0, **limits):
 def test_an_outside_agent_that_sends_no_request_is_stopped_as_agent_idle_timeout(lm):
     seq = _outside(lm, "sleep 20", agent_idle=0.5)
     _infra(seq, FailureCategory.AGENT_IDLE_TIMEOUT)
-    assert seq.metrics["seconds"] < 5
+    assert seq.metrics["seconds"] < slack(5)
 
 
 ASK = """python3 - <<'EOF'

@@ -5,6 +5,7 @@ import asyncio
 import time
 
 import pytest
+from conftest import slack
 
 from rlonce.core.records import Sequence
 from rlonce.envs.cyber.env import CyberEnv
@@ -43,7 +44,7 @@ def test_links_fifos_and_oversized_files_are_refused_without_blocking(cyber_pack
     for cmd in ("ln -s /etc/shadow p", "mkfifo p", "head -c 2000000 /dev/zero > p"):
         _, grade, seconds = _grade_after(task, [cmd], "p")
         assert grade.reward == 0.0 and "cannot be read safely" in grade.transcript, (cmd, grade.transcript)
-        assert seconds < 5
+        assert seconds < slack(5)
     _, grade, _ = _grade_after(task, [], "../../../etc/passwd")
     assert grade.reward == 0.0 and "cannot be read safely" in grade.transcript
 
@@ -98,7 +99,7 @@ def test_time_memory_and_signals_end_in_no_match_within_the_limits(tmp_path, wha
     subprocess.run([require_clang(), *FLAGS, "-o", str(tmp_path / "hog"), str(src)], check=True, capture_output=True)
     t0 = time.perf_counter()
     run = asyncio.run(run_input(tmp_path / "hog", what.encode(), seconds=3.0))
-    assert time.perf_counter() - t0 < 15
+    assert time.perf_counter() - t0 < slack(15)
     assert (run.report.kind if run.report else None) == kind, run.report_text[:300]
     if what == "h":
         assert run.timed_out

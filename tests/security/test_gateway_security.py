@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import slack
 
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
@@ -59,11 +60,11 @@ def serve(lm):
         s.stop()
 
 
-def _chat(base, key, body=HELLO, sid=None, raw=None):
+def _chat(base, key, body=HELLO, sid=None, raw=None, timeout=30):
     url = f"{base}/sessions/{sid}/v1/chat/completions" if sid else f"{base}/v1/chat/completions"
     h = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    return httpx.post(url, content=raw, headers=h, timeout=30) if raw is not None else \
-        httpx.post(url, json=body, headers=h, timeout=30)
+    return httpx.post(url, content=raw, headers=h, timeout=timeout) if raw is not None else \
+        httpx.post(url, json=body, headers=h, timeout=timeout)
 
 
 def _openai_error(r, status, *words):
@@ -336,7 +337,7 @@ def test_a_body_trickled_too_slowly_times_out_with_408(serve):
     head = _response(s)
     s.close()
     assert head.startswith(b"HTTP/1.1 408") and b"send it at once" in head
-    assert time.monotonic() - t0 < 5 and gw.sessions == {}
+    assert time.monotonic() - t0 < slack(5) and gw.sessions == {}
 
 
 def test_a_4mib_prompt_does_not_block_other_clients(serve):
@@ -345,10 +346,13 @@ def test_a_4mib_prompt_does_not_block_other_clients(serve):
     gw, base = serve(app={"max_body_bytes": 5 << 20}, budgets=Budgets(8, 1 << 20))
     prompt = ("lorem ipsum dolor sit amet " * 200_000)[:4 << 20]
     big = {}
+    t0 = time.monotonic()
+    assert _chat(base, "alone").status_code == 200
+    alone_s = time.monotonic() - t0  # this machine's own pace now: a loaded laptop is slow for both
 
     def send_big():
         t0 = time.monotonic()
-        big["r"] = _chat(base, "big", {"messages": [{"role": "user", "content": prompt}]})
+        big["r"] = _chat(base, "big", {"messages": [{"role": "user", "content": prompt}]}, timeout=slack(60))
         big["s"] = time.monotonic() - t0
 
     th = threading.Thread(target=send_big)
@@ -362,7 +366,8 @@ def test_a_4mib_prompt_does_not_block_other_clients(serve):
     print(f"small request {small_s * 1000:.0f} ms while a 4 MiB prompt took {big['s']:.2f} s")
     assert small.status_code == 200 and big["r"].status_code == 200
     assert big["r"].json()["usage"]["prompt_tokens"] > 1_000_000
-    assert still_busy and small_s < 1.5, (small_s, big["s"])
+    # blocked, the small request would end with the big one; relative bounds hold on a loaded machine
+    assert still_busy and small_s < max(1.5, 10 * alone_s, big["s"] / 4), (small_s, alone_s, big["s"])
 
 
 def test_half_sent_headers_are_closed_by_the_header_timeout(serve):
@@ -408,7 +413,7 @@ def test_an_idle_keep_alive_connection_is_closed(serve):
               b"content-length: %d\r\n\r\n" % len(body) + body)
     assert _response(s).startswith(b"HTTP/1.1 200")
     t0 = time.monotonic()
-    assert s.recv(1) == b"" and time.monotonic() - t0 < 4  # the server hung up
+    assert s.recv(1) == b"" and time.monotonic() - t0 < slack(4)  # the server hung up
     s.close()
 
 

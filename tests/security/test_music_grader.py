@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import pytest
+from conftest import slack
 
 from rlonce.core.records import Sequence
 from rlonce.envs.music import abc
@@ -33,7 +34,7 @@ def _grade(commands, answer):
                                  "head -c 300000 /dev/zero | tr '\\0' 'C' > tune.abc", "mkdir tune.abc"])
 def test_hostile_submitted_files_score_zero_without_blocking(cmd):
     grade, seconds = _grade([cmd], "tune.abc")
-    assert grade.reward == 0.0 and "rejected by the gate" in grade.transcript and seconds < 10
+    assert grade.reward == 0.0 and "rejected by the gate" in grade.transcript and seconds < slack(10)
 
 
 def test_paths_outside_the_workspace_are_not_read():
