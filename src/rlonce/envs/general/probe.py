@@ -247,7 +247,7 @@ def expert_route(task: GeneralTask) -> tuple[Calls, str]:
 
 
 def format_report(report: dict) -> str:
-    routes = {n: r for n, r in report.items() if n != "expert_items"}
+    routes = {n: r for n, r in report.items() if isinstance(r, dict) and "rewarded" in r}
     lines = [f"{'route':22} {'tasks':>6} {'rewarded':>9}"]
     lines += [f"{name:22} {r['tasks']:6} {r['rewarded']:9}" for name, r in routes.items()]
     lines += ["", "expert: pass rate of each rubric item"]
