@@ -134,7 +134,9 @@ def _figure(rows: list[dict], key, baseline: float | None, counts: dict[str, int
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0] and (len(keys) > 1 or key in HELDOUT_KEYS):
+    if ax.get_legend_handles_labels()[0] and key in HELDOUT_KEYS:  # below the axes: it never hides a point
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    elif ax.get_legend_handles_labels()[0] and len(keys) > 1:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
