@@ -1,7 +1,8 @@
 """`rlonce view` in a real headless browser: a short quickstart run, served by the real CLI on
 127.0.0.1, opened in Chromium (the Debian package) driven by Playwright. The test walks step ->
 group -> sequence and checks what the page shows against the stored columns: the token count,
-colour modes and their legends, a filter, the comparison of two steps, the plots.
+colour modes and their legends, a filter, the comparison of two steps, the plots; the address of
+a sequence opens it in a fresh page, and back returns to the step before.
 
 Needs chromium and playwright: `make test-view` installs both and runs this file."""
 
@@ -15,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from rlonce.telemetry.report import PLOTS
 from rlonce.telemetry.rollouts import read_step, stored_steps
 
 pytestmark = pytest.mark.slow
@@ -94,14 +96,24 @@ def test_view_walks_a_run_from_steps_to_tokens(quickstart_run, browser, served, 
     first = page.locator("#groups .group").first
     task = (meta["groups"] or meta["untrained"])[0]["task_id"]
     assert first.locator(".group-head").text_content().startswith(task)
+    explained = first.locator(".explain dt").all_text_contents()
+    want = ["baseline", "normalisation", "filtering"] if meta["groups"] else ["not trained"]
+    assert explained[:len(want)] == want
+    assert page.evaluate("location.hash") == f"#/step/{step}"
 
     first.locator(".seq").first.click()
     page.wait_for_selector("#context .tok")
     p, row, outcome = _first_shown(meta)
     a, b = int(cols[p + "row_offsets"][row]), int(cols[p + "row_offsets"][row + 1])
     n, kept = b - a, int(cols[p + "loss_mask"][a:b].sum())
+    sampled = int((cols[p + "policy_versions"][a:b] >= 0).sum())
     assert page.locator("#context .tok").count() == n
-    assert f"{n} tokens, {kept} trained" in page.text_content("#context-info")
+    said = (f"{n} tokens, of which {kept} model tokens trained" if not p
+            else f"{n} tokens, of which {sampled} sampled from the model and none trained")
+    assert said in page.text_content("#context-info")
+    assert page.locator("#loading").is_hidden()
+    link = page.evaluate("location.href")
+    assert link.endswith(f"#/step/{step}/group/0/seq/0")
     assert page.locator("#context .turn-prompt").count() == 1 and page.locator("#context .turn-model").count() >= 1
     assert page.locator("#context .turn-model .tok").count() == int((cols[p + "policy_versions"][a:b] >= 0).sum())
     assert f"status {outcome['status']}" in page.text_content("#verdict")
@@ -128,6 +140,19 @@ def test_view_walks_a_run_from_steps_to_tokens(quickstart_run, browser, served, 
     assert "loss mask 1" in page.text_content("#hover")
     page.screenshot(path=str(tmp_path / "sequence.png"))
 
+    linked = browser.new_page(viewport={"width": 1500, "height": 950})  # the address opens the same sequence
+    linked.goto(link)
+    linked.wait_for_selector("#context .tok")
+    assert linked.locator("#context .tok").count() == n
+    assert linked.text_content("#context-title") == page.text_content("#context-title")
+    linked.click(f"#steps tbody tr[data-step='{min(steps)}']")
+    expect(linked.locator("#step-title")).to_have_text(f"Step {min(steps)}: groups")
+    assert linked.evaluate("location.hash") == f"#/step/{min(steps)}"
+    linked.go_back()
+    linked.wait_for_selector("#context .tok")
+    assert linked.evaluate("location.href") == link
+    linked.close()
+
     total = sum(len(g["sequences"]) for g in meta["groups"]) + len(meta["untrained"])
     assert page.text_content("#filter-count") == f"showing {total} of {total} sequences"
     page.fill("#f-reward-min", "0.5")
@@ -146,7 +171,7 @@ def test_view_walks_a_run_from_steps_to_tokens(quickstart_run, browser, served, 
 
     page.click("#tab-plots")
     images = page.locator("#plots img")
-    expect(images).to_have_count(8)  # report.py's curves of a one-source run
+    expect(images).to_have_count(len(PLOTS))  # report.py's curves of a one-source run
     loaded = "imgs => imgs.every(i => i.complete && i.naturalWidth > 0)"  # evaluated by the driver, not by eval
     for _ in range(600):
         if images.evaluate_all(loaded):
