@@ -123,7 +123,8 @@ class StorageConfig(Section):
 
     untrained_fraction: float = Field(0.05, ge=0.0, le=1.0)
     """Share of each step's untrained sequences (filtered, rejected, stale, failed) also stored, by a
-    seeded draw: for debugging what the filter threw away (0: none; 1: all)."""
+    seeded draw: for debugging what the filter threw away (0: none; 1: all). A step that trained
+    no row stores every sequence whatever this says: that is when they are needed."""
     remote_rows: bool = True
     """Ray executor: fetch each step's trained rows from the object store to store them too (one more
     copy to the driver per step); false: they are counted (``rows_remote``), not stored."""

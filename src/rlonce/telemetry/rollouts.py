@@ -11,7 +11,8 @@ dispatch step and what the learning signal computed (``Sample.signal``: scores, 
 and final advantages) and each sequence's outcome with its grader's breakdown (status, reward, pass,
 confirmed hack, failure and cause, the environment's metrics, the grader's transcript). A seeded
 sample of the step's untrained sequences (``storage.untrained_fraction``: filtered, rejected, stale
-or failed) is kept too — outcomes under ``untrained``, their contexts as ``untrained_*`` columns.
+or failed) is kept too — outcomes under ``untrained``, their contexts as ``untrained_*`` columns; on a
+step that trained no row, every sequence is.
 The token columns hold every context whole (prompts, tool calls and the sandbox's outputs included,
 mask 0), so what the agent saw and ran is there. Both files are written to temporary names and
 renamed, the ``.json`` last: a step is stored once its ``.json`` exists. ``rlonce audit`` reads
