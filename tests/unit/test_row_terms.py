@@ -55,7 +55,7 @@ def test_masked_tokens_leave_the_loss_and_its_denominator(lm):
 
 
 def test_sequence_masks_drop_whole_rows(lm):
-    # row 0's product e^3 = 20 > 2 and geometric mean e^(3/7) = 1.54 > 1.001: all of row 0 goes
+    # row 0: product e^3 = 20 > 2, and the bounded geometric mean of mu/pi_old is e^(-3/7) = 0.65 < 0.999: row 0 goes
     for mode in ("sequence-mis", "geometric"):
         g, m = _step(lm, _rows(lm, 1.0), mode)
         assert m["correction_masked_frac"] == pytest.approx(7 / 17), mode
