@@ -138,5 +138,11 @@ def probe_general(args) -> int:
     if routes is not None and set(routes) - set(ROUTES):
         raise UsageError(f"--routes: unknown {sorted(set(routes) - set(ROUTES))}; known: {', '.join(ROUTES)}")
     tasks = [make_task("heldout", i) for i in range(args.tasks)]
-    report = asyncio.run(probe(tasks, concurrency=args.concurrency, routes=routes))
+    judge = None
+    if args.judge == "scripted":  # the judged items asked of the scripted judge (the tests' and CI's judge)
+        from rlonce.grading.judge import ScriptedJudge
+        from rlonce.grading.scripted import scripted_rules
+
+        judge = ScriptedJudge(scripted_rules)
+    report = asyncio.run(probe(tasks, concurrency=args.concurrency, routes=routes, judge=judge))
     return show_probe(args, report, format_report)

@@ -259,6 +259,9 @@ def _add_probe(sub) -> None:
     pr.add_argument("--record", help="JSONL file that gets one line per attempt; a rerun with the same file skips "
                     "what is recorded, so an interrupted probe resumes")
     pr.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
+    pr.add_argument("--judge", choices=["none", "scripted"], default="none",
+                    help="general: who judges the items that ask a judge (default none: they are left out, as in a "
+                         "judge-less config; scripted: the rule-based judge)")
     pr.add_argument("--no-hostile", action="store_true",
                     help="skip the hostile-input episodes (NUL, surrogates, a megabyte, hostile paths to every tool; "
                          "the report counts those that became infrastructure failures, goal 0)")
