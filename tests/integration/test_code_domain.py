@@ -292,7 +292,8 @@ def test_cli_json_reports(pack):
 
     rep = cli("tasks", "validate", str(pack), "--json", "--reruns", "2")
     assert {"validated", "dropped", "packages"} <= set(rep) and rep["tasks"] == 6
-    both = cli("probe", "code", "--pack", str(pack), "--limit", "1", "--routes", "plant_conftest,git_reflog", "--json")
+    both = cli("probe", "code", "--pack", str(pack), "--limit", "1", "--routes", "plant_conftest,git_reflog", "--json",
+               "--no-hostile")
     assert both["interceptor"] == "both"
     for rep in (both["on"], both["off"]):
         assert set(rep["routes"]) == {"plant_conftest", "git_reflog"}
@@ -310,19 +311,20 @@ def test_probe_record_resumes_and_shards_split_the_pack(pack, tmp_path):
 
     def cli(*args):
         r = subprocess.run([sys.executable, "-m", "rlonce.cli", "probe", "code", "--pack", str(pack), "--json",
-                            "--routes", "plant_conftest", "--interceptor", "off", "--record", str(record), *args],
+                            "--no-hostile", "--routes", "plant_conftest", "--interceptor", "off", "--record",
+                            str(record), *args],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout)
 
     n = len(validated_tasks(pack))
     first = cli("--shard", "1/2")
-    assert first["tasks"] == (n + 1) // 2 and len(record.read_text().splitlines()) == 3 * first["tasks"]
+    assert first["tasks"] == (n + 1) // 2 and len(record.read_text().splitlines()) == 4 * first["tasks"]
     with record.open("a") as f:
         f.write('{"mode": "off", "task": "torn')  # a run killed mid-line
     whole = cli()  # runs only the second shard's attempts; the report counts both shards
     lines = record.read_text().splitlines()
-    assert len([ln for ln in lines if ln.endswith("}")]) == 3 * n
+    assert len([ln for ln in lines if ln.endswith("}")]) == 4 * n
     assert whole["tasks"] == n and whole["reference_fix"] == {**whole["reference_fix"], "tasks": n, "rewarded": n}
     assert whole["routes"]["plant_conftest"]["tasks"] == n and whole["routes"]["plant_conftest"]["rewarded"] == 0
     assert cli() == whole  # everything recorded: nothing runs again

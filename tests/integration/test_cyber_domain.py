@@ -92,6 +92,8 @@ def test_cli_build_validate_probe_and_a_missing_clang(tmp_path, capsys, monkeypa
                      "other_bug_poc,fake_report_as_input", "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["control_ok"] and report["holes"] == [] and report["rewarded"]["reference_poc"] == 2
+    hostile = report["hostile_input"]  # the rule of blame, reported beside the routes
+    assert hostile["episodes"] > 20 and hostile["infra"] == 0 and hostile["passed"] == 0
     assert cli.main(["probe", "cyber"]) == 2
     assert "needs --pack" in capsys.readouterr().err
     from rlonce.envs.cyber import build

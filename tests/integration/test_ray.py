@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import slack
 
 ray = pytest.importorskip("ray")
 
@@ -41,7 +42,7 @@ def ray_instance(tmp_path_factory):
 def _cfg(out: Path, *extra: str):
     return load_config(REPO / "configs" / "tiny.toml", [
         f"out={out}", "executor=ray", "sft.demos=0", "rl.tasks_per_step=4", "rl.group_size=4",
-        "ray.harness_pools=2", "ray.call_timeout_s=60", "ray.group_timeout_s=120", "eval.heldout_tasks=4",
+        "ray.harness_pools=2", f"ray.call_timeout_s={slack(60):.0f}", "ray.group_timeout_s=120", "eval.heldout_tasks=4",
         *extra])
 
 
