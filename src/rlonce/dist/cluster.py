@@ -41,6 +41,12 @@ def ray_temp_dir(wanted: Path) -> Path:
     return short
 
 
+RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
+"""Ray starts its workers at niceness 15: beside any ordinary CPU work (a build on the same laptop,
+another job) its actors then get about a thirtieth of a core, and starting them ran past a
+two-minute call timeout. rlonce's actors are the job itself, so they run at the driver's priority."""
+
+
 def start_ray(rc, run_dir: Path) -> bool:
     """Connect to (``rc.address``) or start a Ray instance; True when this call started it."""
     ray = ray_module()
@@ -52,7 +58,7 @@ def start_ray(rc, run_dir: Path) -> bool:
     else:
         cpus = rc.num_cpus or max(4, os.cpu_count() or 1)
         temp = ray_temp_dir(Path(rc.temp_dir) if rc.temp_dir else run_dir / "ray")
-        ray.init(num_cpus=cpus, _temp_dir=str(temp), **common)
+        ray.init(num_cpus=cpus, _temp_dir=str(temp), _system_config=RAY_SYSTEM_CONFIG, **common)
     return True
 
 
