@@ -365,21 +365,6 @@ async def facts(cdp, deadline):
     return res["result"]["value"]
 
 
-async def run_clock(page, ms: int) -> None:
-    """``page.clock.run_for(ms)``, once more if it failed because another page of the context went
-    (a popup the page opened, closed by the popup handler while the clock ran: under load a third
-    of such renders stopped) while this page is still open. The page's clock may then run up to
-    twice ``ms``: only a page that opens popups sees it."""
-    from playwright.async_api import Error
-
-    try:
-        await page.clock.run_for(ms)
-    except Error:
-        if page.is_closed():
-            raise
-        await page.clock.run_for(ms)
-
-
 async def one_viewport(browser, job, vp, report, deadline, ua):
     t0 = time.time()
     name = vp["name"]
@@ -401,7 +386,7 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
     report.set("phases", round(loaded - t0, 4), f"load_{name}")
     for k, delay in enumerate(job["delays_ms"]):  # sorted
         # the page's clock moves by exactly the delay (timers due at load run first), however slow this host is
-        await run_clock(page, delay - page_ms)
+        await page.clock.run_for(delay - page_ms)
         page_ms = delay
         wait = delay / 1000 - (time.time() - loaded)
         if wait > 0:  # and the wall clock at least as far (CSS animations run on it)
