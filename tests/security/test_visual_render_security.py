@@ -203,6 +203,27 @@ def test_page_sees_no_bot_cannot_lie_to_the_facts_and_survives_dialogs():
     assert r.runtime_ok
 
 
+def test_popups_are_blocked_however_the_page_opens_them():
+    """No popup survives a clock run: ``window.open`` returns null (at load, in a frame, from a timer,
+    which Playwright's clock runs as a user gesture), and a ``target=_blank`` link or form fired from
+    a timer opens a page that is closed between runs. A page opening itself from its timers neither
+    multiplies nor stops the render (a popup closed mid ``run_for`` used to end a third of such
+    renders on a loaded host)."""
+    for _ in range(3):
+        r = page("""<body style='margin:0'><h1 id=o>x</h1><a id=l href='index.html' target=_blank>l</a>
+          <form id=f action='index.html' target=_blank></form><iframe id=fr srcdoc='<p>i</p>'></iframe><script>
+          var got = [];
+          function tryall() {
+            got.push(window.open('index.html') === null);
+            try { got.push(fr.contentWindow.open('index.html') === null); } catch (e) { got.push(true); }
+            l.click(); f.submit(); o.textContent = 'refused=' + got.every(x => x) + ' n=' + got.length;
+          }
+          tryall(); setTimeout(tryall, 0); setTimeout(tryall, 100); setInterval(() => l.click(), 5);
+        </script></body>""", delays_ms=(0, 300, 600))
+        assert not r.timed_out and not r.crashed and r.runtime_ok, r.page_errors
+        assert "refused=true n=6" in [t["text"] for t in r.texts["desktop"]]
+
+
 def test_page_files_that_are_links_or_too_many_or_too_large_are_refused(tmp_path):
     site = tmp_path / "site"
     site.mkdir()

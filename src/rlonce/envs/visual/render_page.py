@@ -50,6 +50,12 @@ CHROMIUM = "/usr/lib/chromium/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--disable-breakpad",
         "--disable-blink-features=AutomationControlled", "--js-flags=--max-old-space-size=256"]
+NO_WINDOW_OPEN = ("Object.defineProperty(window, 'open', "
+                  "{value: function open() { return null; }, writable: false, configurable: false});")
+"""A page's ``window.open`` returns ``null``, as under a popup blocker: Chromium's own blocker (kept on,
+``--disable-popup-blocking`` dropped) refuses popups at load, but the page's timers run inside
+``clock.run_for``, which Playwright evaluates as a user gesture. The popups left (a ``target=_blank``
+link clicked from a timer) are closed between clock runs."""
 PAGE_EPOCH_MS = 1_767_225_600_000
 """The page's clock starts paused at 2026-01-01 00:00 UTC (``Date.now()``, timers, animation frames:
 Playwright's fake clock) and moves only by each capture's delay: a first capture "at load" sees the
@@ -371,13 +377,15 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
     ctx = await browser.new_context(viewport={"width": vp["width"], "height": vp["height"]}, device_scale_factor=1,
                                     user_agent=ua, service_workers="block", accept_downloads=False)
     await ctx.route("**/*", route)
+    await ctx.add_init_script(NO_WINDOW_OPEN)
     page = await ctx.new_page()
     page.on("console", lambda m: m.type == "error" and report.note("console_errors", m.text))
     page.on("pageerror", lambda e: report.note("page_errors", str(e)))
     page.on("requestfailed", lambda r: report.note("failed_requests", r.url))
     page.on("crash", lambda p: report.set("crashed", True))
     page.on("dialog", quietly(lambda d: d.dismiss()))
-    page.on("popup", quietly(lambda p: p.close()))
+    others = []  # pages the page opened despite Chromium's popup blocker: closed between clock runs (closing
+    ctx.on("page", lambda p: others.append(p))  # one while run_for runs stops the run: "Target page ... has been closed")
     await page.clock.install(time=PAGE_EPOCH_MS)
     await page.clock.pause_at(PAGE_EPOCH_MS + 1000)  # the page's timers wait for run_for below
     await page.goto(PAGE_ROOT + job["entry"], wait_until="load", timeout=left_ms(deadline))
@@ -388,6 +396,8 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
         # the page's clock moves by exactly the delay (timers due at load run first), however slow this host is
         await page.clock.run_for(delay - page_ms)
         page_ms = delay
+        while others:
+            await quietly(lambda p: p.close())(others.pop())
         wait = delay / 1000 - (time.time() - loaded)
         if wait > 0:  # and the wall clock at least as far (CSS animations run on it)
             await asyncio.sleep(wait)
@@ -424,7 +434,7 @@ async def run(job, report, t_start):
         report.set("phases", round(time.time() - t_start, 4), "driver_start")
         t0 = time.time()
         browser = await pw.chromium.launch(executable_path=CHROMIUM, chromium_sandbox=False, args=ARGS,
-                                           ignore_default_args=["--enable-automation"], timeout=left_ms(deadline))
+                                           ignore_default_args=["--enable-automation", "--disable-popup-blocking"], timeout=left_ms(deadline))
         report.set("launched", True)
         report.set("phases", round(time.time() - t0, 4), "browser_launch")
         ua = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
