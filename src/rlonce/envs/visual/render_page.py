@@ -384,8 +384,8 @@ async def one_viewport(browser, job, vp, report, deadline, ua):
     page.on("requestfailed", lambda r: report.note("failed_requests", r.url))
     page.on("crash", lambda p: report.set("crashed", True))
     page.on("dialog", quietly(lambda d: d.dismiss()))
-    others = []  # pages the page opened despite Chromium's popup blocker: closed between clock runs (closing
-    ctx.on("page", lambda p: others.append(p))  # one while run_for runs stops the run: "Target page ... has been closed")
+    others = []  # popups left (NO_WINDOW_OPEN): closed between clock runs, as closing one during
+    ctx.on("page", lambda p: others.append(p))  # run_for stops it ("Target page ... has been closed")
     await page.clock.install(time=PAGE_EPOCH_MS)
     await page.clock.pause_at(PAGE_EPOCH_MS + 1000)  # the page's timers wait for run_for below
     await page.goto(PAGE_ROOT + job["entry"], wait_until="load", timeout=left_ms(deadline))
@@ -434,7 +434,8 @@ async def run(job, report, t_start):
         report.set("phases", round(time.time() - t_start, 4), "driver_start")
         t0 = time.time()
         browser = await pw.chromium.launch(executable_path=CHROMIUM, chromium_sandbox=False, args=ARGS,
-                                           ignore_default_args=["--enable-automation", "--disable-popup-blocking"], timeout=left_ms(deadline))
+                                           ignore_default_args=["--enable-automation", "--disable-popup-blocking"],
+                                           timeout=left_ms(deadline))
         report.set("launched", True)
         report.set("phases", round(time.time() - t0, 4), "browser_launch")
         ua = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
