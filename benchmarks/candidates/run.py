@@ -41,8 +41,9 @@ def _engine(lm, model):
 
 def sizes_and_bytes(lm, tasks: int, max_tokens: int) -> dict:
     from rlonce.engine.base import SamplingParams
-    from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, SYSTEM_PROMPT
+    from rlonce.envs.toolfind.env import SYSTEM_PROMPT
     from rlonce.envs.toolfind.tasks import make_task
+    from rlonce.envs.workspace import BASH_TOOL, SUBMIT_TOOL
     from rlonce.gateway.messages import Message
     from rlonce.model.chat import get_format
 

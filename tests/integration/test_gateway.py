@@ -18,9 +18,10 @@ from rlonce.core.records import Role
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.envs.toolfind import verify
-from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, SYSTEM_PROMPT, ToolfindEnv
+from rlonce.envs.toolfind.env import SYSTEM_PROMPT, ToolfindEnv
 from rlonce.envs.toolfind.expert import optimal_calls
 from rlonce.envs.toolfind.tasks import make_task
+from rlonce.envs.workspace import BASH_TOOL, SUBMIT_TOOL
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import ServerThread, make_app
 from rlonce.gateway.session import Budgets, GatewaySettings

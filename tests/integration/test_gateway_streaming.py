@@ -20,7 +20,7 @@ import pytest
 
 from rlonce.engine.base import Generation, SamplingParams
 from rlonce.engine.torch_engine import TorchEngine
-from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL
+from rlonce.envs.workspace import BASH_TOOL, SUBMIT_TOOL
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.http import ServerThread, make_app
 from rlonce.gateway.messages import ProtocolError

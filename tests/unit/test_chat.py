@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from rlonce.envs.toolfind.env import BASH_TOOL, SUBMIT_TOOL, SYSTEM_PROMPT
+from rlonce.envs.toolfind.env import SYSTEM_PROMPT
+from rlonce.envs.workspace import BASH_TOOL, SUBMIT_TOOL
 from rlonce.model.chat import ToolCall, ToolCallParseError, get_format
 
 FMT = get_format("hermes")

@@ -43,7 +43,7 @@ from rlonce.envs.base import GradingError
 from rlonce.envs.code.packages import PackageError, testbed
 from rlonce.envs.code.tasks import CodeTask, materialize
 from rlonce.envs.code.testbed import make_sandbox
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
 from rlonce.grading.judge import Judge, JudgeFailed, Verdict, parse_verdict
 from rlonce.harness.arms import Arm, get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted

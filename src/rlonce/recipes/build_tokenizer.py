@@ -17,9 +17,10 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from rlonce.envs.toolfind.env import SYSTEM_PROMPT, ToolfindEnv, format_exec
+from rlonce.envs.toolfind.env import SYSTEM_PROMPT, ToolfindEnv
 from rlonce.envs.toolfind.expert import expert_calls
 from rlonce.envs.toolfind.tasks import make_task
+from rlonce.envs.workspace import format_exec
 from rlonce.model.chat import HermesFormat
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -57,7 +57,7 @@ from rlonce.envs.code.interceptor import DENIAL, Interceptor
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, materialize
 from rlonce.envs.code.testbed import guards_for, make_sandbox, package_dirs, run_reports
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, format_exec, run_bash
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, format_exec, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, Limits
 from rlonce.sandbox.fileops import editor_command

@@ -24,7 +24,7 @@ from rlonce.envs.base import function_tool
 from rlonce.envs.cyber.oracle import MAX_POC_BYTES, TARGET_DIR, Run, run_input
 from rlonce.envs.cyber.tasks import CyberTask
 from rlonce.envs.cyber.validate import matches
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, workspace_rel
 from rlonce.sandbox.limits import Limits, command_limits

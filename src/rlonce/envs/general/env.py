@@ -26,7 +26,7 @@ from rlonce.envs.general.mcp_host import ServiceError, ServiceHost
 from rlonce.envs.general.rubric import Final, evaluate
 from rlonce.envs.general.tasks import GeneralTask
 from rlonce.envs.general.world import ME, TODAY, World
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox
 from rlonce.sandbox.limits import command_limits

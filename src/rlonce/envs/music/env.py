@@ -23,7 +23,7 @@ from rlonce.envs.music import substance as sub
 from rlonce.envs.music.features import read_midi
 from rlonce.envs.music.score import feature_score, reward
 from rlonce.envs.music.tasks import MusicTask
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox, workspace_rel
 from rlonce.sandbox.limits import Limits, command_limits

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from rlonce.core.records import Grade, Sequence
 from rlonce.envs.base import GradingError, function_tool
-from rlonce.envs.toolfind.env import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.envs.visual import render as rd
 from rlonce.envs.visual import similarity as sim
 from rlonce.envs.visual.tasks import VisualTask
+from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, bash_command, run_bash
 from rlonce.sandbox import hostfs
 from rlonce.sandbox.bwrap import BwrapSandbox
 from rlonce.sandbox.limits import Limits, command_limits
