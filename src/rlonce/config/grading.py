@@ -40,7 +40,8 @@ class JudgeConfig(Section):
     retries: int = Field(1, ge=0, le=10)
     """Further tries of a call that failed (down, timeout, error status, unparseable reply)."""
     concurrency: int = Field(4, ge=1, le=MAX_PARALLEL)
-    """Calls in flight at once."""
+    """Calls in flight at once (``executor = "ray"``: shared out equally among the harness pools, at
+    least one each)."""
     max_tokens: int = Field(384, ge=1, le=MAX_TOKENS)
     """Reply token cap per call."""
     temperature: float = Field(0.0, ge=0, le=2)

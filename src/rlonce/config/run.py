@@ -152,9 +152,6 @@ class RunConfig(Section):
                 and self.ray.engine_gpus < self.engine.tensor_parallel_size):
             raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
                              f"({self.engine.tensor_parallel_size})")
-        if self.grading.enabled and self.executor == "ray":
-            raise ValueError("[grading] runs beside the local executor only: set executor = 'local' or "
-                             "grading.judge.kind = 'none'")
         if self.algo.kl_coef > 0 and self.executor == "ray" and self.ray.trainer_workers > 1:
             raise ValueError("algo.kl_coef > 0 keeps the reference policy in one trainer process: set "
                              "ray.trainer_workers = 1")

@@ -3,9 +3,10 @@ orchestrator drives — the same orchestrator, judge, trainer and engine code as
 
     driver (control plane: Job, Orchestrator, ledger; metadata only)
       ├─ RayExecutor.run_group ──► HarnessPool actor (many sequences on one event loop; sandboxes are
-      │                            subprocesses, judging runs on a background thread)
+      │                            subprocesses; ``[grading]``'s model graders grade each group there;
+      │                            judging runs on a background thread)
       │                              └─ RemoteEngine ──► EngineActor (TorchEngine, or any Engine factory)
-      │      ◄── Judged (ledger entry, statistics, sequences without contexts)   [return 1]
+      │      ◄── Judged (ledger entry, statistics, grading counts, sequences without contexts)   [return 1]
       │          payload = (sequences, TrainingRows) left in the object store    [return 2]
       └─ RayCluster.train(payload refs) ──► TrainerActor fetches the rows, steps, puts the weights
          into the object store once (``publish``); engines load them by version between tokens.

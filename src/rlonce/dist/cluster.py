@@ -15,9 +15,9 @@ from rlonce.dist.common import awaitable, first_line, ray_module
 from rlonce.dist.engines import EngineActor, RemoteEngine
 from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
 from rlonce.dist.trainers import TrainerActor
-from rlonce.model.precision import wants_autocast
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
+from rlonce.model.precision import wants_autocast
 from rlonce.rollout.orchestrator import Judge, StepResult
 
 _SESSION_SUFFIX = len("/session_2026-11-30_01-13-03_719857_4194304/sockets/plasma_store")
@@ -123,7 +123,8 @@ class RayCluster:
         pool_cls = ray.remote(HarnessPool).options(num_cpus=rc.pool_cpus, max_restarts=rc.max_restarts,
                                                    max_task_retries=0, max_concurrency=100_000)
         data = cfg.model_dump(mode="json")
-        self.pools = [pool_cls.remote(data, str(model_dir), engine_names, judge, rc.call_timeout_s)
+        self.pools = [pool_cls.remote(data, str(model_dir), engine_names, judge, rc.call_timeout_s,
+                                      str(Path(run_dir).absolute()), rc.harness_pools)
                       for _ in range(rc.harness_pools)]
         self._wait(self.pools, "harness pool")
         self.start_seconds = time.perf_counter() - t0
@@ -181,7 +182,8 @@ class RayCluster:
 
     def pull(self, model) -> dict:
         """``model`` takes the trainer actors' weights; returns their optimizer state (for a checkpoint)."""
-        model_state, trainer_state = self._get([t.state.remote() for t in self.trainers], "reading the trainer state")[0]
+        model_state, trainer_state = self._get([t.state.remote() for t in self.trainers],
+                                               "reading the trainer state")[0]
         model.load_state_dict(model_state)
         return trainer_state
 

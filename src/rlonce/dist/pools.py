@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 from rlonce.core.records import FailureCategory
@@ -19,16 +20,20 @@ from rlonce.rollout.orchestrator import Judge, Judged
 class HarnessPool:
     """Hosts many concurrent sequences on one event loop: each group's sequences run through the
     same ``LocalExecutor`` (environment, gateway session, harness loop, grader) as a local run,
-    generating through ``RemoteEngine``; the group is judged here, where its tokens are. Blocking
-    work runs off the loop: sandbox commands are subprocesses, rendering and tokenization run on
-    one background thread, judging on another."""
+    generating through ``RemoteEngine``; with ``[grading]`` the run's model graders grade the group
+    (``rlonce.rollout.graded``, judges built here from the config, recording to ``run_dir``); the
+    group is judged here, where its tokens are. Blocking work runs off the loop: sandbox commands
+    are subprocesses, rendering and tokenization run on one background thread, judging on another.
+    ``pools``: how many pools the run has (they share the judges' concurrency)."""
 
-    def __init__(self, cfg: dict, model_dir: str, engines: list[str], judge: Judge, call_timeout: float):
+    def __init__(self, cfg: dict, model_dir: str, engines: list[str], judge: Judge, call_timeout: float,
+                 run_dir: str, pools: int = 1):
         import torch
 
         from rlonce.config import validate
         from rlonce.model import loader
         from rlonce.rollout.builders import rollout_spec
+        from rlonce.rollout.graded import Grading
         from rlonce.rollout.runner import LocalExecutor
         from rlonce.rollout.sources import build_sources, plan_sources
 
@@ -40,10 +45,14 @@ class HarnessPool:
         # one background thread renders and tokenizes for every session of this pool: off the event
         # loop, and never two threads in one tokenizer at once
         offload = ThreadPoolExecutor(1, thread_name_prefix="rlonce-tokenize")
+        sources = build_sources(plan_sources(run), rollout_spec(run, lm), run_dir=Path(run_dir), grading=run.grading)
         self.executors = {label: LocalExecutor(src.domain.env_factory, self.engine, src.spec, offload=offload)
-                          for label, src in build_sources(plan_sources(run), rollout_spec(run, lm),
-                                                         grading=run.grading).items()}
-        """One executor per task source of the run, by label."""
+                          for label, src in sources.items()}
+        """One executor per task source of the run, by label (graded first with ``[grading]``)."""
+        self.grading = (Grading(run, sources, self.decode, Path(run_dir), processes=pools)
+                        if run.grading.enabled else None)
+        if self.grading is not None:
+            self.executors = {label: self.grading.wrap(label, ex) for label, ex in self.executors.items()}
         self.judge = judge
         self.groups = 0
 
@@ -51,13 +60,14 @@ class HarnessPool:
         return {"pid": os.getpid(), "groups": self.groups}
 
     async def run_group(self, task, source: str, dispatch_step: int, group_size: int):
-        seqs = await self.executors[source].run_group(SimpleNamespace(task=task, dispatch_step=dispatch_step),
-                                                      group_size)
+        group = SimpleNamespace(task=task, source=source, dispatch_step=dispatch_step)
+        seqs = await self.executors[source].run_group(group, group_size)
         judged = await asyncio.to_thread(self.judge, task.task_id, source, dispatch_step, seqs, self.decode)
         self.groups += 1
         light = [replace(s, contexts=[]) for s in seqs]
-        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows), signal=judged.signal), (seqs,
-                                                                                                       judged.rows)
+        counts = self.grading.take_counts() if self.grading is not None else None
+        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows), signal=judged.signal,
+                      grading=counts), (seqs, judged.rows)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import random
 import resource
 import time
@@ -81,9 +82,10 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
         violations, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
         Counter(x.source for x in samples)), res.metrics, train_m)
-    if job.grading is not None:
+    if job.grading is not None:  # the trained tokens are known when every row is here (Ray: storage.remote_rows)
+        trained = float(sum(len(r.token_ids) for r in rows)) if len(rows) == res.row_count else math.nan
         rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),
-                                            float(sum(len(r.token_ids) for r in res.rows))))
+                                            trained))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's, so far
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())

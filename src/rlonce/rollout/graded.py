@@ -6,6 +6,12 @@ judged, and the step's grading metrics — counts, fallback and hack rates, agre
 go on meanwhile, and a group enters the replay buffer judged. ``Grading.step_metrics`` turns what
 the graders and judges counted since the last step into the record's ``grading/…``, ``judge_…``
 and ``cost/…`` keys (docs/grading.md).
+
+Under ``executor = "ray"`` each harness pool builds the run's graders and judges from the config
+and grades its groups between rollout and judgement, where their tokens are
+(``rlonce.dist.pools``); what it counted comes back with each group (``Judged.grading``) and the
+driver's ``Grading`` adds it in. Each pool's judges keep their own cache and take an equal share of
+the configured concurrency.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlonce.config import RunConfig
+from rlonce.config.grading import JudgeConfig
 from rlonce.errors import RlonceError
 from rlonce.grading.build import build_judge
 from rlonce.grading.graders import Grader, GradingSettings, kappa
@@ -25,13 +32,17 @@ from rlonce.grading.rubrics import load_rubrics
 from rlonce.grading.verdicts import Rubrics
 
 log = logging.getLogger(__name__)
+ROLLOUT_SECONDS = "rollout_seconds"
+"""The counts' key of the group-seconds spent rolling out (beside ``grading/seconds``, grading's)."""
 
 
 class GradedExecutor:
-    """``inner``'s groups, graded by ``grader`` once they ran (a local executor's sequences only)."""
+    """``inner``'s groups, graded by ``grader`` once they ran, their rollout's group-seconds added to
+    ``counts``. A group ``inner`` graded and judged elsewhere (a Ray harness pool) comes back as a
+    ``Judged`` holding what that process counted: that goes into ``counts`` instead."""
 
-    def __init__(self, inner, grader: Grader, clock: Counter):
-        self.inner, self.grader, self.clock = inner, grader, clock
+    def __init__(self, inner, grader: Grader, counts: Counter):
+        self.inner, self.grader, self.counts = inner, grader, counts
 
     def __getattr__(self, name):  # reserve, tickets, ...: the wrapped executor's
         return getattr(self.inner, name)
@@ -39,9 +50,11 @@ class GradedExecutor:
     async def run_group(self, group, group_size: int):
         t0 = time.perf_counter()
         out = await self.inner.run_group(group, group_size)
-        self.clock["rollout"] += time.perf_counter() - t0
         if isinstance(out, list):
+            self.counts[ROLLOUT_SECONDS] += time.perf_counter() - t0
             await self.grader.grade_group(group.task, group.source, out, group.dispatch_step)
+        elif out.grading:
+            self.counts.update(out.grading)
         return out
 
 
@@ -74,14 +87,17 @@ def attempt_files(statement: str, seqs) -> dict[str, str]:
 
 
 class Grading:
-    """The run's graders (one per source), their judges and the step metrics."""
+    """The run's graders (one per source), their judges and the step metrics. ``processes``: how
+    many processes grade at once, each with judges of its own (a Ray run's harness pools): each
+    takes an equal share of a judge's ``concurrency``, at least one call."""
 
-    def __init__(self, cfg: RunConfig, sources: dict, decode, out: Path):
+    def __init__(self, cfg: RunConfig, sources: dict, decode, out: Path, *, processes: int = 1):
         g = cfg.grading
         record = out / "grading" / "calls.jsonl"
-        self.judge = build_judge(g.judge, record)
-        self.second = build_judge(g.agreement_judge, record, name="agreement")
-        self.clock: Counter = Counter()
+        self.judge = build_judge(_share(g.judge, processes), record)
+        self.second = build_judge(_share(g.agreement_judge, processes), record, name="agreement")
+        self.counts: Counter = Counter()
+        """Counted outside the graders and judges: the rollout clock and what harness pools sent."""
         self.table: Counter = Counter()  # the run's agreement pairs, for κ over the whole run
         settings = GradingSettings(grs=cfg.algo.grs, gar=cfg.algo.gar, audit_fraction=g.audit_fraction,
                                    audit_sources=tuple(g.audit_sources), agreement_fraction=g.agreement_fraction,
@@ -96,17 +112,29 @@ class Grading:
                                          second=self.second, workspace=workspace)
 
     def wrap(self, label: str, executor) -> GradedExecutor:
-        return GradedExecutor(executor, self.graders[label], self.clock)
+        return GradedExecutor(executor, self.graders[label], self.counts)
+
+    def take_counts(self) -> dict[str, float]:
+        """Everything counted since the last call, then zeroed: the graders' ``grading/…``, the
+        judges' ``judge_…`` and ``agreement_judge_…``, the rollout group-seconds (``ROLLOUT_SECONDS``)
+        and what harness pools sent. A harness pool sends this with each group it grades."""
+        out = Counter(self.counts)
+        self.counts.clear()
+        for gr in self.graders.values():
+            out.update(gr.take_stats())
+        out.update(self.judge.take_counts())
+        if self.second is not None:
+            out.update({k.replace("judge_", "agreement_judge_"): x for k, x in self.second.take_counts().items()})
+        return dict(out)
 
     def step_metrics(self, rollout_seconds: float, train_seconds: float, rollout_tokens: float,
                      train_tokens: float) -> dict[str, float]:
-        """The step's grading record: counts, rates, κ and the cost shares of wall time and tokens."""
-        stats: Counter = Counter()
-        for gr in self.graders.values():
-            stats.update(gr.take_stats())
-        judged = Counter(self.judge.take_counts())
-        if self.second is not None:
-            judged.update({k.replace("judge_", "agreement_judge_"): x for k, x in self.second.take_counts().items()})
+        """The step's grading record: counts, rates, κ and the cost shares of wall time and tokens
+        (``train_tokens`` NaN: not known here, and the token shares are left out)."""
+        counts = self.take_counts()
+        rolling = counts.pop(ROLLOUT_SECONDS, 0.0)
+        stats = Counter({k: x for k, x in counts.items() if k.startswith("grading/")})
+        judged = Counter({k: x for k, x in counts.items() if not k.startswith("grading/")})
         rec = {**stats, **judged}
         rec.update(_rates(stats, judged))
         pairs = {p: stats.get(f"grading/agreement_{p}", 0.0) for p in ("tt", "tf", "ft", "ff")}
@@ -114,11 +142,14 @@ class Grading:
         rec["grading/kappa"], rec["grading/kappa_run"] = kappa(pairs), kappa(self.table)
         n = sum(pairs.values())
         rec["grading/agreement_rate"] = (pairs["tt"] + pairs["ff"]) / n if n else math.nan
-        rec.update(_cost(self.clock, stats.get("grading/seconds", 0.0), rollout_seconds, train_seconds,
+        rec.update(_cost(rolling, stats.get("grading/seconds", 0.0), rollout_seconds, train_seconds,
                          rollout_tokens, judged.get("judge_tokens_in", 0.0) + judged.get("judge_tokens_out", 0.0),
                          train_tokens))
-        self.clock.clear()
         return {k: x for k, x in rec.items() if not math.isnan(x)}
+
+
+def _share(judge: JudgeConfig, processes: int) -> JudgeConfig:
+    return judge.model_copy(update={"concurrency": max(1, judge.concurrency // processes)})
 
 
 def _rates(stats: Counter, judged: Counter) -> dict[str, float]:
@@ -144,12 +175,12 @@ def _fallbacks(stats: Counter, part: str) -> float:
     return sum(x for k, x in stats.items() if k.startswith(f"grading/{part}_fallback_"))
 
 
-def _cost(clock: Counter, grading_s: float, rollout_s: float, train_s: float, rollout_tok: float, judge_tok: float,
+def _cost(rolling_s: float, grading_s: float, rollout_s: float, train_s: float, rollout_tok: float, judge_tok: float,
           train_tok: float) -> dict[str, float]:
     """Shares of the step's wall time and tokens. Grading runs inside the rollout phase, beside other
     groups' rollouts: the phase's wall time is split between rollout and grading in proportion to
-    the group-seconds each took."""
-    busy = clock.get("rollout", 0.0) + grading_s
+    the group-seconds each took (``rolling_s``, ``grading_s``)."""
+    busy = rolling_s + grading_s
     grading_wall = rollout_s * grading_s / busy if busy else 0.0
     wall = rollout_s + train_s
     tokens = rollout_tok + judge_tok + train_tok

@@ -69,6 +69,9 @@ class Judged:
     payload: object | None = None
     signal: dict = field(default_factory=dict)
     """Per sample judged (one, or one per arm), by group id: ``Sample.signal``."""
+    grading: dict[str, float] | None = None
+    """A Ray harness pool's model graders: what they and their judges counted since the pool's
+    previous group (``rlonce.rollout.graded.Grading.take_counts``); None elsewhere."""
 
 
 @dataclass(frozen=True)
