@@ -7,12 +7,13 @@ import hashlib
 import json
 import random
 import shutil
-from types import SimpleNamespace
 
 import pytest
 
-from rlonce.envs.code.validate import SPLIT_RULE, split_tasks, validated_tasks
+from rlonce.config import TaskConfig
+from rlonce.envs.code.validate import validated_tasks
 from rlonce.envs.domains import domain_for
+from rlonce.envs.packs import SPLIT_RULE, split_tasks
 from rlonce.errors import PackError
 
 pytestmark = pytest.mark.sandbox
@@ -64,7 +65,7 @@ def test_split_is_deterministic_disjoint_complete_and_written_to_validation_json
     assert sorted(split["heldout_ids"] + split["train_ids"]) == sorted(ids)
     assert split["heldout_ids"] and split["train_ids"]
 
-    dom = domain_for(SimpleNamespace(name="code", pack=str(pack)))  # a config without heldout_fraction: 0.2
+    dom = domain_for(TaskConfig(name="code", pack=str(pack)))  # a config without heldout_fraction: 0.2
     assert dom.name == "code" and dom.has_expert and not dom.single_turn
     assert dom.env_factory(dom.task("train", 0)).trust_validation  # validated tasks: unchanged is 0 unrun
     n = len(ids)
@@ -76,24 +77,24 @@ def test_split_is_deterministic_disjoint_complete_and_written_to_validation_json
         dom.task("train", 0).timeout  # the validated grading timeout travels with the task
 
     # another fraction: the same rule, and validation.json says which tasks are held out now
-    dom = domain_for(SimpleNamespace(name="code", pack=str(pack), heldout_fraction=0.5))
+    dom = domain_for(TaskConfig(name="code", pack=str(pack), heldout_fraction=0.5))
     written = json.loads((pack / "validation.json").read_text())["split"]
     assert written == split_tasks(ids, 0.5)
     assert {dom.task("heldout", i).task_id for i in range(2 * n)} == set(written["heldout_ids"])
-    domain_for(SimpleNamespace(name="code", pack=str(pack)))
+    domain_for(TaskConfig(name="code", pack=str(pack)))
     assert json.loads((pack / "validation.json").read_text())["split"] == split
 
 
 def test_a_missing_or_unvalidated_pack_is_one_line_that_says_what_to_run(pack, tmp_path):
     for where in (None, str(tmp_path / "nowhere")):
         with pytest.raises(PackError, match=r"run `rlonce tasks build code --out DIR` and `rlonce tasks validate DIR`"):
-            domain_for(SimpleNamespace(name="code", pack=where))
+            domain_for(TaskConfig(name="code", pack=where))
     raw = tmp_path / "raw"
     raw.mkdir()
     for f in ("pack.json", "tasks.jsonl"):
         shutil.copy(pack / f, raw / f)
     with pytest.raises(PackError, match=f"never validated: run `rlonce tasks validate {raw}`") as e:
-        domain_for(SimpleNamespace(name="code", pack=str(raw)))
+        domain_for(TaskConfig(name="code", pack=str(raw)))
     assert "\n" not in str(e.value)
 
 
@@ -209,7 +210,7 @@ def test_a_hack_route_in_a_code_source_is_intercepted_or_zeroed_and_never_reward
 
     spec = _spec(tok)
     fmt = spec.chat_format
-    domain = domain_for(SimpleNamespace(name="code", pack=str(pack)))
+    domain = domain_for(TaskConfig(name="code", pack=str(pack)))
     task = domain.task("train", 0)
 
     def turns(calls):

@@ -11,6 +11,7 @@ import pytest
 
 from rlonce.cli import doctor
 from rlonce.config import load_config
+from rlonce.envs.packs import need_pack
 
 pytestmark = pytest.mark.sandbox
 
@@ -21,7 +22,7 @@ def _by_name(checks):
 
 def test_everything_the_quickstart_needs_is_here():
     checks = _by_name(doctor.run_checks(load_config(None, [])))
-    for name in ("python", "torch", "bubblewrap", "prlimit", "keyctl", "disk", "memory", "reasoning-gym"):
+    for name in ("python", "torch", "bubblewrap", "prlimit", "keyctl", "disk", "memory"):
         assert checks[name].ok, checks[name].line()
     assert "a command ran inside as uid" in checks["bubblewrap"].detail
     kernels = checks["kernels"]
@@ -60,8 +61,8 @@ def test_job_specific_needs_become_required(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a))
     quick = _by_name(doctor.run_checks(load_config(None, [])))
     assert not quick["ray"].ok and not quick["ray"].required and quick["ray"].line().startswith("[--  ]")
-    # the quickstart's toolfind job does not need reasoning-gym; a reasoning job does
-    assert not quick["reasoning-gym"].required
+    # the quickstart's toolfind job does not need reasoning-gym (its domain is not checked); a reasoning job does
+    assert "reasoning-gym" not in quick
     cfg = load_config(None, ["executor=ray", "task.name=reasoning", "harness.arms=[single-turn]", "model.name=smollm2",
                              f"out={tmp_path / 'run'}"])
     need = _by_name(doctor.run_checks(cfg))
@@ -78,9 +79,9 @@ def test_a_code_job_needs_a_validated_pack_git_and_the_system_python(tmp_path):
     assert not checks["code pack"].ok and checks["code pack"].fix == f"rlonce tasks build code --out {pack}"
     pack.mkdir()
     (pack / "pack.json").write_text(json.dumps({}))
-    assert doctor.check_pack(str(pack)).fix == f"rlonce tasks validate {pack}"
+    assert need_pack(str(pack), "code").fix == f"rlonce tasks validate {pack}"
     (pack / "validation.json").write_text(json.dumps({}))
-    assert doctor.check_pack(str(pack)).ok
+    assert need_pack(str(pack), "code").ok
 
 
 def test_too_little_disk_or_memory_and_no_gpu_for_vllm(tmp_path, monkeypatch):

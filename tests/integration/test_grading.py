@@ -16,6 +16,7 @@ import pytest
 from test_code_training import PerSession, _spec
 
 from rlonce.algo.signal import SignalSettings
+from rlonce.config import TaskConfig
 from rlonce.envs.domains import domain_for
 from rlonce.grading.graders import Grader, GradingSettings
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
@@ -47,7 +48,7 @@ def _group(code_pack, tok, judge, settings: GradingSettings, signal: SignalSetti
 
     spec = _spec(tok)
     fmt = spec.chat_format
-    domain = domain_for(SimpleNamespace(name="code", pack=str(code_pack)))
+    domain = domain_for(TaskConfig(name="code", pack=str(code_pack)))
     fix = expert_turns(domain.task("train", 0), random.Random(0), fmt, detour_p=0.0)
     look = [fmt.assistant_text("", [ToolCall("bash", {"command": "ls"})])]
     submit = [fmt.assistant_text("", [ToolCall("submit", {"answer": "done"})])]

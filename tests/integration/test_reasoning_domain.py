@@ -70,7 +70,7 @@ def test_pack_keeps_only_its_tasks_and_must_match_the_config(tmp_path):
     assert [domain.task("train", i).task_id for i in range(3)] == [
         "chain_sum/train/3", "chain_sum/train/8", "chain_sum/train/3"]
     assert domain.task("heldout", 0).task_id == "chain_sum/heldout/0"  # held-out is never filtered
-    from rlonce.envs.domains import PackError
+    from rlonce.errors import PackError
 
     with pytest.raises(PackError, match="filtered from datasets"):
         domain_for(load_config(None, [*REASONING, f"task.pack={pack}", "task.datasets=[products]"]).task)

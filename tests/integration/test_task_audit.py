@@ -6,13 +6,13 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from rlonce.cli import main
+from rlonce.config.domains import load_domain
 from rlonce.envs.code.validate import validated_tasks
-from rlonce.envs.domains import domain_for
+from rlonce.envs.packs import PackOptions
 from rlonce.grading.rubrics import load_rubrics
 from rlonce.grading.scripted import RUBRICS
 from rlonce.grading.verdicts import Rubrics
@@ -43,7 +43,7 @@ def pack(built, tmp_path):
 
 
 def _train_ids(pack: Path) -> tuple[set[str], int]:
-    dom = domain_for(SimpleNamespace(name="code", pack=str(pack), heldout_fraction=0.0))
+    dom = load_domain("code").build(PackOptions.model_construct(pack=str(pack), heldout_fraction=0.0))  # no held-out
     return {dom.task("train", i).task_id for i in range(8)}, dom.audit_excluded
 
 

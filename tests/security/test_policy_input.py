@@ -3,7 +3,7 @@ a NUL, a lone surrogate, a megabyte, a path that climbs out, newlines, bytes tha
 links and FIFOs where a grader reads — is the policy's failed attempt (graded, trained), never an
 infrastructure failure.
 
-Each domain of the registry (``rlonce.envs.domains.DOMAINS``) goes through the real rollout path
+Each built-in domain (``rlonce.config.domains.BUILTIN``) goes through the real rollout path
 (real sandboxes, the in-process gateway, every harness arm it offers) with the scripted hostile
 model of ``rlonce.rollout.hostile`` — what ``rlonce probe <domain>`` reports. A domain added to
 the registry is covered without an edit here, except for the pack it may need (``PACKS``).
@@ -14,8 +14,9 @@ import shutil
 
 import pytest
 
-from rlonce.config.sections import TaskConfig
-from rlonce.envs.domains import DOMAINS, domain_for
+from rlonce.config import TaskConfig
+from rlonce.config.domains import BUILTIN, load_domain
+from rlonce.envs.domains import domain_for
 from rlonce.errors import MAX_ARGUMENT_CHARS, input_problem
 from rlonce.rollout.hostile import HOSTILE, UNSENDABLE, arms_for, format_hostile, probe_hostile_input
 
@@ -38,15 +39,15 @@ HEAVY = {"general": "MCP services start for every episode", "visual": "headless 
 """Domains whose run is over half a minute here: in ``make test-slow`` (the others in ``make test``)."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in DOMAINS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in BUILTIN])
 def test_hostile_input_to_every_tool_of_every_domain_is_never_infrastructure(request, name):
     if name == "visual":
         request.getfixturevalue("chromium")
     if name == "cyber" and shutil.which("clang") is None:
         pytest.skip("clang is not installed (apt-get install clang)")
     pack = request.getfixturevalue(PACKS[name]) if name in PACKS else None
-    domain = domain_for(TaskConfig(name=name, pack=str(pack) if pack else None))
-    entry = DOMAINS[name]
+    domain = domain_for(TaskConfig(name=name, **({"pack": str(pack)} if pack else {})))
+    entry = load_domain(name)
     report = asyncio.run(probe_hostile_input(domain.env_factory, domain.task("train", 0),
                                              arms_for(entry.single_turn, entry.tools)))
     assert report["infra"] == 0 and report["passed"] == 0, format_hostile(report)

@@ -108,8 +108,9 @@ def test_split_by_arm_makes_one_group_per_task_and_arm():
 
 
 def test_each_source_gets_the_arms_its_domain_needs_and_sft_only_with_an_expert(monkeypatch):
-    from rlonce.config import ConfigError, load_config
-    from rlonce.envs import domains
+    import dataclasses
+
+    from rlonce.config import ConfigError, domains, load_config
     from rlonce.rollout.sources import check_sources
 
     with pytest.raises(ConfigError, match=r'set harness.arms = \["single-turn"\]'):
@@ -118,7 +119,8 @@ def test_each_source_gets_the_arms_its_domain_needs_and_sft_only_with_an_expert(
         check_sources(load_config(None, ["harness.arms=[single-turn]"]))
     # reasoning has a scripted expert now: SFT is allowed
     check_sources(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"]))
-    monkeypatch.setitem(domains.DOMAINS, "reasoning", domains.DomainEntry(domains._reasoning, False, True))
+    no_expert = dataclasses.replace(domains.load_domain("reasoning"), has_expert=False)
+    monkeypatch.setitem(domains._LOADED, "reasoning", no_expert)
     with pytest.raises(ConfigError, match="set sft.demos = 0"):
         check_sources(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]"]))
     cfg = load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
@@ -174,6 +176,10 @@ def _numeric_fields():
                 out.append((f"{prefix}{name}", info))
 
     walk(RunConfig, "")
+    from rlonce.config.domains import BUILTIN, load_domain
+
+    for name in BUILTIN:  # a domain's options are [task] keys once task.name names it
+        walk(load_domain(name).options, f"task.{name}:")
     assert PenaltyConfig not in [type(i) for _, i in out]
     return out
 
@@ -182,7 +188,7 @@ def test_every_numeric_field_states_bounds_and_a_description():
     from rlonce.config import bounds
 
     fields = _numeric_fields()
-    assert len(fields) == 114
+    assert len(fields) == 115  # heldout_fraction twice: code and cyber
     unbounded = [k for k, info in fields if not bounds(info) and "entropy_band" not in k]
     assert unbounded == []
     undocumented = [k for k, info in fields if not info.description]
@@ -197,6 +203,9 @@ def test_nan_inf_and_booleans_are_refused_for_every_number():
         pre = []
         if parts[1:2] == ["objective"]:
             pre, key = [f"algo.objective={parts[2]}"], ".".join(parts[:2] + parts[3:])
+        if ":" in parts[1]:  # task.DOMAIN:KEY
+            domain, parts[1] = parts[1].split(":")
+            pre, key = [f"task.name={domain}"], ".".join(parts)
         for bad in ("nan", "inf", "-inf", "true"):
             with pytest.raises(ConfigError, match=f"config key '{key}' = "):
                 load_config(None, [*pre, f"{key}={bad}"])

@@ -7,9 +7,10 @@ from functools import partial
 import pytest
 
 from rlonce.config import load_config
+from rlonce.config.domains import BUILTIN, load_domain
 from rlonce.envs.base import Environment, HasWorkspace, group_grader
 from rlonce.envs.code.env import CodeEnv
-from rlonce.envs.domains import DOMAINS, domain_for
+from rlonce.envs.domains import domain_for
 from rlonce.envs.reasoning.env import ReasoningEnv
 from rlonce.envs.toolfind.env import ToolfindEnv
 from rlonce.envs.toolfind.tasks import make_task
@@ -48,7 +49,7 @@ def test_group_grader_is_found_through_a_partial():
 
 
 def test_the_registry_owns_the_per_domain_rules():
-    assert {n: (e.has_expert, e.single_turn, e.tools) for n, e in DOMAINS.items()} == {
+    assert {n: (load_domain(n).has_expert, load_domain(n).single_turn, load_domain(n).tools) for n in BUILTIN} == {
         "toolfind": (True, False, True), "reasoning": (True, True, False), "code": (True, False, True),
         "music": (True, True, True), "cyber": (True, False, True), "general": (True, False, True),
         "visual": (True, True, True)}

@@ -99,3 +99,71 @@ def test_long_files_and_functions_are_a_review_warning():
     if long_files or long_functions:
         warnings.warn("review: does each still hold one responsibility? " + ", ".join(long_files + long_functions),
                       stacklevel=1)
+
+
+DOMAIN_REGISTRY = "rlonce.config.domains"
+"""The one module that lists the built-in domains (``BUILTIN``)."""
+STILL_NAMING = {
+    "rlonce.cli.commands": ["code", "cyber", "general", "music", "visual"],
+    "rlonce.cli.domain_commands": ["cyber", "general", "music", "visual"],
+    "rlonce.cli.parser": ["code", "cyber", "general", "music", "reasoning", "visual"],
+    "rlonce.grading.agentic": ["code"],
+    "rlonce.grading.audit": ["code"],
+    "rlonce.grading.rubrics": ["code"],
+    "rlonce.grading.scripted": ["general"],
+    "rlonce.recipes.build_tokenizer": ["toolfind"],
+    "rlonce.recipes.minimal": ["toolfind"],
+    "rlonce.recipes.pretrain": ["toolfind"],
+}
+"""Modules that still choose domains by name (issue 57: the pack and probe verbs, the code pack's
+grading tools, the embedded model's recipes). The test fails when one is added or one is fixed:
+remove a fixed entry here."""
+
+
+def _names_a_domain(path: Path, domains: set[str]) -> set[str]:
+    """The domains ``path`` depends on by name: imports of ``rlonce.envs.<domain>`` and the
+    domain names it chooses by (``_choices``); prose, and words like "code" used as other keys, do
+    not count."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        mods = []
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            mods = [node.module or ""]
+        for m in mods:
+            parts = m.split(".")
+            if parts[:2] == ["rlonce", "envs"] and len(parts) > 2 and parts[2] in domains:
+                found.add(parts[2])
+        found |= {c.value for c in _choices(node) if isinstance(c, ast.Constant) and c.value in domains}
+    return found
+
+
+def _choices(node) -> list:
+    """The string constants ``node`` chooses a domain by: compared with a name or domain
+    (``args.domain == "cyber"``), passed as ``name=``/``domain=``/``choices=``, or a subscript of a
+    registry (``DOMAINS["code"]``)."""
+    named = lambda e: any(w in ast.unparse(e).lower() for w in ("name", "domain"))  # noqa: E731
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return [c for s in sides if named(s) for c in sides if c is not s for c in ast.walk(c)]
+    if isinstance(node, ast.keyword) and node.arg in ("name", "domain", "choices"):
+        return list(ast.walk(node.value))
+    if isinstance(node, ast.Subscript) and "DOMAIN" in ast.unparse(node.value):
+        return list(ast.walk(node.slice))
+    return []
+
+
+def test_outside_its_own_folder_no_module_names_a_domain():
+    """The centre reaches domains through the registry only (issue 57): a domain is a plugin."""
+    from rlonce.config.domains import BUILTIN
+
+    domains = set(BUILTIN)
+    named = {}
+    for m, p in _modules().items():
+        parts = m.split(".")
+        own = parts[2] if parts[1:2] == ["envs"] and len(parts) > 2 else None
+        hits = _names_a_domain(p, domains) - {own}
+        if hits and m != DOMAIN_REGISTRY:
+            named[m] = sorted(hits)
+    assert named == STILL_NAMING

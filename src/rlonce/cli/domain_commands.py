@@ -29,11 +29,14 @@ def show_probe(args, report: dict, format_report) -> int:
     import json
 
     if not args.no_hostile:
-        from rlonce.config.sections import TaskConfig
-        from rlonce.envs.domains import DOMAINS, domain_for
+        from rlonce.config import TaskConfig
+        from rlonce.config.domains import load_domain
+        from rlonce.envs.domains import domain_for
         from rlonce.rollout.hostile import arms_for, probe_hostile_input
 
-        domain, entry = domain_for(TaskConfig(name=args.domain, pack=args.pack)), DOMAINS[args.domain]
+        entry = load_domain(args.domain)
+        given = {"pack": args.pack} if "pack" in entry.options.model_fields else {}
+        domain = domain_for(TaskConfig(name=args.domain, **given))
         report["hostile_input"] = asyncio.run(probe_hostile_input(
             domain.env_factory, domain.task("train", 0), arms_for(entry.single_turn, entry.tools)))
     if args.json:

@@ -62,10 +62,9 @@ from rlonce.config.sections import (
     RuntimeConfig,
     Section,
     SFTConfig,
-    TaskConfig,
     _numeric,
 )
-from rlonce.config.sources import SourceConfig
+from rlonce.config.sources import SourceConfig, TaskConfig
 
 __all__ = [
     "MAX_PARALLEL", "MAX_STEPS", "MAX_TOKENS", "OPTIMIZERS", "PENALTY_PARAMS", "_VARIANTS", "AlgoConfig", "ArmName",

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlonce.config.objectives import _VARIANTS, AlgoConfig
 from rlonce.config.run import RunConfig
-from rlonce.config.sections import ConfigError
+from rlonce.config.sections import ConfigError, bounds
 
 
 def _parse_value(raw: str):
@@ -74,26 +74,6 @@ def _field_at(loc: list[str]):
             return None
         section = _section_type(info.annotation)
     return info
-
-
-def bounds(info) -> str:
-    """A field's numeric bounds as text: '>= 1', '(0, 1]', or '' when it has none."""
-    lo = hi = None
-    for m in info.metadata:
-        for attr, bracket in (("gt", "("), ("ge", "[")):
-            if getattr(m, attr, None) is not None:
-                lo = (bracket, getattr(m, attr))
-        for attr, bracket in (("lt", ")"), ("le", "]")):
-            if getattr(m, attr, None) is not None:
-                hi = (bracket, getattr(m, attr))
-    num = lambda v: str(v) if isinstance(v, int) else f"{v:g}"  # noqa: E731
-    if lo and hi:
-        return f"{lo[0]}{num(lo[1])}, {num(hi[1])}{hi[0]}"
-    if lo:
-        return f"{'>' if lo[0] == '(' else '>='} {num(lo[1])}"
-    if hi:
-        return f"{'<' if hi[0] == ')' else '<='} {num(hi[1])}"
-    return ""
 
 
 def _shown(value) -> str:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from rlonce.config.load import _section_type, bounds
 from rlonce.config.objectives import _VARIANTS, AlgoConfig, PenaltyConfig
 from rlonce.config.run import RunConfig
+from rlonce.config.sources import TaskConfig
 
 
 def _toml(value, exact: bool = False) -> str:
@@ -60,6 +61,21 @@ def reference() -> str:
             rows.append(f"| `{key}` | `{default}` | {bounds(info) or '—'} | {desc.replace('|', '/')} |")
             if listed:
                 walk(sub, f"{key}[].")
+        if section is TaskConfig:  # a [[sources]] table takes the same domain keys
+            domain_rows(prefix)
+
+    def domain_rows(prefix: str) -> None:
+        """Each built-in domain's options, as keys of ``[task]`` (or of a ``[[sources]]`` table)."""
+        from rlonce.config.domains import BUILTIN, load_domain
+
+        owners: dict[tuple, list[str]] = {}
+        for d in BUILTIN:
+            for name, info in load_domain(d).options.model_fields.items():
+                owners.setdefault((name, id(info)), [info]).append(d)
+        for (name, _), (info, *domains) in owners.items():
+            desc = f"{', '.join(domains)}: " + " ".join((info.description or "").split())
+            default = _toml(info.get_default(call_default_factory=True))
+            rows.append(f"| `{prefix}{name}` | `{default}` | {bounds(info) or '—'} | {desc.replace('|', '/')} |")
 
     walk(RunConfig, "")
     return "\n".join(rows) + "\n"
@@ -109,6 +125,8 @@ def settings(cfg: RunConfig) -> list[Setting]:
                 walk(value, f"{key}.")
             else:
                 out.append(Setting(key, _plain(value), _plain(default), bounds(info), doc))
+        if isinstance(section, TaskConfig):  # the domain's own options, after the name that chose them
+            walk(section.domain_options(), prefix)
 
     walk(cfg, "")
     return out

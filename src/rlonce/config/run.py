@@ -21,9 +21,8 @@ from rlonce.config.sections import (
     RuntimeConfig,
     Section,
     SFTConfig,
-    TaskConfig,
 )
-from rlonce.config.sources import SourceConfig
+from rlonce.config.sources import SourceConfig, TaskConfig
 
 
 class RayConfig(Section):
@@ -144,7 +143,7 @@ class RunConfig(Section):
         if self.sources and self.task != TaskConfig():  # a saved config holds the default [task]: fine
             raise ValueError("give either [task] (a one-source run) or [[sources]], not both: move the [task] "
                              "keys into a [[sources]] table")
-        labels = [s.label or s.name for s in self.sources]
+        labels = [s.source_label for s in self.sources]
         if len(set(labels)) < len(labels):
             dup = next(x for x in labels if labels.count(x) > 1)
             raise ValueError(f"two sources are labelled {dup!r}: give each [[sources]] table its own label")

@@ -32,6 +32,26 @@ def _numeric(annotation) -> bool:
     return annotation in (int, float) or any(_numeric(a) for a in args if a is not type(None))
 
 
+def bounds(info) -> str:
+    """A field's numeric bounds as text: '>= 1', '(0, 1]', or '' when it has none."""
+    lo = hi = None
+    for m in info.metadata:
+        for attr, bracket in (("gt", "("), ("ge", "[")):
+            if getattr(m, attr, None) is not None:
+                lo = (bracket, getattr(m, attr))
+        for attr, bracket in (("lt", ")"), ("le", "]")):
+            if getattr(m, attr, None) is not None:
+                hi = (bracket, getattr(m, attr))
+    num = lambda v: str(v) if isinstance(v, int) else f"{v:g}"  # noqa: E731
+    if lo and hi:
+        return f"{lo[0]}{num(lo[1])}, {num(hi[1])}{hi[0]}"
+    if lo:
+        return f"{'>' if lo[0] == '(' else '>='} {num(lo[1])}"
+    if hi:
+        return f"{'<' if hi[0] == ')' else '<='} {num(hi[1])}"
+    return ""
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
                               use_attribute_docstrings=True)
@@ -134,48 +154,6 @@ class EngineConfig(Section):
     """vllm: context length to serve (default: the model's)."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     """vllm: GPUs per engine."""
-
-
-class TaskConfig(Section):
-    name: Literal["toolfind", "reasoning", "code", "music", "cyber", "general", "visual"] = "toolfind"
-    """'toolfind' (the embedded agentic domain), 'reasoning' (rule-verified reasoning-gym tasks,
-    single turn: use ``harness.arms = ["single-turn"]``; its scripted expert answers with the gold
-    answer, or set ``sft.demos = 0``), 'code' (code repair on the validated tasks of a code
-    ``pack``), 'music' (ABC tunes for generated requests, single turn or with tools; needs the
-    Debian package abcmidi), 'cyber' (vulnerability reproduction on a ``pack`` from
-    ``rlonce tasks build cyber``; needs clang), 'general' (office tool use through MCP services:
-    mail, calendar, tickets, ledger, documents) or 'visual' (web pages rendered by headless Chromium;
-    needs the Debian package chromium)."""
-    two_hop_fraction: float = Field(0.6, ge=0, le=1)
-    """toolfind: share of questions that need two look-ups."""
-    datasets: list[str] = Field(["chain_sum"], min_length=1)
-    """reasoning: reasoning-gym dataset names; tasks take turns over them."""
-    options: dict[str, dict] = {}
-    """reasoning: per-dataset generator options, e.g. ``{chain_sum = {max_terms = 2}}``."""
-    format_weight: float = Field(0.1, ge=0, le=1)
-    """reasoning: reward added when the final answer is inside <answer></answer> (M1's format reward)."""
-    system_prompt: str | None = None
-    """reasoning: the system prompt (default: ``rlonce.envs.reasoning.env.SYSTEM_PROMPT``)."""
-    pack: str | None = None
-    """reasoning: a ``rlonce tasks filter`` folder; training then draws only the tasks it kept.
-    code (required): a pack from ``rlonce tasks build code`` checked by ``rlonce tasks validate``."""
-    heldout_fraction: float = Field(0.2, gt=0, lt=1)
-    """code, cyber: share of a validated pack's tasks held out for evaluation (split by task id)."""
-    adherence_weight: float = Field(0.5, ge=0, le=1)
-    """music: reward = (1 - w) x feature score + w x request adherence; 0 is the seed's public
-    scorer exactly (it never checks the request)."""
-    max_bars: int = Field(24, ge=8, le=24)
-    """music: the longest tune a request asks for (requests draw 8, 12, 16 or 24 bars up to it)."""
-    rubric_reward: Literal["all", "fraction"] = "all"
-    """general: reward 1 only when every rubric item passes ('all'), or the share of items passed
-    ('fraction'). 'all' by default: a fraction pays for the negative items, which doing nothing passes."""
-    visual_family: Literal["replication", "open", "mixed"] = "replication"
-    """visual: 'replication' (reproduce a generated reference page; pixel SSIM and structural
-    checks), 'open' (design requests scored by the group pick judge; needs ``grading.judge.vision``)
-    or 'mixed' (every third train task open). Held-out evaluation uses replication tasks."""
-    visual_layouts: Literal["full", "simple"] = "full"
-    """visual: replication layouts — 'full' (optional bar and footer; cards, table, form or banner)
-    or 'simple' (a heading and a banner or cards: fewer parts, a shorter page for small models)."""
 
 
 ArmName = Literal["mini-bash", "mini-claude-code", "mini-codex", "mini-mimocode", "single-turn"]

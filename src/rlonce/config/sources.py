@@ -11,15 +11,68 @@ from the run's other tables.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from rlonce.config.sections import MAX_STEPS, MAX_TOKENS, ArmName, TaskConfig
+from rlonce.config.domains import DEFAULT_DOMAIN, DomainOptions, load_domain
+from rlonce.config.sections import MAX_STEPS, MAX_TOKENS, ArmName, Section, bounds
+
+
+class TaskConfig(Section):
+    """``[task]``: the domain of a one-source run and its options. Every key besides ``name`` is the
+    domain's own (its ``DomainSpec.options``), checked against that domain's options model."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(DEFAULT_DOMAIN, min_length=1, max_length=256)
+    """The domain: a built-in one ('toolfind', 'reasoning', 'code', 'music', 'cyber', 'general',
+    'visual'; ``rlonce domains`` lists them with what each needs), one an installed package
+    registers, or a plugin given as ``'package.module:DOMAIN'`` (docs/domains.md)."""
+    _where: ClassVar[str] = "task"
+
+    @model_validator(mode="after")
+    def _domain_options(self):
+        """The keys besides ``name`` (and a source's own) must be the domain's options: they are
+        checked by its model and stored with every default filled in (``rlonce config show``)."""
+        spec = load_domain(self.name)
+        given = dict(self.__pydantic_extra__ or {})
+        try:
+            options = spec.options.model_validate(given)
+        except ValidationError as e:
+            raise ValueError(_options_error(e, self._where, self.name, spec.options)) from None
+        self.__pydantic_extra__ = options.model_dump()
+        return self
+
+    @property
+    def source_label(self) -> str:
+        """The label in the ledger, metrics and report: a source's ``label``, else its domain's name."""
+        return getattr(self, "label", None) or load_domain(self.name).name
+
+    def domain_options(self) -> DomainOptions:
+        """The domain's options object (what ``DomainSpec.build`` takes)."""
+        return load_domain(self.name).options.model_validate(self.__pydantic_extra__ or {})
+
+
+def _options_error(err: ValidationError, where: str, domain: str, model: type[DomainOptions]) -> str:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        known = ", ".join(model.model_fields) or "none"
+        return f"unknown config key {where}.{key} for domain {domain!r}; its keys: {known}"
+    shown = repr(e.get("input"))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    info = model.model_fields.get(str(e["loc"][0])) if e["loc"] else None
+    bound = bounds(info) if info is not None else ""
+    if bound and e["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+        return f"config key '{where}.{key}' = {shown} is out of range: use a finite value in {bound}"
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    return f"config key '{where}.{key}' = {shown}: {msg}" + (f" (bounds: {bound})" if bound else "")
 
 
 class SourceConfig(TaskConfig):
     """One task source: ``name`` is its domain, the other ``[task]`` keys its options."""
+
+    _where: ClassVar[str] = "sources"
 
     label: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     """The source's name in the ledger, metrics and report (default: the domain's name; two

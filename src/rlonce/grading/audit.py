@@ -41,7 +41,7 @@ from rlonce.envs.code.expert import expert_calls
 from rlonce.envs.code.routes import ROUTES, Call
 from rlonce.envs.code.tasks import CodeTask
 from rlonce.envs.code.validate import validated_tasks
-from rlonce.envs.domains import read_json_object
+from rlonce.envs.packs import read_json_object
 from rlonce.errors import PackError
 from rlonce.grading.judge import Judge, JudgeFailed
 from rlonce.grading.verdicts import TaskAudit, audit_prompt

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlonce.config import ConfigError, RunConfig, TaskConfig
+from rlonce.config.domains import domain_names, load_domain
 from rlonce.config.sections import MAX_STEPS
 from rlonce.config.sources import SourceConfig
-from rlonce.envs.domains import DOMAINS, Domain, domain_for
+from rlonce.envs.domains import Domain, domain_for
 from rlonce.rollout.runner import RolloutSpec
 
 
@@ -54,7 +55,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
     staleness = r.staleness or (1 if r.mode == "sync" else 2)
     given = cfg.sources or [SourceConfig(**cfg.task.model_dump())]
     total = sum(s.share for s in given)
-    experts = [i for i, s in enumerate(given) if s.sft_demos is None and DOMAINS[s.name].has_expert]
+    experts = [i for i, s in enumerate(given) if s.sft_demos is None and load_domain(s.name).has_expert]
     expert_share = sum(given[i].share for i in experts) or 1.0
     plans = []
     for i, s in enumerate(given):
@@ -64,7 +65,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
         elif demos is None:
             demos = round(cfg.sft.demos * s.share / expert_share) if i in experts else 0
         plans.append(SourcePlan(
-            s.label or s.name, TaskConfig(**s.model_dump(include=set(TaskConfig.model_fields))), s.share / total,
+            s.source_label, TaskConfig(name=s.name, **s.domain_options().model_dump()), s.share / total,
             tuple(s.arms or cfg.harness.arms), s.max_turns or h.max_turns,
             s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
             s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
@@ -83,12 +84,12 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
     where = (lambda p: f"[[sources]] {p.label!r}") if cfg.sources else (lambda p: f"task {p.label!r}")
     arms_key = "arms" if cfg.sources else "harness.arms"
     for p in plans:
-        entry = DOMAINS[p.options.name]
+        entry = load_domain(p.options.name)
         if not entry.tools and p.arms != ("single-turn",):
             raise ConfigError(f"{where(p)} is single-turn: set {arms_key} = [\"single-turn\"]")
         if not entry.single_turn and "single-turn" in p.arms:
             raise ConfigError(f"{where(p)} needs tools: harness arm 'single-turn' is for single-turn tasks "
-                              f"({', '.join(n for n, e in DOMAINS.items() if e.single_turn)})")
+                              f"({', '.join(n for n in domain_names() if load_domain(n).single_turn)})")
         if not entry.has_expert and p.sft_demos > 0 and p.sft_epochs > 0:
             fix = "sft_demos = 0 in its table" if cfg.sources else "sft.demos = 0"
             raise ConfigError(f"{where(p)} has no scripted expert for SFT: set {fix}")

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from tqdm.auto import tqdm
 from rlonce.envs.code.packages import testbed
 from rlonce.envs.code.tasks import CodeTask, load_pack, materialize
 from rlonce.envs.code.testbed import guards_for, make_sandbox, run_reports
+from rlonce.envs.packs import HELDOUT_FRACTION, split_tasks
 
 GATES = ("testbed_error", "unstable", "f2p_passes_before", "p2p_fails_before", "f2p_fails_after", "p2p_fails_after")
 
@@ -78,42 +77,6 @@ async def check_task(task: CodeTask, tb: Path, *, reruns: int = 8) -> tuple[str 
 
 def grade_timeout(task: CodeTask, seconds: float) -> float:
     return round(min(task.spec.test_timeout, max(GRADE_TIMEOUT_FLOOR, GRADE_TIMEOUT_FACTOR * seconds)), 1)
-
-
-HELDOUT_FRACTION = 0.2
-SPLIT_RULE = ("a task is held out when the first 8 bytes of sha256(task id), read as a big-endian integer "
-              "over 2**64, are below heldout_fraction; when that leaves the held-out or the train side empty "
-              "(and there are two tasks or more), the lowest such number is held out and the highest trained on")
-
-
-def _unit(task_id: str) -> float:
-    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big") / 2**64
-
-
-def split_tasks(ids: list[str], heldout_fraction: float = HELDOUT_FRACTION) -> dict:
-    """The train / held-out split of validated task ``ids`` by ``SPLIT_RULE``: each task's side
-    depends on its own id only, so rebuilding or revalidating a pack never moves a task that
-    stays in it (outside the small-pack fallback). Ids keep the order given."""
-    held = {i for i in ids if _unit(i) < heldout_fraction}
-    if len(set(ids)) >= 2 and heldout_fraction > 0:
-        ranked = sorted(set(ids), key=_unit)
-        if not held:
-            held = {ranked[0]}
-        elif held == set(ids):
-            held.discard(ranked[-1])
-    return {"rule": SPLIT_RULE, "heldout_fraction": heldout_fraction,
-            "heldout_ids": [i for i in ids if i in held], "train_ids": [i for i in ids if i not in held]}
-
-
-def record_split(pack: Path, split: dict) -> None:
-    """Write ``split`` into ``pack``'s validation.json (atomically) unless it is already there."""
-    path = Path(pack) / "validation.json"
-    report = json.loads(path.read_text())
-    if report.get("split") == split:
-        return
-    tmp = path.with_name(f".validation.json.{os.getpid()}")
-    tmp.write_text(json.dumps({**report, "split": split}, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress: bool = True,

@@ -1,0 +1,33 @@
+"""general: office tool use through MCP services (mail, calendar, tickets, ledger, documents)."""
+
+from typing import Literal
+
+from rlonce.config.domains import DomainOptions, DomainSpec
+
+
+class GeneralOptions(DomainOptions):
+    rubric_reward: Literal["all", "fraction"] = "all"
+    """Reward 1 only when every rubric item passes ('all'), or the share of items passed
+    ('fraction'). 'all' by default: a fraction pays for the negative items, which doing nothing passes."""
+
+
+def build(o: GeneralOptions):
+    from functools import partial
+
+    from rlonce.envs.domains import Domain
+    from rlonce.envs.general.env import GeneralEnv
+    from rlonce.envs.general.expert import expert_turns
+    from rlonce.envs.general.tasks import make_task
+
+    def attach(run_dir, judge_for) -> Domain:
+        judge, _ = judge_for("general-judge")
+        agreement, _ = judge_for("general-agreement", "agreement_judge") if judge is not None else (None, False)
+        env = partial(GeneralEnv, reward=o.rubric_reward, judge=judge, agreement=agreement)
+        return Domain("general", env, make_task, expert=expert_turns)
+
+    return Domain("general", partial(GeneralEnv, reward=o.rubric_reward), make_task, expert=expert_turns,
+                  attach=attach)
+
+
+DOMAIN = DomainSpec(name="general", build=build, options=GeneralOptions, has_expert=True,
+                    summary="office tasks through MCP services; rubric items checked on the services' state")
