@@ -117,6 +117,47 @@ def test_scripted_agent_runs_the_code_tasks_tests_in_the_repository(tmp_path, co
     assert "No module named" not in reply
 
 
+@dataclass(frozen=True)
+class NotesTask:
+    """A task of no built-in domain that lays out its own workspace (``HasCheckout``)."""
+
+    task_id: str
+    source: str = "notes"
+    broken: bool = False
+
+    def checkout(self):
+        from rlonce.envs.base import Checkout
+        from rlonce.sandbox.base import SandboxError
+        from rlonce.sandbox.bwrap import BwrapSandbox
+
+        def sandbox():
+            if self.broken:
+                raise SandboxError("no notes today")
+            sbx = BwrapSandbox()
+            sbx.put_file("NOTES.txt", "notes-marker\n")
+            return sbx
+
+        return Checkout(sandbox, "beside the task's NOTES.txt", "cat /work/NOTES.txt")
+
+
+def test_a_task_with_a_checkout_gives_the_grader_its_workspace_its_note_and_its_check(tmp_path):
+    record = tmp_path / "judge.jsonl"
+    judge = AgenticJudge(ScriptedJudge(scripted_rules, record=record))
+    prompt, files = _gar({"attempts/0.diff": DIFF0, "attempts/1.diff": DIFF1})
+    v = asyncio.run(judge.ask(prompt, GroupQuality, kind="gar", task=NotesTask("n0"), files=files))
+    assert v.outcome == "ok" and v.value == GroupQuality.model_validate_json(scripted_rules("gar", prompt, 0))
+    reply = _records(record)[0]["reply"]
+    assert "cat /work/attempts/*; cat /work/NOTES.txt" in reply and "notes-marker" in reply
+    from rlonce.grading.agentic import GraderWorkspace
+
+    assert "attempts/<id>.diff), beside the task's NOTES.txt. Inspect" in GraderWorkspace(
+        NotesTask("n0"), files, prompt).system_prompt()
+
+    v = asyncio.run(judge.ask(prompt, GroupQuality, kind="gar", task=NotesTask("n1", broken=True), files=files))
+    assert (v.value, v.outcome) == (None, "down")
+    assert "the grader's sandbox failed: no notes today" in _records(record)[-1]["reply"]
+
+
 def test_an_endpoint_agent_that_is_down_is_an_outcome(tmp_path):
     record = tmp_path / "judge.jsonl"
     inner = EndpointJudge("http://127.0.0.1:9/v1", "judge", retries=1, timeout=5.0, record=record)

@@ -107,7 +107,6 @@ STILL_NAMING = {
     "rlonce.cli.commands": ["code", "cyber", "general", "music", "visual"],
     "rlonce.cli.domain_commands": ["cyber", "general", "music", "visual"],
     "rlonce.cli.parser": ["code", "cyber", "general", "music", "reasoning", "visual"],
-    "rlonce.grading.agentic": ["code"],
     "rlonce.grading.audit": ["code"],
     "rlonce.grading.rubrics": ["code"],
     "rlonce.grading.scripted": ["general"],

@@ -7,6 +7,7 @@ behaviour built around it: a sandbox, tools, a grader.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from rlonce.core import faults
@@ -102,6 +103,30 @@ class HasWorkspace(Protocol):
     (reasoning) do not have one."""
 
     sandbox: Sandbox
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A task's own workspace, for a grader that works on it as an agent (``rlonce.grading.agentic``)."""
+
+    sandbox: Callable[[], Sandbox]
+    """A new sandbox whose workspace holds the task's starting state and whatever its checks need;
+    ``SandboxError`` or ``OSError`` when it cannot be built (the grading episode is then an
+    infrastructure failure, never a verdict)."""
+    note: str
+    """Where the workspace is, for the grader's system prompt: "/work holds the task and the
+    attempts to grade, <note>"."""
+    check: str = ""
+    """A shell command, run in the workspace, that checks it (a scripted grader runs it); '' none."""
+
+
+@runtime_checkable
+class HasCheckout(Protocol):
+    """An optional capability of a task: it can lay out its own workspace for a grader (the code
+    domain's buggy repository with its test runner). A task without it, or whose ``checkout()``
+    is None, gives the grader an empty workspace holding only the files it is shown."""
+
+    def checkout(self) -> Checkout | None: ...
 
 
 class GroupGrader(Protocol):

@@ -5,13 +5,14 @@ a shared workspace" and "can inspect the repository and run tests". ``AgenticJud
 ``Judge``: a question that names a workspace (``files``) becomes one agent episode through the
 harness's own loop and arms (``rlonce.harness.loop.run_episode``), in a bubblewrap sandbox at
 ``/work`` holding the task's files and every sibling's change side by side (``attempts/<i>.diff``);
-for a code task also the buggy repository, with the code testbed mounted so ``python3 -m pytest``
-runs inside. The agent has bash and ``submit``; its submitted answer is parsed like any judge's
+for a task that lays out its own workspace (``rlonce.envs.base.HasCheckout``: the code domain's
+buggy repository, with its testbed mounted so ``python3 -m pytest`` runs inside) the sandbox is
+that workspace. The agent has bash and ``submit``; its submitted answer is parsed like any judge's
 reply. A question without a workspace goes to the wrapped judge as is.
 
 Where it departs from the paper: no grader is trained here. An endpoint judge's model is the
 agent (its wire protocol picks the arm); a scripted judge becomes a scripted agent — it lists and
-prints the attempts (and runs the tests of a code task), then submits the scripted judge's
+prints the attempts (and runs the workspace's own check, a code task's tests), then submits the scripted judge's
 answer — so tests and CPU runs go through the whole path with known verdicts.
 
 Failures follow ``rlonce.grading.judge``: never an exception for what the model or the endpoint
@@ -34,33 +35,26 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from rlonce.core.records import Grade, Sequence
-from rlonce.envs.base import GradingError
-from rlonce.envs.code.packages import PackageError, testbed
-from rlonce.envs.code.tasks import CodeTask, materialize
-from rlonce.envs.code.testbed import make_sandbox
+from rlonce.envs.base import Checkout, GradingError, HasCheckout
 from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
 from rlonce.grading.judge import Judge, JudgeFailed, Verdict, parse_verdict
 from rlonce.harness.arms import Arm, get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
 from rlonce.harness.clients import CLIENTS, Reply, Send
 from rlonce.harness.loop import HarnessLimits, run_episode
-from rlonce.sandbox.base import SandboxError
+from rlonce.sandbox.base import Sandbox, SandboxError
 from rlonce.sandbox.bwrap import BwrapSandbox
 
 SYSTEM_PROMPT = ("You are a grader working in a sandbox. /work holds the task and the attempts to grade (each "
                  "attempt's change as attempts/<id>.diff){repo}. Inspect them with bash: read files, apply a diff "
                  "to a copy, run the tests. Change nothing you are grading. Then submit your verdict as one JSON "
                  "object: the text of submit(answer=...), nothing before or after it.")
-REPO_NOTE = ", inside the task's buggy repository, where `python3 -m pytest` runs its tests"
 SCRIPTED_LOOK = "ls -R /work/attempts; cat /work/attempts/*"
-"""The scripted agent's first command: list and print every attempt."""
-SCRIPTED_TESTS = "; cd /work && python3 -m pytest -q -x 2>&1 | tail -3"
-"""Added for a code task: run the repository's visible tests."""
+"""The scripted agent's first command: list and print every attempt (then the checkout's ``check``)."""
 RETRIED = ("down", "http_error")
 LINE_CHARS = 4000
 """Characters of one model turn or observation kept in the transcript."""
@@ -71,26 +65,18 @@ ENDPOINT_PROTOCOLS = {"openai": "openai-chat", "anthropic": "anthropic-messages"
 
 class GraderWorkspace:
     """The Environment of one grading episode: a sandbox holding ``files`` (relative path → text)
-    and, for a code task, the task's buggy repository; bash and submit. It is never graded."""
+    and, for a task with a checkout (``HasCheckout``), the task's own workspace; bash and submit.
+    It is never graded."""
 
     def __init__(self, task, files: dict[str, str], prompt: str):
         self.task, self.files, self.prompt = task, dict(files), prompt
-        self.sandbox: BwrapSandbox | None = None
+        self.checkout: Checkout | None = task.checkout() if isinstance(task, HasCheckout) else None
+        self.sandbox: Sandbox | None = None
         self.metrics: dict[str, float] = {}
 
-    @property
-    def code(self) -> bool:
-        return isinstance(self.task, CodeTask) and bool(self.task.pack_dir)
-
-    def _build(self) -> BwrapSandbox:
-        if not self.code:
-            sbx = BwrapSandbox()
-        else:
-            tb = testbed(Path(self.task.pack_dir) / "cache")
-            sbx = make_sandbox(self.task.spec, tb, timeout=self.task.timeout, for_agent=True)
+    def _build(self) -> Sandbox:
+        sbx = self.checkout.sandbox() if self.checkout is not None else BwrapSandbox()
         try:
-            if self.code:
-                materialize(self.task, sbx.workspace, git=False)
             for path, text in self.files.items():
                 sbx.put_file(path, text)
         except BaseException:
@@ -102,7 +88,7 @@ class GraderWorkspace:
         self.sandbox = await asyncio.to_thread(self._build)
 
     def system_prompt(self) -> str:
-        return SYSTEM_PROMPT.format(repo=REPO_NOTE if self.code else "")
+        return SYSTEM_PROMPT.format(repo=f", {self.checkout.note}" if self.checkout is not None else "")
 
     def user_prompt(self) -> str:
         return f"{self.prompt}\n\nFiles in /work: {', '.join(sorted(self.files))}"
@@ -293,10 +279,11 @@ class AgenticJudge(Judge):
                 break
         return Verdict(value, outcome, time.perf_counter() - t0, tin, tout), log.text(), turns
 
-    def _transport(self, kind: str, prompt: str, sample: int, code: bool) -> Send:
+    def _transport(self, kind: str, prompt: str, sample: int, checkout: Checkout | None) -> Send:
         send = getattr(self.inner, "send", None)
         if send is None:
-            script, command = self.inner.script, SCRIPTED_LOOK + (SCRIPTED_TESTS if code else "")
+            check = checkout.check if checkout is not None else ""
+            script, command = self.inner.script, SCRIPTED_LOOK + (f"; {check}" if check else "")
             return scripted_agent(lambda: script(kind, prompt, sample), command)
         extra = {"temperature": getattr(self.inner, "temperature", 0.0)}
 
@@ -309,7 +296,7 @@ class AgenticJudge(Judge):
                        files: dict[str, str]) -> tuple[BaseModel | None, str, _Logged]:
         """One episode: (verdict or None, outcome, the logged client holding the transcript)."""
         env = GraderWorkspace(task, files, prompt)
-        log = _Logged(self.arm.protocol, self._transport(kind, prompt, sample, env.code))
+        log = _Logged(self.arm.protocol, self._transport(kind, prompt, sample, env.checkout))
         value, outcome, why = None, "ok", ""
         try:
             await env.setup()
@@ -333,7 +320,7 @@ class AgenticJudge(Judge):
             outcome, why = e.category, str(e)
         except asyncio.TimeoutError:  # before OSError: TimeoutError is one
             outcome, why = "timeout", f"no verdict within {self.timeout * self.max_turns:g} s"
-        except (SandboxError, PackageError, OSError) as e:
+        except (SandboxError, OSError) as e:
             outcome, why = "down", f"the grader's sandbox failed: {e}"
         finally:
             await env.cleanup()

@@ -19,13 +19,19 @@ import json
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
+from rlonce.envs.base import Checkout
 from rlonce.envs.code.mutate import Mutation
-from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch
+from rlonce.envs.code.packages import PACKAGES, PackageError, PackageSpec, fetch, testbed
 from rlonce.errors import PackError
+from rlonce.sandbox.base import SandboxError
 
 PACK_FORMAT = 1
+GRADER_NOTE = "inside the task's buggy repository, where `python3 -m pytest` runs its tests"
+GRADER_CHECK = "cd /work && python3 -m pytest -q -x 2>&1 | tail -3"
+"""What a scripted agentic grader runs in the repository: its visible tests."""
 GIT_ID = ["-c", "user.name=rlonce", "-c", "user.email=rlonce@localhost", "-c", "init.defaultBranch=main",
           "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*"]
 
@@ -76,6 +82,13 @@ class CodeTask:
         buggy = m.apply(original)
         return "".join(difflib.unified_diff(buggy.decode().splitlines(True), original.decode().splitlines(True),
                                             f"a/{m.path}", f"b/{m.path}"))
+
+    def checkout(self) -> Checkout | None:
+        """The buggy repository with the code testbed mounted, so its tests run, for an agentic
+        grader (``rlonce.envs.base.HasCheckout``); None for a task not read from a pack."""
+        if not self.pack_dir:
+            return None
+        return Checkout(partial(grader_sandbox, self), GRADER_NOTE, GRADER_CHECK)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -150,3 +163,23 @@ def materialize(task: CodeTask, dest: Path, *, fixed: bool = False, hidden: bool
         p = dest / ".git" / junk
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return _git(dest, "rev-parse", "HEAD")
+
+
+def grader_sandbox(task: CodeTask):
+    """A sandbox holding ``task``'s buggy tree (no git history, no hidden test) with the testbed
+    mounted for an agent; ``SandboxError`` when the package or the testbed cannot be had."""
+    from rlonce.envs.code.testbed import make_sandbox
+
+    try:
+        sbx = make_sandbox(task.spec, testbed(Path(task.pack_dir) / "cache"), timeout=task.timeout, for_agent=True)
+    except (PackageError, PackError) as e:
+        raise SandboxError(f"the code testbed of {task.task_id} cannot be built: {e}") from e
+    try:
+        materialize(task, sbx.workspace, git=False)
+    except (PackageError, PackError) as e:
+        sbx.close()
+        raise SandboxError(f"the repository of {task.task_id} cannot be laid out: {e}") from e
+    except BaseException:
+        sbx.close()
+        raise
+    return sbx
