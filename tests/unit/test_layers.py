@@ -109,7 +109,6 @@ STILL_NAMING = {
     "rlonce.cli.parser": ["code", "cyber", "general", "music", "reasoning", "visual"],
     "rlonce.grading.audit": ["code"],
     "rlonce.grading.rubrics": ["code"],
-    "rlonce.grading.scripted": ["general"],
     "rlonce.recipes.build_tokenizer": ["toolfind"],
     "rlonce.recipes.minimal": ["toolfind"],
     "rlonce.recipes.pretrain": ["toolfind"],

@@ -23,7 +23,7 @@ import importlib.metadata
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +104,10 @@ class DomainSpec:
     """A task can be answered in one reply without tools (harness arm ``single-turn``)."""
     tools: bool = True
     """A task can be worked with tools (every other arm); False: ``single-turn`` only."""
+    judge_rules: Callable[[], Mapping[str, Callable[[str], dict]]] | None = None
+    """``() → {kind: rule}``: the scripted judge's rules (``rlonce.grading.scripted``) for the questions
+    of ``kind`` this domain asks a judge; ``rule(prompt)`` → the reply object. Imports when called.
+    None: it asks none (or none the scripted judge answers)."""
     needs: Callable[[DomainOptions], list[Need]] = field(default=lambda options: [])
     """What ``rlonce doctor`` checks for a run with this domain."""
     summary: str = ""
@@ -165,6 +169,11 @@ def load_domain(name: str) -> DomainSpec:
         spec = _import(eps[name].value, f"domain {name!r} (entry point of {dist})")
     _LOADED[name] = spec
     return spec
+
+
+def loaded_domains() -> list[DomainSpec]:
+    """The domains this process has loaded (``load_domain``), import strings included."""
+    return list(_LOADED.values())
 
 
 def domain_names() -> list[str]:

@@ -16,16 +16,21 @@ judge replaces them (docs/grading.md):
   never ran pytest.
 - **audit**: false positive when a passing attempt changed nothing; false negative when a failing
   attempt's added lines hold every line the reference patch adds.
-- **general_item** (a general-domain ``judged`` rubric item): passed when the text holds every
-  'single-quoted' phrase of the criterion.
+
+Questions of any other kind are a domain's own (the general domain's ``judged`` rubric items): the
+domain that asks them gives their rules (``DomainSpec.judge_rules``), looked up among the domains
+this process loaded, then among every built-in and installed one. A kind no domain answers gets a
+reply that is not JSON, counted as the judge's failure like a model's prose.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Callable
 
-from rlonce.envs.general.judged import KIND, scripted_item
+from rlonce.config.domains import domain_names, load_domain, loaded_domains
 from rlonce.grading.verdicts import GAR_DIMENSIONS
 
 RUNNER_WORDS = re.compile(r"conftest|import pytest|_pytest|sys\.modules|sys\._getframe|settrace|builtins|os\._exit")
@@ -98,12 +103,32 @@ def _audit(prompt: str) -> dict:
             "notes": "scripted rules"}
 
 
-RULES = {"gar": _gar, "hack": _hack, "rubrics": lambda prompt: RUBRICS, "scores": _scores, "audit": _audit,
-         KIND: scripted_item}
+RULES = {"gar": _gar, "hack": _hack, "rubrics": lambda prompt: RUBRICS, "scores": _scores, "audit": _audit}
+"""The rules for the questions of rlonce's own graders; a domain's rules never replace these."""
+
+
+def _rule_of(specs, kind: str) -> Callable[[str], dict] | None:
+    for spec in specs:
+        rules = spec.judge_rules() if spec.judge_rules is not None else {}
+        if kind in rules:
+            return rules[kind]
+    return None
+
+
+@functools.cache
+def _installed_rule(kind: str) -> Callable[[str], dict] | None:
+    return _rule_of(map(load_domain, domain_names()), kind)
+
+
+def domain_rule(kind: str) -> Callable[[str], dict] | None:
+    """The rule a domain gives for questions of ``kind`` (``DomainSpec.judge_rules``): a loaded
+    domain's first, else a built-in or installed one's; None when no domain has one."""
+    return _rule_of(loaded_domains(), kind) or _installed_rule(kind)
 
 
 def scripted_rules(kind: str, prompt: str, sample: int) -> str:
     """The scripted judge's reply to a question of ``kind`` (a JSON text, like a model's)."""
-    if kind not in RULES:
+    rule = RULES.get(kind) or domain_rule(kind)
+    if rule is None:
         return f"the scripted judge has no rule for {kind!r}"
-    return json.dumps(RULES[kind](prompt))
+    return json.dumps(rule(prompt))

@@ -29,5 +29,13 @@ def build(o: GeneralOptions):
                   attach=attach)
 
 
-DOMAIN = DomainSpec(name="general", build=build, options=GeneralOptions, has_expert=True,
+def judge_rules() -> dict:
+    """The scripted judge's rule for a ``judged`` rubric item (``rlonce.grading.scripted``): passed
+    when the text holds every 'single-quoted' phrase of the criterion."""
+    from rlonce.envs.general.judged import KIND, scripted_item
+
+    return {KIND: scripted_item}
+
+
+DOMAIN = DomainSpec(name="general", build=build, options=GeneralOptions, has_expert=True, judge_rules=judge_rules,
                     summary="office tasks through MCP services; rubric items checked on the services' state")
