@@ -120,7 +120,8 @@ def _rollout_rows(lm, model, temperature):
     rows = []
     for i, g in enumerate(gens):
         assert (g.candidates is None) == (GRID[i // len(PROMPTS)] == (1.0, 0))
-        seg = Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions, g.finish_reason, candidates=g.candidates)
+        seg = Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions, g.finish_reason, candidates=g.candidates,
+                      temperature=temperature)
         seq = Sequence("t", "a", [Context([Segment(Role.PROMPT, PROMPTS[i % len(PROMPTS)]), seg])])
         rows += sequence_to_rows(sequence_from_dict(sequence_to_dict(seq)), 1.0, group_id=f"g{i}")
     return [rows[k * len(PROMPTS):(k + 1) * len(PROMPTS)] for k in range(len(GRID))]
@@ -129,7 +130,7 @@ def _rollout_rows(lm, model, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @torch.no_grad()
 def test_identical_weights_give_ratio_one_for_any_top_p_and_top_k(lm, lm64, temperature):
-    trainer = Trainer(lm64, OptimSettings(), temperature=temperature)
+    trainer = Trainer(lm64, OptimSettings())  # each row carries its temperature
     for (top_p, top_k), rows in zip(GRID, _rollout_rows(lm, lm64, temperature)):
         b = pad_rows(rows)
         sel = b.mask_BT > 0
@@ -160,8 +161,9 @@ def test_set_size_from_the_top_processed_logprobs_an_engine_returns():
 
 
 def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
-    """The gateway puts the engine's sizes on the model segment and in its export; a waiting
-    group's checkpoint form and a pickled (Ray) payload bring them back unchanged."""
+    """The gateway puts the engine's sizes and the temperature it sampled at on the model segment
+    and in its export; a waiting group's checkpoint form and a pickled (Ray) payload bring them back
+    unchanged."""
     import pickle
     from dataclasses import asdict
 
@@ -172,7 +174,7 @@ def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
 
     engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0)
     gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, get_format(lm.chat_format),
-                                 sampling=SamplingParams(max_tokens=16, top_p=0.9)))
+                                 sampling=SamplingParams(max_tokens=16, top_p=0.9, temperature=0.7)))
     try:
         s = gw.open("c")
         asyncio.run(gw.call("openai-chat", {"messages": [{"role": "system", "content": "s"},
@@ -183,7 +185,8 @@ def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
     assert seg.candidates == s.generations[-1].candidates and len(seg.candidates) == len(seg.token_ids)
     assert min(seg.candidates) >= 1  # every sampled token was one of its own candidates
     exported = json.loads(json.dumps(s.export()))
-    assert [g["candidates"] for g in exported["contexts"][0]["segments"] if g["role"] == "model"] == [seg.candidates]
+    assert [(g["candidates"], g["temperature"]) for g in exported["contexts"][0]["segments"]
+            if g["role"] == "model"] == [(seg.candidates, 0.7)]
     seq = Sequence("t", "a", list(s.contexts), reward=1.0)
     rows = sequence_to_rows(seq, 0.5, group_id="g")
     group = Group("g", None, "src", 3, 0, state="finished", sequences=[seq], rows=rows, accepted=True)
@@ -191,6 +194,7 @@ def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
     assert back.rows == rows and back.sequences[0].contexts[0].segments[-1].candidates == seg.candidates
     assert pickle.loads(pickle.dumps(rows)) == rows and TrainingRow(**asdict(rows[0])) == rows[0]
     assert rows[0].candidates[-len(seg.candidates):] == seg.candidates
+    assert seg.temperature == rows[0].temperature == back.sequences[0].contexts[0].segments[-1].temperature == 0.7
 
 
 def test_harness_candidate_sets_off_records_nothing(lm):

@@ -4,9 +4,10 @@ The seed's four-level hierarchy, kept literally: a ``Sample`` (one dispatched ta
 group) holds G ``Sequence``s (one agent-loop execution each); a sequence holds ``Context``s
 (dialogue branches); a context holds ``Segment``s (one turn each). Only model segments carry
 loss, and each of their tokens keeps the log-probability it was sampled with, the policy
-version that sampled it and, under top-k/top-p, the size of the candidate set it was drawn from
-(seed 000: recorded candidate sets renormalise the training log-probs). ``TrainingRow`` is the
-flat form the trainer sees.
+version that sampled it, the temperature it was sampled at and, under top-k/top-p, the size of
+the candidate set it was drawn from (seed 000: recorded candidate sets renormalise the training
+log-probs). ``TrainingRow`` is the flat form the trainer sees; its temperature is the one its
+model segments share, so the trainer recomputes each row's log-probs at its own.
 
 Invariants are checked when a record is built, so a broken record fails where it is made,
 not three layers later inside a loss.
@@ -66,6 +67,11 @@ class RecordError(ValueError):
     """A record violates one of its invariants."""
 
 
+def _check_temperature(temperature: float, where: str) -> None:
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise RecordError(f"a {where}'s temperature must be finite and > 0, got {temperature}")
+
+
 def _check_candidates(candidates: list[int] | None, n: int, where: str) -> None:
     if candidates is None:
         return
@@ -118,10 +124,14 @@ class Segment:
     candidates: list[int] | None = None
     """Model segments sampled under top-k/top-p: per token, the size k of its candidate set — the
     k tokens the sampling policy ranked highest (0: the whole vocabulary). None: no cut."""
+    temperature: float = 1.0
+    """Model segments: the temperature the tokens were sampled at (the rollout log-probs are of that
+    distribution); the trainer divides the logits by it."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if self.role is Role.MODEL:
+            _check_temperature(self.temperature, "model segment")
             if self.logprobs is None or self.versions is None:
                 raise RecordError("a model segment needs a rollout log-prob and a version per token")
             if len(self.logprobs) != n or len(self.versions) != n:
@@ -241,6 +251,9 @@ class TrainingRow:
     candidates: list[int] | None = None
     """Per token, the candidate-set size it was sampled from (``Segment.candidates``; 0: the whole
     vocabulary, as on untrained positions); the trainer renormalises over it. None: no cut anywhere."""
+    temperature: float = 1.0
+    """The temperature the row's model tokens were sampled at (``Segment.temperature``): the trainer
+    recomputes the row's log-probs at it."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -257,13 +270,15 @@ class TrainingRow:
             if m and (v < 0 or not math.isfinite(lp)):
                 raise RecordError("every trained token needs a rollout log-prob and a policy version")
         _check_candidates(self.candidates, n, "training row")
+        _check_temperature(self.temperature, "training row")
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
 
 def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", weight: float = 1.0) -> list[TrainingRow]:
-    """Flatten each context of ``seq`` into a row; ``advantage`` is broadcast to its model tokens."""
+    """Flatten each context of ``seq`` into a row; ``advantage`` is broadcast to its model tokens.
+    A row has one temperature: its model segments must share theirs."""
     if seq.infra_failed:
         raise RecordError(f"sequence of {seq.task_id} failed in the infrastructure; it is never trained on")
     rows = []
@@ -286,26 +301,33 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
                 lps += [0.0] * n
                 vers += [-1] * n
         adv = [advantage if m else 0.0 for m in mask]
+        temps = {seg.temperature for seg in ctx.segments if seg.trainable}
+        if len(temps) > 1:
+            raise RecordError(f"a context of {seq.task_id} was sampled at several temperatures {sorted(temps)}: "
+                              "a training row has one")
         rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id,
-                                candidates=cands if any(cands) else None))
+                                candidates=cands if any(cands) else None, temperature=temps.pop() if temps else 1.0))
     return rows
 
 
 def sequence_to_dict(seq: Sequence) -> dict:
-    """Plain data (for checkpoints): every token, log-prob, version, candidate-set size and flag."""
+    """Plain data (for checkpoints): every token, log-prob, version, candidate-set size, temperature and flag."""
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value,
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
             "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
             "hack_confirmed": seq.hack_confirmed, "cause": seq.cause, "transcript": seq.transcript,
             "artifact": seq.artifact, "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
-                 "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates}
+                 "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates,
+                 "temperature": s.temperature}
                 for s in c.segments]} for c in seq.contexts]}
 
 
 def sequence_from_dict(d: dict) -> Sequence:
     contexts = [Context([Segment(Role(s["role"]), s["token_ids"], s["logprobs"], s["versions"], s["finish_reason"],
-                                 s["flags"], s.get("candidates")) for s in c["segments"]], c["label"])
+                                 s["flags"], s.get("candidates"),
+                                 s.get("temperature", 1.0))  # older checkpoints: harness.temperature's default
+                          for s in c["segments"]], c["label"])
                 for c in d["contexts"]]
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],

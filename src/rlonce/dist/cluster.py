@@ -104,7 +104,7 @@ class RayCluster:
         state_refs = [ray.put(state)]  # once, for every rank
         self.trainers = [trainer_cls.options(num_cpus=rc.trainer_cpus, num_gpus=rc.trainer_gpus, max_concurrency=2,
                                              name=trainer_name if r == 0 else f"{trainer_name}-{r}").remote(
-            str(model_dir), m.dtype, m.lm_head_fp32, optim, cfg.harness.temperature, threads, state_refs,
+            str(model_dir), m.dtype, m.lm_head_fp32, optim, threads, state_refs,
             version, rc.call_timeout_s, wants_autocast(m.autocast), (m.packing, m.share_prefix),
             cfg.runtime.micro_batch_tokens) for r in range(n)]
         self.trainer = self.trainers[0]

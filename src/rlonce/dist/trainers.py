@@ -16,7 +16,7 @@ class TrainerActor:
     each fetches only its share of the step's groups, and the update equals one process's on the
     whole batch. Rank 0 publishes the gathered weights."""
 
-    def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, temperature: float, threads: int,
+    def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, threads: int,
                  state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
                  packing: tuple[bool, bool] = (True, True), micro_batch_tokens: int = 2048):
         import torch
@@ -32,7 +32,7 @@ class TrainerActor:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
         if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0
             self.model.to("cuda")
-        self.optim, self.temperature, self.micro_batch_tokens = optim, temperature, micro_batch_tokens
+        self.optim, self.micro_batch_tokens = optim, micro_batch_tokens
         self.version, self._published = version, None
         self.rank, self.world = 0, 1
 
@@ -62,8 +62,7 @@ class TrainerActor:
                               WORLD_SIZE=str(world), LOCAL_RANK="0")
             init_process_group()
             shard_model(self.model)
-        self.trainer = Trainer(self.model, self.optim, temperature=self.temperature,
-                               micro_batch_tokens=self.micro_batch_tokens)
+        self.trainer = Trainer(self.model, self.optim, micro_batch_tokens=self.micro_batch_tokens)
         if trainer_state:
             restore_trainer(self.trainer, trainer_state, world=world, rank=rank)
         self.publish(self.version)

@@ -255,7 +255,7 @@ class Session:
             self.events.append({"kind": "model_timeout", "context": plan.branch.context.label,
                                 "seconds": self.settings.model_timeout})
             raise
-        return self._commit(plan, req, gen, budget_bound, stops)
+        return self._commit(plan, req, gen, budget_bound, sampling.temperature, stops)
 
     def _watch(self, on_token: Callable[[int], None] | None, stops: tuple[str, ...]) -> Watch:
         """What the engine calls with each token (on its own thread): hand the token to this
@@ -310,7 +310,7 @@ class Session:
         b = plan.branch
         b.context.segments[plan.keep_segments:] = [plan.delta] if plan.delta else []
 
-    def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool,
+    def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool, temperature: float,
                 stops: tuple[str, ...] = ()) -> Turn:
         b = self.current = plan.branch
         if plan.new_branch:
@@ -331,7 +331,7 @@ class Session:
         if plan.event:
             self.events.append(plan.event)
         seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason,
-                      candidates=None if gen.candidates is None else list(gen.candidates))
+                      candidates=None if gen.candidates is None else list(gen.candidates), temperature=temperature)
         b.context.segments.append(seg)
         self.generations.append(gen)
         text, stopped = self.settings.decode(gen.token_ids), None
@@ -362,7 +362,8 @@ class Session:
     # ---- export ------------------------------------------------------------------------
     def export(self) -> dict:
         """The trajectory: every context's segments with ids, log-probs, versions, candidate-set
-        sizes (top-k/top-p; null when nothing cut the distribution) and flags."""
+        sizes (top-k/top-p; null when nothing cut the distribution), the temperature a model segment
+        was sampled at (null on other segments) and flags."""
         return {
             "session_id": self.id,
             "status": self.status,
@@ -374,6 +375,7 @@ class Session:
                 "messages": len(b.messages),
                 "segments": [{"role": s.role.value, "token_ids": s.token_ids, "logprobs": s.logprobs,
                               "versions": s.versions, "candidates": s.candidates, "finish_reason": s.finish_reason,
+                              "temperature": s.temperature if s.role is Role.MODEL else None,
                               "flags": dict(s.flags), "text": self.settings.decode(s.token_ids)}
                              for s in b.context.segments],
             } for b in self.branches],

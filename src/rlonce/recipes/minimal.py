@@ -190,7 +190,7 @@ def rl_update(lm, opt, rows: list[TrainingRow], rng: random.Random) -> dict:
         total = 0.0
         for mb in micro_batches(part):
             b = pad_rows(mb)
-            lp_BT, _ = token_logprobs(lm.model, b.ids_BT, b.attn_BT, mask_BT=b.mask_BT)
+            lp_BT, _ = token_logprobs(lm.model, b.ids_BT, b.attn_BT, b.temp_B, mask_BT=b.mask_BT)
             loss = clipped_loss(lp_BT, b.old_lp_BT, b.adv_BT, b.mask_BT, n)
             loss.backward()
             total += float(loss.detach())

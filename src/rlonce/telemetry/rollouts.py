@@ -2,8 +2,9 @@
 
 The ``.npz`` (numpy, deflate-compressed) holds the step's trained rows as flat columns —
 ``token_ids``, ``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``,
-``candidates`` (-1 where no top-k/top-p cut was recorded), ``weights`` — and ``row_offsets`` (row i
-is ``[row_offsets[i], row_offsets[i+1])``), and on the local trainer ``trainer_logprobs``: the
+``candidates`` (-1 where no top-k/top-p cut was recorded), ``weights``, ``temperatures`` (one per
+row: the temperature it was sampled at) — and ``row_offsets`` (row i is
+``[row_offsets[i], row_offsets[i+1])``), and on the local trainer ``trainer_logprobs``: the
 trainer's log-prob of each trained token when its gradient was taken (NaN elsewhere). The ``.json``
 holds what the rows mean: the policy version the step trained (``train_version``), each source's
 staleness bound, per row its group and the sequence it came from, and per group its task, source,
@@ -44,6 +45,7 @@ def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
         "policy_versions": np.array([v for r in rows for v in r.policy_versions], dtype=np.int32),
         "candidates": np.array([c for r in rows for c in (r.candidates or [-1] * len(r.token_ids))], dtype=np.int32),
         "weights": np.array([r.weight for r in rows], dtype=np.float32),
+        "temperatures": np.array([r.temperature for r in rows], dtype=np.float32),
         "row_offsets": np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64),
     }
     return {prefix + k: v for k, v in cols.items()}

@@ -96,8 +96,7 @@ class LocalBackend:
 
     def __init__(self, cfg, lm, model_dir, *, version: int, optim: OptimSettings, trainer_state: dict | None = None,
                  engine_factory=None):
-        self.trainer = Trainer(lm.model, optim, temperature=cfg.harness.temperature,
-                               micro_batch_tokens=cfg.runtime.micro_batch_tokens)
+        self.trainer = Trainer(lm.model, optim, micro_batch_tokens=cfg.runtime.micro_batch_tokens)
         if trainer_state is not None:
             try:
                 restore_trainer(self.trainer, trainer_state,

@@ -5,7 +5,8 @@ never raw rewards. Losses come from ``rlonce.algo`` by name; the trainer never b
 their names. Each mini-batch is split into micro-batches of at most ``micro_batch_tokens``
 tokens (``rlonce.model.packing.micro_batches``); aggregation weights are computed over the
 whole mini-batch first (and scaled by each row's ``weight``), so the accumulated gradient
-equals the full-batch one.
+equals the full-batch one. Each row's log-probs are taken at the temperature it was sampled at
+(``TrainingRow.temperature``): rows of different sources can share a micro-batch.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Batch:
     old_lp_BT: torch.Tensor
     adv_BT: torch.Tensor
     weight_B: torch.Tensor
+    temp_B: torch.Tensor
+    """Each row's sampling temperature (float32, as the engine divides by it)."""
     group_ids: list[str]
     cand_BT: torch.Tensor | None = None
     """Candidate-set size of each next token (0: the whole vocabulary); None when no row has one."""
@@ -71,13 +74,17 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
         if cand is not None and r.candidates:
             cand[b, : n - 1] = torch.tensor(r.candidates[1:])
     weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
-    return Batch(ids, attn, mask, old, adv, weight, [r.group_id for r in rows], cand_BT=cand)
+    temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
+    return Batch(ids, attn, mask, old, adv, weight, temp, [r.group_id for r in rows], cand_BT=cand)
 
 
-def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float = 1.0,
+def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float | torch.Tensor = 1.0,
                    with_entropy: bool = False, mask_BT: torch.Tensor | None = None,
                    cand_BT: torch.Tensor | None = None):
     """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy.
+
+    ``temperature`` is one for all rows or one per row (B, ``Batch.temp_B``): each row's logits
+    are divided by its own, as the engine divided them when it sampled the row.
 
     With ``cand_BT`` (B×T-1, ``Batch.cand_BT``) each log-prob and entropy is taken over the
     token's recorded candidate set — the k highest logits where k > 0 — instead of the whole
@@ -93,8 +100,9 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     on the CPU, where the objective is computed, and gradients flow back through the copy.
     """
     dev = _device(model)
+    temp_B = torch.as_tensor(temperature, dtype=torch.float32).expand(ids_BT.shape[0])
     with autocast(model):  # bfloat16 products where ``model.autocast`` asks; the head stays float32
-        lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temperature, with_entropy,
+        lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temp_B.to(dev), with_entropy,
                                         None if mask_BT is None else mask_BT.to(dev),
                                         None if cand_BT is None else cand_BT.to(dev))
     return lp_BT.cpu(), None if ent_BT is None else ent_BT.cpu()
@@ -105,11 +113,11 @@ def _device(model) -> torch.device:
     return torch.device("cpu") if p is None else p.device
 
 
-def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT, cand_BT):
+def _token_logprobs(model, ids_BT, attn_BT, temp_B, with_entropy, mask_BT, cand_BT):
     decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if mask_BT is None or decoder is None or head is None:
-        logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temperature
+        logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temp_B[:, None, None]
         B, T, V = logits_BTV.shape
         lp_N, ent_N = token_logprobs_over(logits_BTV.reshape(B * T, V), ids_BT[:, 1:].reshape(-1),
                                           None if cand_BT is None else cand_BT.reshape(-1), with_entropy)
@@ -117,7 +125,7 @@ def _token_logprobs(model, ids_BT, attn_BT, temperature, with_entropy, mask_BT, 
     sel_BT = mask_BT > 0
     # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
     forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
-    logits_NV = forward(ids_BT, attn_BT, sel_BT).float() / temperature
+    logits_NV = forward(ids_BT, attn_BT, sel_BT).float() / temp_B[:, None].expand(sel_BT.shape)[sel_BT][:, None]
     lp_N, ent_N = token_logprobs_over(logits_NV, ids_BT[:, 1:][sel_BT], None if cand_BT is None else cand_BT[sel_BT],
                                       with_entropy)
     zeros_BT = torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=sel_BT.device)
@@ -138,9 +146,9 @@ class Trainer:
     then holds this rank's shard of the optimizer state.
     """
 
-    def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 2048, temperature: float = 1.0):
+    def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 2048):
         self.model, self.settings = model, settings
-        self.micro_batch_tokens, self.temperature = micro_batch_tokens, temperature
+        self.micro_batch_tokens = micro_batch_tokens
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
@@ -274,7 +282,7 @@ class Trainer:
                 self._idle_pass()
                 continue
             b = pad_rows([mb[i] for i in idx])
-            lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, self.temperature, with_entropy=True,
+            lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True,
                                            mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 self._seen[id(mb[i])] = lp_BT[j, : len(mb[i]) - 1].detach()
@@ -307,7 +315,7 @@ class Trainer:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, self.temperature,
+            lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, b.temp_B,
                                       mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
