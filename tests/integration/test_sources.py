@@ -382,3 +382,51 @@ def test_reissue_runs_a_stale_task_again_once_then_drops_it():
         return out
 
     assert asyncio.run(go()) == (0, 0, True, [], 1)
+
+
+SAMPLED = """
+[[sources]]
+name = "reasoning"
+label = "cool"
+arms = ["single-turn"]
+temperature = 0.6
+top_p = 0.9
+heldout_tasks = 1
+[[sources]]
+name = "reasoning"
+label = "warm"
+arms = ["single-turn"]
+temperature = 1.3
+top_p = 0.95
+top_k = 40
+heldout_tasks = 1
+"""
+
+
+def test_each_source_samples_at_its_own_temperature_and_the_trainer_recomputes_at_it(tmp_path):
+    """Issue 57, 'Sampling per source': a sync run of two sources at other temperatures and top-p than
+    ``[harness]``'s; at step 1 the engine holds the trainer's weights, so the trainer's log-prob of
+    every sampled token is the engine's (a trainer at ``harness.temperature`` gives mismatch_kl 6e-3)."""
+    import json
+
+    import numpy as np
+
+    from rlonce.recipes.grpo import run
+    from rlonce.telemetry.metrics import read_jsonl
+
+    f = tmp_path / "sampled.toml"
+    f.write_text(SAMPLED)
+    out = tmp_path / "run"
+    cfg = load_config(f, [f"out={out}", "sft.demos=0", "rl.steps=1", "rl.tasks_per_step=2", "rl.group_size=2",
+                          "rl.minibatches=1", "algo.filter_no_contrast=false", "eval.every=0",
+                          "harness.max_tokens_per_turn=16"])
+    run(cfg, progress=False)
+    (step,) = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
+    assert step["step"] == 1 and step["mismatch_tokens"] > 0
+    assert 0 <= step["mismatch_kl"] < 1e-6, step["mismatch_kl"]
+    # one group of two rows from each source, each row at its source's temperature (both sources draw
+    # the same reasoning tasks, so a group id does not tell their rows apart)
+    meta = json.loads((out / "rollouts" / "step-0001.json").read_text())
+    assert sorted(g["source"] for g in meta["groups"]) == ["cool", "warm"]
+    temps = np.load(out / "rollouts" / "step-0001.npz")["temperatures"].tolist()
+    assert sorted(temps) == pytest.approx([0.6, 0.6, 1.3, 1.3])

@@ -204,9 +204,15 @@ def test_harness_candidate_sets_off_records_nothing(lm):
 
     from rlonce.config import load_config
     from rlonce.rollout.builders import rollout_spec
+    from rlonce.rollout.sources import build_sources, plan_sources
 
-    on = rollout_spec(load_config(None, ["harness.top_p=0.9"]), lm).sampling
-    off = rollout_spec(load_config(None, ["harness.top_p=0.9", "harness.candidate_sets=false"]), lm).sampling
+    def sampling(*overrides):
+        cfg = load_config(None, list(overrides))
+        (src,) = build_sources(plan_sources(cfg), rollout_spec(cfg, lm)).values()
+        return src.spec.sampling
+
+    on = sampling("harness.top_p=0.9")
+    off = sampling("harness.top_p=0.9", "harness.candidate_sets=false")
     assert on.records_candidates and not off.records_candidates and off.top_p == 0.9
     engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0)
 

@@ -1,5 +1,6 @@
-"""Rows carry the temperature they were sampled at, and the trainer takes each row's log-probs at
-its own, also when rows of two temperatures share a micro-batch."""
+"""Sampling per source (issue 57): the run plan resolves each source's temperature, top-p, top-k and
+tool rendering once; rows carry the temperature they were sampled at, and the trainer takes each
+row's log-probs at its own, also when rows of two temperatures share a micro-batch."""
 
 import copy
 import math
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlonce.config import ConfigError, load_config
 from rlonce.core.records import (
     Context,
     RecordError,
@@ -19,7 +21,51 @@ from rlonce.core.records import (
     sequence_to_dict,
     sequence_to_rows,
 )
+from rlonce.rollout.builders import rollout_spec
+from rlonce.rollout.sources import build_sources, plan_sources
 from rlonce.train.trainer import OptimSettings, Trainer, pad_rows, token_logprobs
+
+MIXED = """
+[harness]
+temperature = 0.8
+top_p = 0.95
+top_k = 40
+render_tools = true
+[[sources]]
+name = "reasoning"
+arms = ["single-turn"]
+temperature = 0.6
+top_k = 0
+[[sources]]
+name = "toolfind"
+top_p = 1
+render_tools = false
+"""
+
+
+def test_the_plan_takes_a_sources_sampling_from_it_or_else_from_harness(tmp_path):
+    f = tmp_path / "mixed.toml"
+    f.write_text(MIXED)
+    cfg = load_config(f, [])
+    reasoning, toolfind = plan_sources(cfg)
+    assert (reasoning.temperature, reasoning.top_p, reasoning.top_k, reasoning.render_tools) == (0.6, 0.95, 0, True)
+    assert (toolfind.temperature, toolfind.top_p, toolfind.top_k, toolfind.render_tools) == (0.8, 1.0, 40, False)
+    # each source's rollout spec samples and renders as its plan says, whatever [harness] says
+    lm = SimpleNamespace(encode=lambda s: [1], decode=lambda ids: "", chat_format="hermes")
+    specs = {label: s.spec for label, s in build_sources(plan_sources(cfg), rollout_spec(cfg, lm)).items()}
+    assert [(x.sampling.temperature, x.sampling.top_p, x.sampling.top_k, x.limits.render_tools)
+            for x in specs.values()] == [(0.6, 0.95, 0, True), (0.8, 1.0, 40, False)]
+    # a run without [[sources]]: the one source is [harness]'s
+    (one,) = plan_sources(load_config(None, ["harness.temperature=0.7", "harness.top_p=0.9"]))
+    assert (one.temperature, one.top_p, one.top_k, one.render_tools) == (0.7, 0.9, 0, False)
+
+
+def test_a_sources_sampling_is_bounded_like_harness(tmp_path):
+    f = tmp_path / "bad.toml"
+    for bad in ("temperature = 0", "temperature = 10.5", "top_p = 0", "top_p = 1.5", "top_k = -1"):
+        f.write_text(f'[[sources]]\nname = "toolfind"\n{bad}\n')
+        with pytest.raises(ConfigError, match="sources"):
+            load_config(f, [])
 
 
 def test_records_carry_the_temperature_and_a_row_has_one():

@@ -2,11 +2,11 @@
 union of task datasets. Its group of rollouts is compared within that task").
 
 A ``[[sources]]`` table names a domain with its options (the keys of ``[task]``) and what the
-runtime owes it: a share of every step's accepted batch, harness arms, a staleness limit and
-what happens to a group that exceeds it, a held-out evaluation size, SFT demonstrations and an
-online difficulty filter. A run without ``[[sources]]`` is the one-source run ``[task]``
-describes. ``rlonce.rollout.sources.plan_sources`` resolves either with every default filled in
-from the run's other tables.
+runtime owes it: a share of every step's accepted batch, harness arms, sampling, a staleness
+limit and what happens to a group that exceeds it, a held-out evaluation size, SFT
+demonstrations and an online difficulty filter. A run without ``[[sources]]`` is the one-source
+run ``[task]`` describes. ``rlonce.rollout.sources.plan_sources`` resolves either with every
+default filled in from the run's other tables.
 """
 
 from __future__ import annotations
@@ -89,6 +89,15 @@ class SourceConfig(TaskConfig):
     """Trajectory budget in tokens of this source (default ``harness.max_context``)."""
     max_obs_chars: int | None = Field(None, ge=1, le=10_000_000)
     """Characters of a tool result shown to the model (default ``harness.max_obs_chars``)."""
+    temperature: float | None = Field(None, gt=0, le=10)
+    """Sampling temperature of this source (default ``harness.temperature``); its rows carry it, so
+    the trainer recomputes their log-probs at it."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus sampling mass of this source (default ``harness.top_p``; 1: off)."""
+    top_k: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    """Sample among the k most likely tokens in this source (default ``harness.top_k``; 0: off)."""
+    render_tools: bool | None = None
+    """Render the tool schemas into this source's system prompts (default ``harness.render_tools``)."""
     staleness: int | None = Field(None, ge=1, le=1000)
     """Largest dispatch age (steps) of this source's trained groups (default ``rollout.staleness``;
     seed 001: Code two, Cyber eight)."""

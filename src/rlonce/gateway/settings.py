@@ -42,8 +42,9 @@ class GatewaySettings:
     """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
     ids are refused with 404 and sessions are opened by whoever runs the rollout."""
     honor_client_sampling: bool = False
-    """Use a request's temperature/top_p. Off in training: the trainer recomputes log-probs
-    at the run's temperature, so a client must not change the sampling distribution."""
+    """Use a request's temperature/top_p. Off in training: the run plan sets each source's sampling,
+    and a training row holds one temperature (``TrainingRow.temperature``), so a client must not
+    change the sampling distribution."""
     render_tools: bool = True
     """Render a request's tool schemas into a new context's system prompt."""
     max_sessions: int = 100_000

@@ -46,8 +46,9 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
     job = Job.for_model(cfg, model, progress=progress)
     job.threads("rollout")
     try:
-        tasks = [job.domain.task("train", i) for i in range(n)]
-        samples = asyncio.run(collect(tasks, k, job.domain.env_factory, job.engine, job.spec, seed=FILTER_SEED,
+        (src,) = job.sources.values()
+        tasks = [src.domain.task("train", i) for i in range(n)]
+        samples = asyncio.run(collect(tasks, k, src.domain.env_factory, job.engine, src.spec, seed=FILTER_SEED,
                                       concurrency=cfg.eval.concurrency, desc="filter", progress=progress))
     finally:
         job.close()
@@ -67,7 +68,7 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
     unscored = rates.count(None)
     report = {"model": model, "tasks": n, "k": k, "max_pass": max_pass, "task": cfg.task.name,
               "datasets": list(cfg.task.datasets), "options": dict(cfg.task.options),
-              "temperature": cfg.harness.temperature, "max_tokens_per_turn": cfg.harness.max_tokens_per_turn,
+              "temperature": src.plan.temperature, "max_tokens_per_turn": src.plan.max_tokens_per_turn,
               "kept_count": len(kept), "unscored": unscored,
               "pass_rate_histogram": {f"{b / 10:.1f}": c for b, c in enumerate(hist)}, "kept": kept}
     (out / "filter.json").write_text(json.dumps(report, indent=1) + "\n")

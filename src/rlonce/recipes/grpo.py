@@ -110,8 +110,7 @@ class Job:
         self.fmt = get_format(self.lm.chat_format)
         self.model_dir = model_dir
         check_backend(cfg, model_dir)
-        self.spec = rollout_spec(cfg, self.lm)
-        self.sources = build_sources(self.plans, self.spec, run_dir=self.out, grading=cfg.grading)
+        self.sources = build_sources(self.plans, rollout_spec(cfg, self.lm), run_dir=self.out, grading=cfg.grading)
         first = next(iter(self.sources.values()))
         self.domain = first.domain
         """The first source's domain: what one-domain tools (``rlonce tasks filter``, an outside

@@ -51,14 +51,16 @@ def timeouts(t: TimeoutsConfig) -> Timeouts:
 
 
 def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
-    """What every sequence of the run shares (also built inside each Ray harness pool)."""
+    """What every sequence of the run shares (also built inside each Ray harness pool). Sampling
+    (temperature, top-p, top-k) and tool rendering are each source's: ``build_sources`` sets them
+    from the run plan, where ``[[sources]]`` or ``[harness]`` resolved them."""
     h = cfg.harness
     return RolloutSpec(
         lm.encode, lm.decode, get_format(lm.chat_format),
-        SamplingParams(max_tokens=h.max_tokens_per_turn, temperature=h.temperature, top_p=h.top_p, top_k=h.top_k,
-                       stop_confident_run=cfg.algo.stop_confident_run, candidate_sets=h.candidate_sets),
-        HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, render_tools=h.render_tools,
-                      compact_at=h.compact_at, format_retries=h.format_retries),
+        SamplingParams(max_tokens=h.max_tokens_per_turn, stop_confident_run=cfg.algo.stop_confident_run,
+                       candidate_sets=h.candidate_sets),
+        HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, compact_at=h.compact_at,
+                      format_retries=h.format_retries),
         max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
         arm_per_sequence=h.assign == "sequence", timeouts=timeouts(cfg.timeouts),
         sequence_seed=cfg.runtime.seed if deterministic(cfg) else None,

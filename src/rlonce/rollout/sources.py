@@ -45,6 +45,12 @@ class SourcePlan:
     sft_detour_p: float
     difficulty_window: int
     dispatch_cap: float
+    temperature: float
+    """Sampling of the source's turns (``[[sources]]``, else ``[harness]``): rows carry the
+    temperature, and candidate-set sizes carry what top-p and top-k cut."""
+    top_p: float
+    top_k: int
+    render_tools: bool
 
 
 def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
@@ -72,7 +78,9 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
             demos, cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs,
             cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p, s.difficulty_window,
-            s.dispatch_cap or r.sync_dispatch_cap))
+            s.dispatch_cap or r.sync_dispatch_cap, h.temperature if s.temperature is None else s.temperature,
+            h.top_p if s.top_p is None else s.top_p, h.top_k if s.top_k is None else s.top_k,
+            h.render_tools if s.render_tools is None else s.render_tools))
     return plans
 
 
@@ -122,17 +130,19 @@ def judge_maker(grading, run_dir: Path | None) -> Callable[..., tuple[object | N
 
 def build_sources(plans: list[SourcePlan], spec: RolloutSpec, *, run_dir: Path | None = None,
                   grading=None) -> dict[str, Source]:
-    """Each plan's domain and rollout spec (``spec`` with the source's arms and its turn, token,
-    context and observation budgets), by label. ``run_dir`` and ``grading`` (the ``[grading]``
-    config) reach domains that need them (``Domain.attach``)."""
+    """Each plan's domain and rollout spec (``spec`` with the source's arms, sampling, tool rendering
+    and its turn, token, context and observation budgets), by label. ``run_dir`` and ``grading``
+    (the ``[grading]`` config) reach domains that need them (``Domain.attach``)."""
     out = {}
     for p in plans:
         domain = domain_for(p.options)
         if domain.attach is not None:
             domain = domain.attach(run_dir, judge_maker(grading, run_dir))
         domain = dataclasses.replace(domain, name=p.label)
-        limits = dataclasses.replace(spec.limits, max_turns=p.max_turns, max_obs_chars=p.max_obs_chars)
-        sampling = dataclasses.replace(spec.sampling, max_tokens=p.max_tokens_per_turn)
+        limits = dataclasses.replace(spec.limits, max_turns=p.max_turns, max_obs_chars=p.max_obs_chars,
+                                     render_tools=p.render_tools)
+        sampling = dataclasses.replace(spec.sampling, max_tokens=p.max_tokens_per_turn, temperature=p.temperature,
+                                       top_p=p.top_p, top_k=p.top_k)
         out[p.label] = Source(p, domain, dataclasses.replace(spec, arms=p.arms, limits=limits, sampling=sampling,
                                                              max_context=p.max_context))
     return out
