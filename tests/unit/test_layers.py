@@ -109,9 +109,6 @@ STILL_NAMING = {
     "rlonce.cli.parser": ["code", "cyber", "general", "music", "reasoning", "visual"],
     "rlonce.grading.audit": ["code"],
     "rlonce.grading.rubrics": ["code"],
-    "rlonce.recipes.build_tokenizer": ["toolfind"],
-    "rlonce.recipes.minimal": ["toolfind"],
-    "rlonce.recipes.pretrain": ["toolfind"],
 }
 """Modules that still choose domains by name (issue 57: the pack and probe verbs, the code pack's
 grading tools, the embedded model's recipes). The test fails when one is added or one is fixed:

@@ -108,6 +108,10 @@ class DomainSpec:
     """``() → {kind: rule}``: the scripted judge's rules (``rlonce.grading.scripted``) for the questions
     of ``kind`` this domain asks a judge; ``rule(prompt)`` → the reply object. Imports when called.
     None: it asks none (or none the scripted judge answers)."""
+    base_corpus: Callable[[], object] | None = None
+    """``() → rlonce.envs.domains.BaseCorpus``: the text a small base model for this domain is
+    pre-trained and its tokenizer trained on (the embedded model's domain gives one:
+    ``rlonce.recipes.pretrain``, ``rlonce.recipes.build_tokenizer``). Imports when called."""
     needs: Callable[[DomainOptions], list[Need]] = field(default=lambda options: [])
     """What ``rlonce doctor`` checks for a run with this domain."""
     summary: str = ""

@@ -8,8 +8,10 @@ each is an endless indexed stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from rlonce.config.domains import load_domain
 
@@ -49,6 +51,18 @@ class Domain:
         if split == "train" and self.kept is not None:
             return self.make("train", self.kept[index % len(self.kept)])
         return self.make(split, index)
+
+
+class BaseCorpus(Protocol):
+    """Text a small base model for a domain is pre-trained on and its tokenizer trained on
+    (``DomainSpec.base_corpus``; the embedded model's domain has one: ``rlonce.recipes.pretrain``,
+    ``rlonce.recipes.build_tokenizer``). ``fmt`` is the model's chat format."""
+
+    def document(self, rng: random.Random, fmt) -> list[tuple[str, bool]]:
+        """One pre-training document: text pieces, each with whether it is trained on."""
+
+    def dialogues(self, n: int, fmt) -> Iterator[str]:
+        """``n`` of the domain's tasks worked by its expert, each one chat-formatted text."""
 
 
 def domain_for(task) -> Domain:

@@ -2,7 +2,8 @@
 
     python -m rlonce.recipes.build_tokenizer
 
-Trained with ``tokenizers`` on dialogues of the embedded toolfind domain. The pre-tokenizer
+Trained with ``tokenizers`` on the embedded model's corpus (its domain's ``base_corpus``, through
+the registry: pre-training documents and the expert's dialogues on its tasks). The pre-tokenizer
 splits letters, single digits and runs of other characters apart, so a word is the same
 token whether a space, a quote or a slash precedes it — copying a word from an observation
 into a tool call is then copying a token, which a tiny model learns quickly. Byte-level
@@ -17,11 +18,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from rlonce.envs.toolfind.env import SYSTEM_PROMPT, ToolfindEnv
-from rlonce.envs.toolfind.expert import expert_calls
-from rlonce.envs.toolfind.tasks import make_task
-from rlonce.envs.workspace import format_exec
 from rlonce.model.chat import HermesFormat
+from rlonce.recipes.pretrain import base_corpus, text_of
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -29,35 +27,13 @@ VOCAB_SIZE = 1024
 OUT = Path(__file__).parent / "embedded"
 
 
-def _approx_output(task, command: str) -> str:
-    files = dict(task.files)
-    if command.startswith("ls"):
-        return "\n".join(sorted(p.split("/")[1] for p in files))
-    if command.startswith("cat"):
-        return files.get(command.split()[1], "")
-    if command == "pwd":
-        return "/work"
-    needle = command.split()[2]
-    return "\n".join(f"{p}:{line}" for p, c in files.items() for line in c.splitlines() if needle in line)
-
-
 def corpus(n: int = 3000, n_pretrain: int = 1500):
-    from rlonce.recipes.pretrain import document, text_of
-
+    """``n_pretrain`` pre-training documents, then ``n`` dialogues, in the embedded chat format."""
+    source, fmt = base_corpus(), HermesFormat()
     prng = random.Random(99)
     for _ in range(n_pretrain):
-        yield text_of(document(prng))
-    fmt = HermesFormat()
-    rng = random.Random(0)
-    for i in range(n):
-        task = make_task("train", 10_000_000 + i)
-        env = ToolfindEnv(task)
-        text = fmt.opening(SYSTEM_PROMPT, task.question, env.tools())
-        for call in expert_calls(task, rng):
-            text += fmt.assistant_text("", [call])
-            if call.name == "bash":
-                text += fmt.observation([format_exec(0, _approx_output(task, call.arguments["command"]), False)])
-        yield text
+        yield text_of(source.document(prng, fmt))
+    yield from source.dialogues(n, fmt)
 
 
 def build() -> Tokenizer:

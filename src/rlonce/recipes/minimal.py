@@ -37,13 +37,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rlonce.config.domains import DEFAULT_DOMAIN, load_domain
 from rlonce.core.records import Sample, TrainingRow, sequence_to_rows
 from rlonce.engine.base import SamplingParams
 from rlonce.engine.scripted import ScriptedEngine
 from rlonce.engine.torch_engine import TorchEngine
-from rlonce.envs.toolfind.env import ToolfindEnv
-from rlonce.envs.toolfind.expert import expert_turns
-from rlonce.envs.toolfind.tasks import make_task
 from rlonce.harness.loop import HarnessLimits
 from rlonce.model import loader
 from rlonce.model.chat import get_format
@@ -55,10 +53,17 @@ RL_STEPS, TASKS_PER_STEP, GROUP, RL_LR, MINIBATCHES = 40, 8, 8, 2e-4, 2
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 HELDOUT, EVAL_SEED = 200, 12345
 ROLLOUT_THREADS, TRAIN_THREADS = 1, 2  # small-model CPU decoding is fastest on one thread; training uses two
-RL_TASK_OFFSET = 1_000_000  # RL draws train tasks far from the SFT demonstrations' indices
 
 
 # ---- the pieces --------------------------------------------------------------------------
+def embedded_domain():
+    """The embedded model's domain (toolfind) from the registry, with its default options: task
+    streams by split (``sft`` for demonstrations, ``train`` for RL — far from the SFT indices —
+    and ``heldout``), the environment each task runs in, and the scripted expert."""
+    spec = load_domain(DEFAULT_DOMAIN)
+    return spec.build(spec.options())
+
+
 def rollout_spec(lm, max_turns: int = 3) -> RolloutSpec:
     """Sampling at temperature 1, up to 3 turns of 64 tokens in a 1024-token context."""
     return RolloutSpec(lm.encode, lm.decode, get_format(lm.chat_format), SamplingParams(max_tokens=64),
@@ -110,7 +115,7 @@ def optimizer_step(model, opt) -> float:
 
 
 # ---- 1. supervised warm start ------------------------------------------------------------
-async def demonstrations(lm, spec: RolloutSpec, n: int) -> list:
+async def demonstrations(lm, domain, spec: RolloutSpec, n: int) -> list:
     """The scripted expert plays ``n`` tasks through the real harness and sandbox; the recorded
     sequences are the SFT data (all of them must succeed: the expert is exact)."""
     rng, fmt = random.Random(0), get_format(lm.chat_format)
@@ -119,10 +124,10 @@ async def demonstrations(lm, spec: RolloutSpec, n: int) -> list:
     sem = asyncio.Semaphore(32)
 
     async def one(i):
-        task = make_task("train", i)
-        engine = ScriptedEngine(expert_turns(task, rng, fmt, detour_p=0.5, max_detours=2), lm.encode)
+        task = domain.task("sft", i)
+        engine = ScriptedEngine(domain.expert(task, rng, fmt, detour_p=0.5, max_detours=2), lm.encode)
         async with sem:
-            return await run_sequence(task, ToolfindEnv, engine, spec)
+            return await run_sequence(task, domain.env_factory, engine, spec)
 
     seqs = await asyncio.gather(*(one(i) for i in range(n)))
     assert all(s.passed for s in seqs), "the scripted expert failed a task: the sandbox or generator is broken"
@@ -200,26 +205,26 @@ def rl_update(lm, opt, rows: list[TrainingRow], rng: random.Random) -> dict:
 
 
 # ---- 4. evaluation -----------------------------------------------------------------------
-async def heldout_success(engine, spec: RolloutSpec, n: int, progress: bool) -> float:
+async def heldout_success(engine, domain, spec: RolloutSpec, n: int, progress: bool) -> float:
     """One seeded attempt at each of ``n`` held-out tasks; infrastructure failures left out."""
-    tasks = [make_task("heldout", i) for i in range(n)]
+    tasks = [domain.task("heldout", i) for i in range(n)]
     torch.set_num_threads(ROLLOUT_THREADS)
-    samples = await collect(tasks, 1, ToolfindEnv, engine, spec, seed=EVAL_SEED, concurrency=128, desc="eval",
+    samples = await collect(tasks, 1, domain.env_factory, engine, spec, seed=EVAL_SEED, concurrency=128, desc="eval",
                             progress=progress)
     scored = [s for x in samples for s in x.sequences if not s.infra_failed]
     return sum(s.passed for s in scored) / max(len(scored), 1)
 
 
 # ---- the loop ----------------------------------------------------------------------------
-async def rl(lm, engine: TorchEngine, spec: RolloutSpec, steps: int, rng: random.Random, progress: bool) -> list:
+async def rl(lm, engine: TorchEngine, domain, spec: RolloutSpec, steps: int, rng: random.Random,
+             progress: bool) -> list:
     opt = adamw(lm.model, RL_LR)
     history, version = [], 0
     bar = tqdm(range(1, steps + 1), desc="grpo", disable=not progress)
     for step in bar:
-        start = RL_TASK_OFFSET + (step - 1) * TASKS_PER_STEP
-        tasks = [make_task("train", start + i) for i in range(TASKS_PER_STEP)]
+        tasks = [domain.task("train", (step - 1) * TASKS_PER_STEP + i) for i in range(TASKS_PER_STEP)]
         torch.set_num_threads(ROLLOUT_THREADS)
-        samples = await collect(tasks, GROUP, ToolfindEnv, engine, spec, dispatch_step=step, progress=False)
+        samples = await collect(tasks, GROUP, domain.env_factory, engine, spec, dispatch_step=step, progress=False)
         seqs = [s for x in samples for s in x.sequences]
         scored = [s for s in seqs if not s.infra_failed]
         rows = grpo_rows(samples)
@@ -247,16 +252,16 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     rng = random.Random(0)
     lm = loader.load(loader.resolve("embedded", out / "cache"))
-    spec = rollout_spec(lm)
+    spec, domain = rollout_spec(lm), embedded_domain()
 
-    sft(lm, asyncio.run(demonstrations(lm, spec, args.demos)), rng, progress)
+    sft(lm, asyncio.run(demonstrations(lm, domain, spec, args.demos)), rng, progress)
     pad = lm.tokenizer.pad_token_id
     engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=pad or 0,
                          max_batch_size=128)
     try:
-        before = asyncio.run(heldout_success(engine, spec, args.heldout, progress))
-        history = asyncio.run(rl(lm, engine, spec, args.steps, rng, progress))
-        after = asyncio.run(heldout_success(engine, spec, args.heldout, progress))
+        before = asyncio.run(heldout_success(engine, domain, spec, args.heldout, progress))
+        history = asyncio.run(rl(lm, engine, domain, spec, args.steps, rng, progress))
+        after = asyncio.run(heldout_success(engine, domain, spec, args.heldout, progress))
     finally:
         engine.close()
     summary = {"baseline_success": before, "final_success": after, "improvement": after - before,

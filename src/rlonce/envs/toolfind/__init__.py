@@ -30,5 +30,12 @@ def build(options: ToolfindOptions):
     return Domain("toolfind", ToolfindEnv, partial(_task, options.two_hop_fraction), expert=expert_turns)
 
 
-DOMAIN = DomainSpec(name="toolfind", build=build, options=ToolfindOptions, has_expert=True,
+def base_corpus():
+    """What the embedded model was pre-trained and its tokenizer trained on (``BaseCorpus``)."""
+    from rlonce.envs.toolfind import corpus
+
+    return corpus
+
+
+DOMAIN = DomainSpec(name="toolfind", build=build, options=ToolfindOptions, has_expert=True, base_corpus=base_corpus,
                     summary="find a value in files with bash look-ups (the embedded model's domain)")
