@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from rlonce.model.chat import HermesFormat
+from rlonce.model.loader import EMBEDDED_DIR
 from rlonce.recipes.pretrain import base_corpus, text_of
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 VOCAB_SIZE = 1024
-OUT = Path(__file__).parent / "embedded"
+OUT = EMBEDDED_DIR
+"""Where the shipped embedded model lives (``rlonce.model.loader``); the recipe overwrites its file there."""
 
 
 def corpus(n: int = 3000, n_pretrain: int = 1500):

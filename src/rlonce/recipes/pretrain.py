@@ -21,8 +21,10 @@ from pathlib import Path
 
 from rlonce.config import ConfigError
 from rlonce.config.domains import DEFAULT_DOMAIN, load_domain
+from rlonce.model.loader import EMBEDDED_DIR
 
-OUT = Path(__file__).parent / "embedded"
+OUT = EMBEDDED_DIR
+"""Where the shipped embedded model lives (``rlonce.model.loader``); the recipe overwrites its file there."""
 
 
 def base_corpus():
