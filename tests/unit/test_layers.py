@@ -107,8 +107,6 @@ STILL_NAMING = {
     "rlonce.cli.commands": ["code", "cyber", "general", "music", "visual"],
     "rlonce.cli.domain_commands": ["cyber", "general", "music", "visual"],
     "rlonce.cli.parser": ["code", "cyber", "general", "music", "reasoning", "visual"],
-    "rlonce.grading.audit": ["code"],
-    "rlonce.grading.rubrics": ["code"],
 }
 """Modules that still choose domains by name (issue 57: the pack and probe verbs, the code pack's
 grading tools, the embedded model's recipes). The test fails when one is added or one is fixed:

@@ -39,8 +39,8 @@ def _agent(args):
     if not args.agent.startswith(("http://", "https://")):
         raise UsageError(f"--agent: {args.agent!r} is neither 'scripted' nor an http(s) URL; give e.g. "
                          "'http://127.0.0.1:8000/sessions/{call}/v1' for `rlonce serve`")
-    from rlonce.grading.audit import ModelAgent
     from rlonce.grading.judge import EndpointJudge
+    from rlonce.recipes.task_audit import ModelAgent
 
     endpoint = EndpointJudge(args.agent, args.agent_model, timeout=args.judge_timeout)
     return ModelAgent(f"{args.agent_model} at {args.agent}", endpoint.send)
@@ -60,7 +60,7 @@ def _code_pack(pack: str, verb: str) -> Path:
 
 def tasks_audit(args) -> int:
     """``rlonce tasks audit DIR``: audit.json, the audit section of validation.json, a table."""
-    from rlonce.grading.audit import RECORD, audit_pack, format_audit
+    from rlonce.recipes.task_audit import RECORD, audit_pack, format_audit
 
     pack = _code_pack(args.pack, "tasks audit")
     judge = _judge(args, pack / RECORD)
@@ -72,7 +72,7 @@ def tasks_audit(args) -> int:
 
 def synthesize_rubrics(args) -> int:
     """``rlonce grade synthesize-rubrics --pack DIR``: rubrics.json and a summary line."""
-    from rlonce.grading.rubrics import format_rubrics, synthesize_rubrics
+    from rlonce.recipes.rubric_synthesis import format_rubrics, synthesize_rubrics
 
     pack = _code_pack(args.pack, "grade synthesize-rubrics")
     judge = _judge(args, pack / "rubrics" / "calls.jsonl")

@@ -112,6 +112,11 @@ class DomainSpec:
     """``() → rlonce.envs.domains.BaseCorpus``: the text a small base model for this domain is
     pre-trained and its tokenizer trained on (the embedded model's domain gives one:
     ``rlonce.recipes.pretrain``, ``rlonce.recipes.build_tokenizer``). Imports when called."""
+    pack_audit: Callable[[], object] | None = None
+    """``() → rlonce.envs.pack_audit.PackAudit``: what the offline grading tools (``rlonce tasks
+    audit``, ``rlonce grade synthesize-rubrics``) need of this domain's packs: their validated tasks,
+    the environment of an attempt, the scripted agents, what a judge reads. Imports when called.
+    None: its packs (if any) are not graded offline."""
     needs: Callable[[DomainOptions], list[Need]] = field(default=lambda options: [])
     """What ``rlonce doctor`` checks for a run with this domain."""
     summary: str = ""

@@ -95,7 +95,7 @@ def read_json_object(path: Path, remedy: str) -> dict:
 
 def audit_flagged(pack: Path) -> set[str]:
     """Ids ``rlonce tasks audit`` flagged (``DIR/audit.json``) that are not listed in ``DIR/cleared.txt``
-    (one id a line, ``#`` starts a comment). The file names are ``rlonce.grading.audit``'s."""
+    (one id a line, ``#`` starts a comment). The file names are ``rlonce.recipes.task_audit``'s."""
     entries = read_json_object(pack / "audit.json", f"rerun `rlonce tasks audit {pack}` or delete it")
     flagged = {i for i, e in entries.items() if isinstance(e, dict) and e.get("flags")}
     c = pack / "cleared.txt"

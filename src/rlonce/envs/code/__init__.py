@@ -35,5 +35,12 @@ def needs(o: PackOptions) -> list[Need]:
             need_pack(o.pack, "code")]
 
 
-DOMAIN = DomainSpec(name="code", build=build, options=PackOptions, has_expert=True, needs=needs,
+def pack_audit():
+    """What the offline grading tools need of a code pack (``rlonce.envs.code.pack_audit``)."""
+    from rlonce.envs.code.pack_audit import PACK_AUDIT
+
+    return PACK_AUDIT
+
+
+DOMAIN = DomainSpec(name="code", build=build, options=PackOptions, has_expert=True, needs=needs, pack_audit=pack_audit,
                     summary="repair a mutated function of a real package; graded by its tests (needs a pack)")

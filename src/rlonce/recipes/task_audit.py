@@ -2,23 +2,29 @@
 
 Seed 001 (rollout auditing): a task whose tests pass a wrong change teaches reward hacking, one
 whose tests fail a right change teaches nothing but noise. ``rlonce tasks audit DIR`` makes four
-attempts at each validated task of a code pack and gives the auditor — a judge, ``rlonce.grading
-.judge`` — the problem statement, the hidden tests, the reference patch and the four attempts with
-their outcomes. The auditor states what a correct solution requires and flags a possible false
-positive (an attempt passed without doing that: the tests are too weak) or false negative (an
-attempt did it and failed: the tests are wrong or too strict). Verdicts go to ``DIR/audit.json``
-and an ``audit`` section of ``DIR/validation.json``; the training domain leaves flagged train tasks
-out until a person lists their ids in ``DIR/cleared.txt`` (``rlonce.envs.domains``).
+attempts at each validated task of a pack and gives the auditor — a judge, ``rlonce.grading
+.judge`` — the problem statement, the hidden tests, the reference solution and the four attempts
+with their outcomes. The auditor states what a correct solution requires and flags a possible
+false positive (an attempt passed without doing that: the tests are too weak) or false negative
+(an attempt did it and failed: the tests are wrong or too strict). Verdicts go to
+``DIR/audit.json`` and an ``audit`` section of ``DIR/validation.json``; the training domain leaves
+flagged train tasks out until a person lists their ids in ``DIR/cleared.txt``
+(``rlonce.envs.packs.audit_flagged``).
 
-The attempts are real rollouts: tool calls through a ``CodeEnv`` in a sandbox, the carried change
-graded in a fresh sandbox, the graded diff shown to the auditor. By default the agents are
-scripted: the expert under two seeds (its detours differ, its fix does not), doing nothing, and
-deleting or skipping the tests — a sound task passes the first two and fails the others. With
-``--agent URL`` a model at that endpoint (``ModelAgent``: the ``mini-bash`` harness arm, the
-policy's own loop and client) makes all four attempts instead, so the auditor sees what a model
-actually tries rather than the scripted probes. What this does not catch: a weakness none of the
-four attempts exercises, and whatever the auditor misses (the scripted auditor's rules are in
-``rlonce.grading.scripted``).
+The pack's domain (its ``pack.json``'s ``"domain"``) gives what is its own through its spec
+(``DomainSpec.pack_audit``: ``rlonce.envs.pack_audit.PackAudit``): the validated tasks, the
+environment an attempt runs in, the scripted agents, what the auditor reads. The attempts are
+real rollouts: tool calls through that environment in a sandbox, graded by the domain's grader,
+the graded change shown to the auditor. By default the agents are the domain's scripted ones (the
+code domain's: the expert under two seeds, doing nothing, deleting or skipping the tests — a sound
+task passes the first two and fails the others). With ``--agent URL`` a model at that endpoint
+(``ModelAgent``: the ``mini-bash`` harness arm, the policy's own loop and client) makes every
+attempt instead, so the auditor sees what a model actually tries rather than the scripted probes.
+What this does not catch: a weakness none of the attempts exercises, and whatever the auditor
+misses (the scripted auditor's rules are in ``rlonce.grading.scripted``).
+
+The attempts and the pack plumbing here (``run_attempts``, ``pack_tasks``, ``run_tasks``) serve
+GRS rubric synthesis too (``rlonce.recipes.rubric_synthesis``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,13 +39,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlonce.config.domains import domain_names, load_domain
 from rlonce.core.records import Sequence
 from rlonce.envs.base import GradingError
-from rlonce.envs.code.env import CodeEnv
-from rlonce.envs.code.expert import expert_calls
-from rlonce.envs.code.routes import ROUTES, Call
-from rlonce.envs.code.tasks import CodeTask
-from rlonce.envs.code.validate import validated_tasks
+from rlonce.envs.pack_audit import Agent, Brief, Call, PackAudit
 from rlonce.envs.packs import read_json_object
 from rlonce.errors import PackError
 from rlonce.grading.judge import Judge, JudgeFailed
@@ -54,9 +56,6 @@ FLAGS = ("false_positive", "false_negative")
 AUDIT_FILE, CLEARED_FILE, RECORD = "audit.json", "cleared.txt", "audit/calls.jsonl"
 CALL_CHARS = 300
 """Characters of each tool call's arguments shown to the auditor."""
-
-Agent = tuple[str, Callable[[CodeTask], list[Call]]]
-"""A scripted agent: its name and the tool calls it makes on a task."""
 MODEL_TURNS, MODEL_OBS_CHARS, MODEL_CONTEXT = 8, 2000, 8192
 """A model agent's limits: turns, observation characters, context tokens."""
 
@@ -65,13 +64,13 @@ MODEL_TURNS, MODEL_OBS_CHARS, MODEL_CONTEXT = 8, 2000, 8192
 class ModelAgent:
     """A model at an endpoint working on the task through the ``mini-bash`` harness arm: the same
     loop and wire-protocol client as the policy's rollouts, its tool calls run in the attempt's
-    ``CodeEnv``. ``send`` is the endpoint's transport (``EndpointJudge.send``)."""
+    environment. ``send`` is the endpoint's transport (``EndpointJudge.send``)."""
 
     name: str
     send: Callable
     timeout: float = 600.0
 
-    async def act(self, env: CodeEnv) -> list[Call]:
+    async def act(self, env) -> list[Call]:
         """Run one episode in ``env``; the tool calls it made. An endpoint that fails is
         infrastructure (``GradingError``), never an attempt that failed."""
         arm, calls = get_arm("mini-bash"), []
@@ -82,7 +81,7 @@ class ModelAgent:
             calls.append((name, args))
             return await run(name, args)
 
-        env.call_tool = logged  # type: ignore[method-assign]
+        env.call_tool = logged
         client = CLIENTS[arm.protocol](self.send, arm.system_prompt(env), env.user_prompt(),
                                        [t.schema for t in tools.values()])
         limits = HarnessLimits(max_turns=MODEL_TURNS, max_obs_chars=MODEL_OBS_CHARS)
@@ -95,18 +94,6 @@ class ModelAgent:
         except (KeyError, IndexError, TypeError, ValueError) as e:  # a reply that is not a chat completion
             raise GradingError(f"the agent's endpoint answered no usable chat completion: {e!r}") from None
         return calls
-
-
-def expert_agent(seed: int) -> Agent:
-    """The scripted expert under ``seed`` (its detours), without its final ``submit``."""
-    def calls(task: CodeTask) -> list[Call]:
-        return [(c.name, c.arguments) for c in expert_calls(task, random.Random(seed)) if c.name != "submit"]
-    return f"expert (seed {seed})", calls
-
-
-AUDIT_AGENTS: tuple[Agent, ...] = (expert_agent(0), expert_agent(1), ("no-op", lambda task: []),
-                                   ("delete_or_skip_tests", ROUTES["delete_or_skip_tests"]))
-"""The four attempts of an audit, in order."""
 
 
 @dataclass
@@ -138,9 +125,9 @@ class Attempt:
                 "diff_lines": self.diff.count("\n")}
 
 
-async def run_attempt(task: CodeTask, index: int, agent: Agent | ModelAgent) -> Attempt:
-    """One attempt: ``agent``'s calls in a fresh ``CodeEnv``, then its grade."""
-    env, seq = CodeEnv(task), Sequence(task.task_id, "audit")
+async def run_attempt(tools: PackAudit, task, index: int, agent: Agent | ModelAgent) -> Attempt:
+    """One attempt: ``agent``'s calls in a fresh environment of the task's domain, then its grade."""
+    env, seq = tools.env(task), Sequence(task.task_id, "audit")
     name, calls = agent.name if isinstance(agent, ModelAgent) else agent[0], []
     try:
         await env.setup()
@@ -160,39 +147,33 @@ async def run_attempt(task: CodeTask, index: int, agent: Agent | ModelAgent) -> 
     return Attempt(index, name, calls, passed, infra, seq.hack_confirmed, diff, transcript)
 
 
-async def run_attempts(task: CodeTask, agents: list[Agent] | tuple[Agent, ...],
-                       sem: asyncio.Semaphore) -> list[Attempt]:
-    async def one(i: int, agent: Agent) -> Attempt:
+async def run_attempts(tools: PackAudit, task, agents, sem: asyncio.Semaphore) -> list[Attempt]:
+    async def one(i: int, agent) -> Attempt:
         async with sem:
-            return await run_attempt(task, i, agent)
+            return await run_attempt(tools, task, i, agent)
 
     return list(await asyncio.gather(*(one(i, a) for i, a in enumerate(agents))))
 
 
-def attempt_files(task: CodeTask, attempts: list[Attempt]) -> dict[str, str]:
+def attempt_files(statement: str, attempts: list[Attempt]) -> dict[str, str]:
     """What an agentic judge's workspace holds of a task's attempts (a plain judge reads only the
     prompt): the statement and each attempt as its reader sees it, side by side."""
-    return {"TASK.md": task.problem, **{f"attempts/{a.index}.txt": a.body() for a in attempts}}
+    return {"TASK.md": statement, **{f"attempts/{a.index}.txt": a.body() for a in attempts}}
 
 
-def tests_text(task: CodeTask) -> str:
-    """The hidden tests as the auditor reads them: the test ids, then each hidden file."""
-    files = "\n".join(f"### {path}\n{text}" for path, text in sorted(task.hidden_files.items()))
-    return f"fail-to-pass: {', '.join(task.f2p)}\npass-to-pass: {', '.join(task.p2p) or '(none)'}\n{files}"
-
-
-async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore, agents=AUDIT_AGENTS) -> dict:
+async def audit_task(tools: PackAudit, task, judge: Judge, sem: asyncio.Semaphore, agents) -> dict:
     """The audit entry of one task: its attempts and the auditor's verdict (no verdict, and no
     flag, when an attempt could not be graded or the judge gave none: ``outcome`` says why)."""
-    attempts = await run_attempts(task, agents, sem)
+    attempts = await run_attempts(tools, task, agents, sem)
     entry = {"flags": [], "requires": "", "notes": "", "outcome": "ok",
              "attempts": [a.summary() for a in attempts]}
     if any(a.infra for a in attempts):
         return {**entry, "outcome": "attempt_infra"}
-    prompt = audit_prompt(task.problem, tests_text(task), task.fix_diff(),
+    brief: Brief = tools.brief(task)
+    prompt = audit_prompt(brief.statement, brief.tests, brief.reference,
                           [(a.index, a.outcome, a.body()) for a in attempts])
-    files = {**attempt_files(task, attempts), "REFERENCE.diff": task.fix_diff(),
-             **{f"hidden_tests/{path}": text for path, text in task.hidden_files.items()}}
+    files = {**attempt_files(brief.statement, attempts), "REFERENCE.diff": brief.reference,
+             **{f"hidden_tests/{path}": text for path, text in brief.test_files.items()}}
     v = await judge.ask(prompt, TaskAudit, kind="audit", task=task, files=files)
     if not v.ok:
         return {**entry, "outcome": v.outcome}
@@ -201,20 +182,45 @@ async def audit_task(task: CodeTask, judge: Judge, sem: asyncio.Semaphore, agent
             "notes": audit.notes}
 
 
-def pack_tasks(pack: Path, limit: int | None) -> list[CodeTask]:
-    """The validated tasks of a code pack (the first ``limit``); PackError, one line, otherwise."""
+def pack_audit(pack: Path) -> tuple[str, PackAudit]:
+    """The domain that wrote ``pack`` and its ``PackAudit``: the domain its ``pack.json`` names; a
+    ``pack.json`` that names none (written before packs recorded it) is the pack of the one domain
+    with a ``pack_audit``. PackError, one line, when there is no pack or its domain has no tools."""
+    manifest = Path(pack) / "pack.json"
+    if not manifest.is_file():
+        raise PackError(f"{pack} is not a task pack (expected pack.json); build one with "
+                        "`rlonce tasks build DOMAIN --out DIR`")
+    name = read_json_object(manifest, "rebuild the pack with `rlonce tasks build`").get("domain")
+    if name is None:
+        offering = [n for n in domain_names() if load_domain(n).pack_audit is not None]
+        if len(offering) != 1:
+            raise PackError(f"{manifest} names no domain; add it as \"domain\": NAME")
+        name = offering[0]
+    if not isinstance(name, str):
+        raise PackError(f"{manifest}: \"domain\" is {name!r}, not a domain name; rebuild the pack")
+    spec = load_domain(name)
+    if spec.pack_audit is None:
+        raise PackError(f"{pack} is a {name} pack, and the {name} domain has no offline grading tools "
+                        "(DomainSpec.pack_audit)")
+    return name, spec.pack_audit()
+
+
+def pack_tasks(pack: Path, limit: int | None) -> tuple[PackAudit, list]:
+    """The pack's domain's ``PackAudit`` and the pack's validated tasks (the first ``limit``);
+    PackError, one line, otherwise."""
     pack = Path(pack)
     if not pack.is_dir():
-        raise PackError(f"{pack} is not a directory; pass a code pack built with `rlonce tasks build code --out DIR`")
-    tasks = validated_tasks(pack)
+        raise PackError(f"{pack} is not a directory; pass a pack built with `rlonce tasks build DOMAIN --out DIR`")
+    name, tools = pack_audit(pack)
+    tasks = tools.tasks(pack)
     if not (pack / "validation.json").is_file():
         raise PackError(f"the pack {pack} was never validated: run `rlonce tasks validate {pack}` first")
     if not tasks:
-        raise PackError(f"no task of the pack {pack} passed validation; build a larger pack")
-    return tasks[:limit] if limit else tasks
+        raise PackError(f"no task of the {name} pack {pack} passed validation; build a larger pack")
+    return tools, tasks[:limit] if limit else tasks
 
 
-def run_tasks(tasks: list[CodeTask], job: Callable, *, concurrency: int, progress: bool, desc: str) -> dict[str, dict]:
+def run_tasks(tasks: list, job: Callable, *, concurrency: int, progress: bool, desc: str) -> dict[str, dict]:
     """``job(task, sem)`` for every task, ``concurrency`` attempts in flight: task id → its result."""
     out: dict[str, dict] = {}
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress)
@@ -222,7 +228,7 @@ def run_tasks(tasks: list[CodeTask], job: Callable, *, concurrency: int, progres
     async def main():
         sem = asyncio.Semaphore(concurrency)
 
-        async def one(t: CodeTask):
+        async def one(t):
             out[t.task_id] = await job(t, sem)
             bar.update(1)
 
@@ -266,15 +272,15 @@ def failures(entries: dict[str, dict]) -> dict[str, int]:
 
 def audit_pack(pack: Path, judge: Judge, *, limit: int | None = None, concurrency: int = 2,
                progress: bool = True, agent: ModelAgent | None = None) -> dict:
-    """Audit the validated tasks of ``pack`` (the first ``limit``) — four attempts by the scripted
-    agents, or by ``agent`` four times; merge the verdicts into ``audit.json`` and the validation
-    report. The summary of this run."""
+    """Audit the validated tasks of ``pack`` (the first ``limit``) — the attempts of its domain's
+    scripted agents, or of ``agent`` as many times; merge the verdicts into ``audit.json`` and the
+    validation report. The summary of this run."""
     pack = Path(pack)
-    tasks = pack_tasks(pack, limit)
-    agents = AUDIT_AGENTS if agent is None else (agent,) * len(AUDIT_AGENTS)
+    tools, tasks = pack_tasks(pack, limit)
+    agents = tools.audit_agents if agent is None else (agent,) * len(tools.audit_agents)
 
-    async def job(t: CodeTask, sem: asyncio.Semaphore) -> dict:
-        return await audit_task(t, judge, sem, agents)
+    async def job(t, sem: asyncio.Semaphore) -> dict:
+        return await audit_task(tools, t, judge, sem, agents)
 
     entries = run_tasks(tasks, job, concurrency=concurrency, progress=progress, desc="audit")
     merged = {**read_json(pack / AUDIT_FILE), **entries}
@@ -282,7 +288,7 @@ def audit_pack(pack: Path, judge: Judge, *, limit: int | None = None, concurrenc
     section = record_audit(pack, merged)
     cleared = cleared_ids(pack)
     return {"pack": str(pack), "judge": judge.model, "agent": "scripted" if agent is None else agent.name,
-            "audited": len(entries),
+            "attempts": len(agents), "audited": len(entries),
             "false_positive": sum("false_positive" in e["flags"] for e in entries.values()),
             "false_negative": sum("false_negative" in e["flags"] for e in entries.values()),
             "flagged": [i for i, e in entries.items() if e["flags"]],
@@ -299,7 +305,7 @@ def cleared_ids(pack: Path) -> set[str]:
 
 
 def format_audit(report: dict) -> str:
-    lines = [f"Task audit of {report['audited']} tasks (auditor {report['judge']}, {len(AUDIT_AGENTS)} attempts "
+    lines = [f"Task audit of {report['audited']} tasks (auditor {report['judge']}, {report['attempts']} attempts "
              f"each by {report['agent']})", "", f"{'task':36} {'passed':>7}  {'flags':28} outcome"]
     for tid, e in report["tasks"].items():
         passed = sum(a["passed"] for a in e["attempts"])
