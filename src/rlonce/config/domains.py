@@ -88,6 +88,92 @@ def need_module(name: str, module: str, why: str, fix: str = "make venv") -> Nee
 
 
 @dataclass(frozen=True, kw_only=True)
+class PackTools:
+    """What ``rlonce tasks`` offers for a domain's task packs. A callable may be given as an import
+    string ``"package.module:function"``, imported when the verb runs (``resolve``). A handler raises
+    ``ValueError`` (``rlonce.errors.PackError`` for a pack) with a one-line message of what the user
+    must change; the CLI prints it as a usage error."""
+
+    build: Callable | str | None = None
+    """``(out: Path, settings, *, progress) → text``: write a pack of tasks into ``out`` (the CLI
+    has checked it is writable) and say what it wrote (``rlonce tasks build <domain> --out DIR``).
+    The pack's ``pack.json`` records ``"domain": <name>``, which ``tasks validate`` reads."""
+    build_settings: type[DomainOptions] = NoOptions
+    """``tasks build``'s own flags: each field is a ``--flag`` (``per_package`` → ``--per-package``),
+    its docstring the help."""
+    validate: Callable | str | None = None
+    """``(pack: Path, *, reruns, progress) → (report, text)``: run the quality gates on the pack,
+    write its ``validation.json``; ``report`` is what ``--json`` prints, ``text`` the summary line."""
+    filter: bool = False
+    """``rlonce tasks filter <domain>`` works on it: its train tasks are kept by their pass rate under
+    a model (``rlonce.recipes.filter``), and its options' ``pack`` reads the folder."""
+    recognises: Callable[[dict], bool] = field(default=lambda manifest: False)
+    """Whether a ``pack.json`` that names no domain (a pack written before packs recorded it) is this
+    domain's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeRequest:
+    """What ``rlonce probe <domain>`` asks of a domain's probe, from its flags. A probe reads the
+    fields it lists in ``Probe.reads`` (and ``settings``, ``progress``)."""
+
+    tasks: int = 50
+    """Held-out tasks to probe, for a domain that generates its tasks."""
+    limit: int | None = None
+    """For a pack: probe this many validated tasks, spread evenly over the pack (None: all)."""
+    shard: tuple[int, int] | None = None
+    """``(i, n)``: only every n-th task starting at the i-th (1-based)."""
+    routes: list[str] | None = None
+    """A subset of the probe's routes (None: all; []: none, only the controls)."""
+    concurrency: int = 2
+    """Attempts at once."""
+    record: Path | None = None
+    """A JSONL file getting one line per attempt; attempts already in it are not run again."""
+    judge: object | None = None
+    """The judge the tasks' judged items are asked of (None: they are left out, as without one)."""
+    settings: DomainOptions = field(default_factory=NoOptions)
+    """The probe's own settings (``Probe.settings``)."""
+    progress: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    """``rlonce probe <domain>``: known shortcut routes tried through the domain's own grading path,
+    beside controls that must (and must not) earn reward. ``run`` and ``format_report`` may be
+    import strings (``resolve``), so the spec module stays light."""
+
+    run: Callable | str
+    """``(options, request: ProbeRequest) → report``: a JSON-able dict. ``options`` is the domain's
+    options model (``--pack DIR`` and the other option flags set it). Raises ``ValueError`` with a
+    one-line message for a request it cannot serve (an unknown route, no pack)."""
+    format_report: Callable | str
+    """``(report) → text``, printed without ``--json``."""
+    reads: tuple[str, ...] = ()
+    """The ``ProbeRequest`` fields it uses; ``rlonce probe <domain>`` offers only their flags."""
+    settings: type[DomainOptions] = NoOptions
+    """The probe's own flags, one per field (e.g. code's ``interceptor``)."""
+
+    def __post_init__(self):
+        unknown = set(self.reads) - set(ProbeRequest.__dataclass_fields__) - {"settings", "progress"}
+        if unknown:
+            raise TypeError(f"Probe.reads: {sorted(unknown)} are not ProbeRequest fields")
+
+
+def resolve(target: Callable | str, what: str) -> Callable:
+    """``target`` itself, or the object an import string ``"package.module:attribute"`` names."""
+    if callable(target):
+        return target
+    module_name, _, attr = str(target).partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{what}: cannot import {target!r} ({type(e).__name__}: {e})") from None
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True)
 class DomainSpec:
     """What a domain is, before it is built. A module exports one, e.g. ``DOMAIN = DomainSpec(...)``."""
 
@@ -121,6 +207,11 @@ class DomainSpec:
     """What ``rlonce doctor`` checks for a run with this domain."""
     summary: str = ""
     """One line for ``rlonce domains`` and the docs."""
+    packs: PackTools | None = None
+    """What ``rlonce tasks build|validate|filter`` offer for its task packs; None: none (``tasks
+    audit`` reads ``pack_audit``)."""
+    probe: Probe | None = None
+    """``rlonce probe <name>``: its shortcut routes against its grader; None: it has none."""
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):

@@ -145,6 +145,21 @@ def pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, exp
 
 
 
+def probed_tasks(name: str, pack: str | None, validated_tasks: Callable, request) -> list:
+    """The validated tasks of ``pack`` a domain's probe runs on (``rlonce probe <name> --pack DIR``):
+    ``request.limit`` of them spread evenly over the pack, then ``request.shard``'s."""
+    if not pack:
+        raise PackError(f"probe {name} needs --pack DIR (a validated {name} pack)")
+    tasks = validated_tasks(Path(pack))
+    if request.limit:
+        tasks = tasks[:: max(1, len(tasks) // request.limit)][: request.limit]
+    if request.shard:
+        tasks = tasks[request.shard[0] - 1:: request.shard[1]]
+    if not tasks:
+        raise PackError(f"{pack} has no validated tasks to probe" + (" in this shard" if request.shard else ""))
+    return tasks
+
+
 def need_pack(pack: str | None, domain: str) -> Need:
     """``rlonce doctor``'s check of a domain's built and validated pack."""
     name = f"{domain} pack"

@@ -1,9 +1,42 @@
 """code: repair a real package's mutated function in a sandboxed checkout, graded by its tests."""
 
 import subprocess
+from typing import Literal
 
-from rlonce.config.domains import DomainSpec, Need, need_program
+from pydantic import Field, field_validator
+
+from rlonce.config.domains import DomainOptions, DomainSpec, Need, PackTools, Probe, need_program
 from rlonce.envs.packs import PackOptions
+
+
+class BuildSettings(DomainOptions):
+    """``rlonce tasks build code``'s flags."""
+
+    per_package: int = Field(40, ge=1, le=100_000)
+    """Tasks per package."""
+    packages: str | None = None
+    """Comma-separated subset of the pinned packages (default: all)."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of the mutations drawn."""
+
+    @field_validator("packages")
+    @classmethod
+    def _pinned(cls, packages: str | None) -> str | None:
+        from rlonce.envs.code.packages import PACKAGES
+
+        unknown = [n for n in packages.split(",") if n not in PACKAGES] if packages else []
+        if unknown:
+            raise ValueError(f"unknown package(s) {', '.join(unknown)}; pinned packages: {', '.join(PACKAGES)}")
+        return packages
+
+
+class ProbeSettings(DomainOptions):
+    """``rlonce probe code``'s own flags."""
+
+    interceptor: Literal["both", "on", "off"] = "both"
+    """Run the routes with the action guard on, off (the grader alone) or both in turn."""
+    no_interceptor: bool = False
+    """The same as interceptor off."""
 
 
 def build(o: PackOptions):
@@ -35,6 +68,11 @@ def needs(o: PackOptions) -> list[Need]:
             need_pack(o.pack, "code")]
 
 
+def _unnamed_pack(manifest: dict) -> bool:
+    """A code pack written before pack.json named its domain: format 1 with pinned packages."""
+    return manifest.get("format") == 1 and "packages" in manifest
+
+
 def pack_audit():
     """What the offline grading tools need of a code pack (``rlonce.envs.code.pack_audit``)."""
     from rlonce.envs.code.pack_audit import PACK_AUDIT
@@ -42,5 +80,10 @@ def pack_audit():
     return PACK_AUDIT
 
 
-DOMAIN = DomainSpec(name="code", build=build, options=PackOptions, has_expert=True, needs=needs, pack_audit=pack_audit,
-                    summary="repair a mutated function of a real package; graded by its tests (needs a pack)")
+DOMAIN = DomainSpec(
+    name="code", build=build, options=PackOptions, has_expert=True, needs=needs, pack_audit=pack_audit,
+    summary="repair a mutated function of a real package; graded by its tests (needs a pack)",
+    packs=PackTools(build="rlonce.envs.code.build:build_command", build_settings=BuildSettings,
+                    validate="rlonce.envs.code.validate:validate_command", recognises=_unnamed_pack),
+    probe=Probe(run="rlonce.envs.code.probe:run_probe", format_report="rlonce.envs.code.probe:format_report",
+                reads=("limit", "shard", "routes", "concurrency", "record"), settings=ProbeSettings))

@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlonce.envs.code.mutate import Mutation, find_mutations
-from rlonce.envs.code.packages import PackageSpec, fetch, testbed
+from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch, testbed
 from rlonce.envs.code.tasks import CodeTask, write_pack
 from rlonce.envs.code.testbed import copy_tree, guards_for, make_sandbox, run_tests
 
@@ -131,3 +131,11 @@ def build_pack(out: Path, packages: list[PackageSpec], per_package: int, *, seed
         t.pack_dir = str(out.resolve())
     write_pack(out, tasks, seed=seed, packages=packages)
     return tasks
+
+
+def build_command(out: Path, settings, *, progress: bool = True) -> str:
+    """``rlonce tasks build code`` (``PackTools.build``): ``settings.per_package`` tasks from each
+    pinned package ``settings.packages`` names (default: all; the settings have checked the names)."""
+    names = settings.packages.split(",") if settings.packages else list(PACKAGES)
+    tasks = build_pack(out, [PACKAGES[n] for n in names], settings.per_package, seed=settings.seed, progress=progress)
+    return f"wrote {len(tasks)} tasks from {len(names)} packages to {out}"

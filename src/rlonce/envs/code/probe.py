@@ -39,7 +39,7 @@ from rlonce.envs.code.routes import PATCH_REPORTS, ROUTES, Call, getattr_control
 from rlonce.envs.code.tasks import CodeTask
 
 __all__ = ["CONTROLS", "KEYS", "PATCH_REPORTS", "ROUTES", "format_report", "getattr_control_calls", "probe_pack",
-           "read_record", "reference_fix_calls", "run_route"]
+           "read_record", "reference_fix_calls", "run_probe", "run_route"]
 
 
 async def run_route(task: CodeTask, calls: Callable[[CodeEnv], list[Call]], *, intercept: bool) -> dict:
@@ -82,7 +82,7 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
         off = probe_pack(tasks, routes=routes, intercept=False, concurrency=concurrency, progress=progress,
                          record=record)
         return {"interceptor": "both", "tasks": len(tasks), "on": on, "off": off}
-    names = routes or list(ROUTES)
+    names = list(ROUTES) if routes is None else routes
     unknown = [r for r in names if r not in ROUTES]
     if unknown:
         raise ValueError(f"unknown probe routes {unknown}; known: {sorted(ROUTES)}")
@@ -128,6 +128,21 @@ def probe_pack(tasks: list[CodeTask], *, routes: list[str] | None = None, interc
             results[row["route"]][k] += int(row[k])
     return {"routes": {r: results[r] for r in names}, **{c: results[c] for c in CONTROLS},
             "interceptor": bool(intercept), "tasks": len(tasks)}
+
+
+def run_probe(options, request) -> dict:
+    """``rlonce probe code`` (``rlonce.config.domains.Probe.run``): ``probe_pack`` on the validated
+    tasks of ``options.pack`` the request selects, in the interceptor mode of its settings."""
+    from rlonce.envs.code.validate import validated_tasks
+    from rlonce.envs.packs import probed_tasks
+
+    unknown = [r for r in request.routes or [] if r not in ROUTES]
+    if unknown:
+        raise ValueError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    tasks = probed_tasks("code", options.pack, validated_tasks, request)
+    mode = "off" if request.settings.no_interceptor else request.settings.interceptor
+    return probe_pack(tasks, routes=request.routes, intercept={"both": "both", "on": True, "off": False}[mode],
+                      concurrency=request.concurrency, progress=request.progress, record=request.record)
 
 
 def read_record(path: Path) -> list[dict]:

@@ -1,6 +1,6 @@
 """Code-repair tasks: data (picklable), the pack on disk, and the rollout workspace.
 
-A pack directory holds ``pack.json`` (seed, packages with their pins, task count),
+A pack directory holds ``pack.json`` (its domain, seed, packages with their pins, task count),
 ``tasks.jsonl`` (one ``CodeTask`` per line) and ``cache/`` (the pinned sdists and their
 unpacked trees). A task is a mutation of one package file plus what grading needs: the
 fail-to-pass (F2P) and pass-to-pass (P2P) test ids, the hidden test files (the *test patch*:
@@ -98,7 +98,7 @@ class CodeTask:
 
 def write_pack(out: Path, tasks: list[CodeTask], *, seed: int, packages: list[PackageSpec]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"format": PACK_FORMAT, "seed": seed, "tasks": len(tasks),
+    manifest = {"domain": "code", "format": PACK_FORMAT, "seed": seed, "tasks": len(tasks),
                 "packages": {p.name: {"version": p.version, "sha256": p.sha256} for p in packages}}
     (out / "pack.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "tasks.jsonl").write_text("".join(t.to_json() + "\n" for t in tasks))

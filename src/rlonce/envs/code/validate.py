@@ -117,6 +117,16 @@ def validate_pack(pack: Path, *, reruns: int = 8, concurrency: int = 2, progress
     return report
 
 
+def validate_command(pack: Path, *, reruns: int = 8, progress: bool = True) -> tuple[dict, str]:
+    """``rlonce tasks validate`` on a code pack (``PackTools.validate``): the report without the
+    validated ids, and its summary line."""
+    r = validate_pack(pack, reruns=reruns, progress=progress)
+    text = (f"{r['validated']} of {r['tasks']} tasks validated "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(r['packages'].items()))}); "
+            f"dropped: {r['dropped'] or 'none'}; report in {Path(pack) / 'validation.json'}")
+    return {k: v for k, v in r.items() if k != "validated_ids"}, text
+
+
 def validated_tasks(pack: Path) -> list[CodeTask]:
     """The tasks of ``pack`` that passed validation (all of them if it was never validated)."""
     tasks = load_pack(pack)

@@ -106,3 +106,13 @@ def build_pack(out: Path, names: list[str] | None = None, *, generated: int = 0,
     (out / "tasks.json").write_text(json.dumps(tasks, indent=1) + "\n")
     (out / "build.json").write_text(json.dumps({"tasks": len(tasks), "dropped": dropped}, indent=2) + "\n")
     return tasks
+
+
+def build_command(out: Path, settings, *, progress: bool = True) -> str:
+    """``rlonce tasks build cyber`` (``PackTools.build``): the shipped targets ``settings.targets``
+    names (default: all; 'none': none; the settings have checked the names) and ``settings.generated``
+    generated ones."""
+    require_clang()
+    names = [] if settings.targets == "none" else settings.targets.split(",") if settings.targets else target_names()
+    tasks = build_pack(out, names, generated=settings.generated, seed=settings.seed, progress=progress)
+    return f"wrote {len(tasks)} tasks from {len(names) + settings.generated} targets to {out}"

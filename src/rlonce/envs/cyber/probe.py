@@ -85,16 +85,18 @@ async def run_route(task: CyberTask, route: str) -> float:
         await env.cleanup()
 
 
-def probe_pack(tasks: list[CyberTask], *, routes: list[str] | None = None, progress: bool = True) -> dict:
-    """Every route and the reference control on every task: how many tasks each earned reward on."""
-    names = [*CONTROLS, *(routes or ROUTES)]
+def probe_pack(tasks: list[CyberTask], *, routes: list[str] | None = None, concurrency: int = 2,
+               progress: bool = True) -> dict:
+    """Every route (``routes``: a subset) and the reference control on every task: how many tasks
+    each earned reward on."""
+    names = [*CONTROLS, *(ROUTES if routes is None else routes)]
     unknown = [r for r in names if r not in CONTROLS and r not in ROUTES]
     if unknown:
         raise ValueError(f"unknown probe routes {unknown}; known: {sorted(ROUTES)}")
     bar = tqdm(total=len(names) * len(tasks), desc="cyber probes", unit="attempt", disable=not progress, leave=False)
 
     async def all_() -> dict[str, int]:
-        sem = asyncio.Semaphore(2)
+        sem = asyncio.Semaphore(concurrency)
 
         async def one(t, r):
             async with sem:
@@ -110,6 +112,19 @@ def probe_pack(tasks: list[CyberTask], *, routes: list[str] | None = None, progr
     return {"tasks": len(tasks), "rewarded": rewarded,
             "holes": [r for r in names if r not in CONTROLS and rewarded[r] > 0],
             "control_ok": all(rewarded[c] == len(tasks) for c in CONTROLS)}
+
+
+def run_probe(options, request) -> dict:
+    """``rlonce probe cyber`` (``rlonce.config.domains.Probe.run``): ``probe_pack`` on the validated
+    tasks of ``options.pack`` the request selects."""
+    from rlonce.envs.cyber.validate import validated_tasks
+    from rlonce.envs.packs import probed_tasks
+
+    unknown = [r for r in request.routes or [] if r not in ROUTES]
+    if unknown:
+        raise ValueError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    tasks = probed_tasks("cyber", options.pack, validated_tasks, request)
+    return probe_pack(tasks, routes=request.routes, concurrency=request.concurrency, progress=request.progress)
 
 
 def format_report(report: dict) -> str:

@@ -70,6 +70,16 @@ def validate_pack(pack: Path, *, reruns: int = 8, progress: bool = True) -> dict
     return report
 
 
+def validate_command(pack: Path, *, reruns: int = 8, progress: bool = True) -> tuple[dict, str]:
+    """``rlonce tasks validate`` on a cyber pack (``PackTools.validate``): the report without the
+    validated ids, and its summary line."""
+    r = validate_pack(pack, reruns=reruns, progress=progress)
+    text = (f"{r['validated']} of {r['tasks']} tasks validated over {len(r['targets'])} targets and "
+            f"{len(r['types'])} vulnerability types ({', '.join(r['types'])}); dropped: "
+            f"{r['dropped'] or 'none'}; report in {Path(pack) / 'validation.json'}")
+    return {k: v for k, v in r.items() if k != "validated_ids"}, text
+
+
 def validated_tasks(pack: Path) -> list[CyberTask]:
     tasks = load_pack(pack)
     f = Path(pack) / "validation.json"

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from rlonce.config.domains import DomainOptions, DomainSpec
+from rlonce.config.domains import DomainOptions, DomainSpec, Probe
 
 
 class GeneralOptions(DomainOptions):
@@ -37,5 +37,8 @@ def judge_rules() -> dict:
     return {KIND: scripted_item}
 
 
-DOMAIN = DomainSpec(name="general", build=build, options=GeneralOptions, has_expert=True, judge_rules=judge_rules,
-                    summary="office tasks through MCP services; rubric items checked on the services' state")
+DOMAIN = DomainSpec(
+    name="general", build=build, options=GeneralOptions, has_expert=True, judge_rules=judge_rules,
+    summary="office tasks through MCP services; rubric items checked on the services' state",
+    probe=Probe(run="rlonce.envs.general.probe:run_probe", format_report="rlonce.envs.general.probe:format_report",
+                reads=("tasks", "routes", "concurrency", "judge")))

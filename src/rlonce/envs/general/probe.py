@@ -41,7 +41,7 @@ from collections.abc import Callable
 from rlonce.core.records import Sequence
 from rlonce.envs.general.env import GeneralEnv
 from rlonce.envs.general.expert import expert_calls
-from rlonce.envs.general.tasks import GeneralTask
+from rlonce.envs.general.tasks import GeneralTask, make_task
 from rlonce.envs.general.world import ACCOUNTS, TODAY, World
 
 Calls = list[tuple[str, dict]]
@@ -302,3 +302,13 @@ async def probe(tasks: list[GeneralTask], *, concurrency: int = 2, routes: list[
     return {"reference": report["reference"], "expert": report["expert"],
             **{n: report.get(n, empty) for n in CONTROLS}, **{n: report.get(n, empty) for n in chosen},
             "expert_items": {k: round(sum(v) / len(v), 3) for k, v in sorted(items.items())}}
+
+
+def run_probe(options, request) -> dict:
+    """``rlonce probe general`` (``rlonce.config.domains.Probe.run``): ``probe`` on ``request.tasks``
+    held-out tasks, with the request's routes, concurrency and judge."""
+    unknown = [r for r in request.routes or [] if r not in ROUTES]
+    if unknown:
+        raise ValueError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
+    tasks = [make_task("heldout", i) for i in range(request.tasks)]
+    return asyncio.run(probe(tasks, concurrency=request.concurrency, routes=request.routes, judge=request.judge))

@@ -2,7 +2,7 @@
 
 from pydantic import Field
 
-from rlonce.config.domains import DomainOptions, DomainSpec, need_module, need_program
+from rlonce.config.domains import DomainOptions, DomainSpec, Probe, need_module, need_program
 
 
 class MusicOptions(DomainOptions):
@@ -34,4 +34,6 @@ DOMAIN = DomainSpec(
     name="music", build=build, options=MusicOptions, has_expert=True, single_turn=True,
     summary="compose an ABC tune for a request; scored on MIDI features and adherence (needs abcmidi)",
     needs=lambda o: [need_program("abc2midi", "abcmidi", "the music grader converts ABC to MIDI with it"),
-                     need_module("pretty-midi", "pretty_midi", "the music grader reads MIDI")])
+                     need_module("pretty-midi", "pretty_midi", "the music grader reads MIDI")],
+    probe=Probe(run="rlonce.envs.music.probe:run_probe", format_report="rlonce.envs.music.probe:format_report",
+                reads=("tasks",)))

@@ -203,6 +203,15 @@ def probe_music(n_tasks: int = 50, *, seed: int = 0, progress: bool = True,
             "degenerate_above": [n for n in DEGENERATE if rows[n]["max_ratio"] > DEGENERATE_RATIO]}
 
 
+def run_probe(options, request) -> dict:
+    """``rlonce probe music`` (``rlonce.config.domains.Probe.run``): ``probe_music`` on
+    ``request.tasks`` held-out tasks, graded with the options' adherence weight."""
+    from rlonce.envs.music.abc import require_abc2midi
+
+    require_abc2midi()
+    return probe_music(request.tasks, progress=request.progress, adherence_weight=options.adherence_weight)
+
+
 def format_report(report: dict) -> str:
     lines = [f"music probes on {report['tasks']} held-out tasks, adherence weight {report['adherence_weight']:g}; "
              f"the scripted expert (its usual flaws): median reward "

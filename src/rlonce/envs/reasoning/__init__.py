@@ -2,7 +2,7 @@
 
 from pydantic import Field
 
-from rlonce.config.domains import DomainOptions, DomainSpec, need_module
+from rlonce.config.domains import DomainOptions, DomainSpec, PackTools, need_module
 
 
 class ReasoningOptions(DomainOptions):
@@ -44,4 +44,5 @@ def build(o: ReasoningOptions):
 
 DOMAIN = DomainSpec(name="reasoning", build=build, options=ReasoningOptions, has_expert=True, single_turn=True,
                     tools=False, summary="reasoning-gym tasks, one reply, checked by the dataset's own verifier",
-                    needs=lambda o: [need_module("reasoning-gym", "reasoning_gym", "the reasoning domain's tasks")])
+                    needs=lambda o: [need_module("reasoning-gym", "reasoning_gym", "the reasoning domain's tasks")],
+                    packs=PackTools(filter=True))

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from rlonce.config.domains import DomainOptions, DomainSpec, need_module, need_program
+from rlonce.config.domains import DomainOptions, DomainSpec, Probe, need_module, need_program
 
 
 class VisualOptions(DomainOptions):
@@ -48,4 +48,6 @@ DOMAIN = DomainSpec(
     name="visual", build=build, options=VisualOptions, has_expert=True, single_turn=True,
     summary="write a web page; rendered by Chromium, graded on pixels and structure (needs chromium)",
     needs=lambda o: [need_program("chromium", "chromium", "the visual grader renders pages with it"),
-                     need_module("playwright", "playwright", "drives Chromium for the visual grader")])
+                     need_module("playwright", "playwright", "drives Chromium for the visual grader")],
+    probe=Probe(run="rlonce.envs.visual.probe:run_probe", format_report="rlonce.envs.visual.probe:format_report",
+                reads=("tasks",)))

@@ -208,6 +208,15 @@ def probe_visual(n_tasks: int = 20, *, seed: int = 0, progress: bool = True) -> 
             "controls_short": [n for n, c in controls.items() if c["min"] < 1.0]}
 
 
+def run_probe(options, request) -> dict:
+    """``rlonce probe visual`` (``rlonce.config.domains.Probe.run``): ``probe_visual`` on
+    ``request.tasks`` held-out replication tasks."""
+    from rlonce.envs.visual.render import require_browser
+
+    require_browser()
+    return probe_visual(request.tasks, progress=request.progress)
+
+
 def format_report(report: dict) -> str:
     lines = [f"visual probes on {report['tasks']} held-out replication tasks; the scripted expert (its usual "
              f"flaws): median reward {report['expert_median']:.3f}, mean {report['expert_mean']:.3f}",
