@@ -5,17 +5,19 @@ Verbs:
   train       the same job from a TOML config and/or key=value overrides; --resume RUN_DIR
   eval        held-out success of a model folder on the embedded domain, per harness arm
   serve       the gateway over HTTP on loopback for any model rlonce can load
-  tasks       build, validate or audit a task pack (``tasks build code --out DIR``, ``tasks validate DIR``,
-              ``tasks audit DIR``)
+  tasks       build, validate, filter or audit a task pack (``tasks build DOMAIN --out DIR``, ``tasks validate
+              DIR``, ``tasks filter DOMAIN --out DIR``, ``tasks audit DIR``), as the pack's domain offers
   grade       offline model grading of a pack (``grade synthesize-rubrics --pack DIR``: GRS rubrics)
-  probe       run the scripted hack agent's shortcut routes on a pack (``probe code --pack DIR``)
+  probe       run a domain's known shortcut routes against its grader (``probe DOMAIN [--pack DIR]``)
+  domains     every domain the registry knows: its summary, options, verbs and what it needs
   config      ``config show [KEY]``: every config key's resolved value, docstring and default
   doctor      check this machine for what the configured job needs, with the command that fixes each gap
   audit       check a run offline: trained tokens, ledgers, groups, advantages, checkpoints
   view        a web page on loopback to debug a run: steps, groups, sequences, coloured tokens, plots
 
-``parser`` holds the argument parser, ``commands`` the verbs' handlers; this module catches the
-errors that are the user's to fix and prints each as one line.
+``parser`` holds the argument parser, ``commands`` the verbs' handlers (``domain_commands`` those that
+reach domains through the registry, ``grade_commands`` the offline grading ones); this module
+catches the errors that are the user's to fix and prints each as one line.
 """
 
 from __future__ import annotations

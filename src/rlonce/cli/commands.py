@@ -117,99 +117,24 @@ def _eval(args) -> int:
 
 
 def _tasks(args) -> int:
-    import json
-
-    if args.action == "filter":
-        from rlonce.config import load_config
-        from rlonce.recipes.filter import filter_tasks
-
-        out = _writable_dir(args.out)
-        cfg = load_config(args.config, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
-                                        *args.overrides, f"out={out}"])
-        try:
-            r = filter_tasks(cfg, args.model, args.tasks, args.k, out, max_pass=args.max_pass, progress=not args.quiet)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        print(f"kept {r['kept_count']} of {r['tasks']} tasks "
-              f"(pass rate over {r['k']} samples in (0, {r['max_pass']})); "
-              f"histogram {r['pass_rate_histogram']}; next: task.pack={out}")
-        return 0
     from rlonce.cli import domain_commands as dc
+    from rlonce.cli.grade_commands import tasks_audit
 
-    if args.action == "audit":
-        from rlonce.cli.grade_commands import tasks_audit
-
-        return tasks_audit(args)
-    if args.action == "build" and args.domain == "cyber":
-        return dc.build_cyber(args)
-    if args.action == "validate" and dc.is_cyber_pack(args.pack):
-        return dc.validate_cyber(args)
-    if args.action == "build":
-        from rlonce.envs.code.build import build_pack
-        from rlonce.envs.code.packages import PACKAGES
-
-        names = args.packages.split(",") if args.packages else list(PACKAGES)
-        unknown = [n for n in names if n not in PACKAGES]
-        if unknown:
-            raise UsageError(f"unknown package(s) {', '.join(unknown)}; pinned packages: {', '.join(PACKAGES)}")
-        out = _writable_dir(args.out)
-        tasks = build_pack(out, [PACKAGES[n] for n in names], args.per_package, seed=args.seed,
-                           progress=not args.quiet)
-        print(f"wrote {len(tasks)} tasks from {len(names)} packages to {out}; "
-              f"next: rlonce tasks validate {out}")
-        return 0
-    from rlonce.envs.code.validate import validate_pack
-
-    report = validate_pack(Path(args.pack), reruns=args.reruns, progress=not args.quiet and not args.json)
-    if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "validated_ids"}))
-    else:
-        print(f"{report['validated']} of {report['tasks']} tasks validated "
-              f"({', '.join(f'{k} {v}' for k, v in sorted(report['packages'].items()))}); "
-              f"dropped: {report['dropped'] or 'none'}; report in {Path(args.pack) / 'validation.json'}")
-    return 0
-
+    return {"build": dc.tasks_build, "validate": dc.tasks_validate, "filter": dc.tasks_filter,
+            "audit": tasks_audit}[args.action](args)
 
 
 def _probe(args) -> int:
+    from rlonce.cli.domain_commands import probe
 
-    from rlonce.cli import domain_commands as dc
+    return probe(args)
 
-    if args.domain == "music":
-        return dc.probe_music(args)
-    if args.domain == "general":
-        return dc.probe_general(args)
-    if args.domain == "visual":
-        return dc.probe_visual(args)
-    if not args.pack:
-        raise UsageError(f"probe {args.domain} needs --pack DIR (a validated {args.domain} pack)")
-    if args.domain == "cyber":
-        return dc.probe_cyber(args)
-    from rlonce.envs.code.probe import ROUTES, format_report, probe_pack
-    from rlonce.envs.code.validate import validated_tasks
 
-    routes = args.routes.split(",") if args.routes else None
-    unknown = [r for r in routes or [] if r not in ROUTES]
-    if unknown:
-        raise UsageError(f"unknown probe route(s) {', '.join(unknown)}; known: {', '.join(ROUTES)}")
-    if args.record:
-        try:
-            Path(args.record).open("a").close()
-        except OSError as e:
-            raise UsageError(f"cannot write the probe record {args.record}: {e.strerror or e}; "
-                             "choose another --record path") from None
-    tasks = validated_tasks(Path(args.pack))
-    if args.limit:
-        tasks = tasks[:: max(1, len(tasks) // args.limit)][: args.limit]
-    if args.shard:
-        tasks = tasks[args.shard[0] - 1:: args.shard[1]]
-    if not tasks:
-        raise UsageError(f"{args.pack} has no validated tasks to probe" + (" in this shard" if args.shard else ""))
-    mode = "off" if args.no_interceptor else args.interceptor
-    report = probe_pack(tasks, routes=routes, intercept={"both": "both", "on": True, "off": False}[mode],
-                        concurrency=args.concurrency, progress=not args.quiet and not args.json,
-                        record=Path(args.record) if args.record else None)
-    return dc.show_probe(args, report, format_report)
+def _domains(args) -> int:
+    """``rlonce domains``: each domain's summary, options, verbs and needs; 1 when one does not load."""
+    from rlonce.cli.domain_commands import list_domains
+
+    return list_domains(args)
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -378,6 +303,6 @@ def _view(args) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
-    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view, "grade": _grade,
+    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view, "grade": _grade, "domains": _domains,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

@@ -1,7 +1,8 @@
 """The CLI verbs of offline model grading on a pack: ``tasks audit DIR`` (rollout auditing for
-task quality, ``rlonce.grading.audit``) and ``grade synthesize-rubrics --pack DIR`` (GRS rubric
-synthesis, ``rlonce.grading.rubrics``). A judge that fails is counted, never fatal: both finish
-with exit status 0 and report the failures by category."""
+task quality, ``rlonce.recipes.task_audit``) and ``grade synthesize-rubrics --pack DIR`` (GRS rubric
+synthesis, ``rlonce.recipes.rubric_synthesis``), for a pack of any domain with offline grading tools
+(``DomainSpec.pack_audit``; the pack's domain is its pack.json's). A judge that fails is counted,
+never fatal: both finish with exit status 0 and report the failures by category."""
 
 from __future__ import annotations
 
@@ -46,15 +47,16 @@ def _agent(args):
     return ModelAgent(f"{args.agent_model} at {args.agent}", endpoint.send)
 
 
-def _code_pack(pack: str, verb: str) -> Path:
-    from rlonce.cli.domain_commands import is_cyber_pack
+def _graded_pack(pack: str, verb: str) -> Path:
+    """``pack``, when it exists and its domain (from its pack.json) has offline grading tools
+    (``DomainSpec.pack_audit``): checked before a judge is built."""
+    from rlonce.recipes.task_audit import pack_audit
 
     p = Path(pack)
     if not p.exists():
-        raise UsageError(f"{verb}: {p} does not exist; pass a code pack built with `rlonce tasks build code --out DIR` "
+        raise UsageError(f"{verb}: {p} does not exist; pass a pack built with `rlonce tasks build DOMAIN --out DIR` "
                          "and validated with `rlonce tasks validate DIR`")
-    if is_cyber_pack(pack):
-        raise UsageError(f"{verb}: {p} is a cyber pack; only code packs can be audited for now")
+    pack_audit(p)
     return p
 
 
@@ -62,7 +64,7 @@ def tasks_audit(args) -> int:
     """``rlonce tasks audit DIR``: audit.json, the audit section of validation.json, a table."""
     from rlonce.recipes.task_audit import RECORD, audit_pack, format_audit
 
-    pack = _code_pack(args.pack, "tasks audit")
+    pack = _graded_pack(args.pack, "tasks audit")
     judge = _judge(args, pack / RECORD)
     report = audit_pack(pack, judge, limit=args.tasks, concurrency=args.concurrency,
                         progress=not args.quiet and not args.json, agent=_agent(args))
@@ -74,7 +76,7 @@ def synthesize_rubrics(args) -> int:
     """``rlonce grade synthesize-rubrics --pack DIR``: rubrics.json and a summary line."""
     from rlonce.recipes.rubric_synthesis import format_rubrics, synthesize_rubrics
 
-    pack = _code_pack(args.pack, "grade synthesize-rubrics")
+    pack = _graded_pack(args.pack, "grade synthesize-rubrics")
     judge = _judge(args, pack / "rubrics" / "calls.jsonl")
     report = synthesize_rubrics(pack, judge, limit=args.tasks, rollouts=args.rollouts,
                                 min_pass_rate=args.min_pass_rate, concurrency=args.concurrency,

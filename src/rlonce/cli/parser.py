@@ -1,7 +1,9 @@
 """The ``rlonce`` argument parser: one function per verb, value checks that fail as one line.
 
 Only the standard library and ``rlonce.errors`` are imported here, so a bad argument is reported
-before anything heavy loads.
+before anything heavy loads. The verbs whose arguments depend on the domains (``tasks``, ``probe``)
+load the domain registry first: each domain's pack tools and probe add their subcommand, and the
+fields of its options and settings models become flags (``_model_flags``). No domain is named here.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import ipaddress
 import math
 import re
+from functools import partial
 
 from rlonce.errors import UsageError
 
@@ -73,6 +76,60 @@ def _host(text: str) -> str:
 
 def _quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _model_flags(p: argparse.ArgumentParser, model, title: str) -> tuple[str, ...]:
+    """One flag per field of a domain's pydantic model (``per_package`` → ``--per-package``; a
+    boolean that defaults to true: ``--no-...``), its docstring the help and its bounds checked like
+    every other flag's. A flag not given stays out of the namespace, so the model's default applies.
+    Fields of other types than a boolean, a string Literal, a number or a string, and flags another
+    argument holds, get none. Returns the field names given flags (``model_from`` reads them)."""
+    group = p.add_argument_group(title)
+    added = []
+    for name, info in model.model_fields.items():
+        kind = _flag_kind(info)
+        if kind is None:
+            continue
+        text = (info.description or "").replace("%", "%%")
+        flag = "--" + ("no-" if kind == "bool" and info.default else "") + name.replace("_", "-")
+        if kind != "bool" and info.default is not None and "default" not in text:
+            text += f" (default {info.default})"
+        how = dict(action="store_const", const=not info.default) if kind == "bool" else kind
+        try:
+            group.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=text, **how)
+        except argparse.ArgumentError:  # a generic flag of the verb holds the name
+            continue
+        added.append(name)
+    return tuple(added)
+
+
+def _flag_kind(info) -> dict | str | None:
+    """How a model field is read from the command line: "bool", argparse keywords, or None."""
+    import types
+    import typing
+
+    kinds = [info.annotation]
+    if typing.get_origin(info.annotation) in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(info.annotation) if a is not type(None)]
+    if len(kinds) != 1:
+        return None
+    a = kinds[0]
+    if a is bool:
+        return "bool"
+    if typing.get_origin(a) is typing.Literal and all(isinstance(x, str) for x in typing.get_args(a)):
+        return {"choices": list(typing.get_args(a))}
+    if a is str:
+        return {}
+    if a not in (int, float):
+        return None
+    bound = {k: getattr(m, k) for m in info.metadata for k in ("gt", "ge", "lt", "le")
+             if getattr(m, k, None) is not None}
+    hi = bound.get("le", bound.get("lt"))  # a strict upper bound is checked by the model
+    if a is int:
+        lo = bound["gt"] + 1 if "gt" in bound else bound.get("ge", -(2**63))
+        return {"type": _int(lo, 2**63 if hi is None else hi), "metavar": "N"}
+    lo = bound.get("gt", bound.get("ge", -math.inf))
+    return {"type": _float(lo, math.inf if hi is None else hi, open_low="gt" in bound), "metavar": "X"}
 
 
 def _add_quickstart(sub) -> None:
@@ -161,23 +218,20 @@ def _add_serve(sub) -> None:
     _quiet(sv)
 
 
-def _add_tasks(sub) -> None:
-    tk = sub.add_parser("tasks", help="build, validate or audit a task pack")
+def _add_tasks(sub, domains: list) -> None:
+    tk = sub.add_parser("tasks", help="build, validate, filter or audit a task pack")
     tsub = tk.add_subparsers(dest="action", required=True, metavar="ACTION")
-    tb = tsub.add_parser("build", help="synthesise tasks from real packages (code) or the shipped C targets (cyber)")
-    tb.add_argument("domain", choices=["code", "cyber"])
-    tb.add_argument("--out", required=True, help="pack directory to write")
-    tb.add_argument("--targets", help="cyber: comma-separated subset of the shipped targets (default: all; "
-                    "'none': only generated ones)")
-    tb.add_argument("--generated", type=_int(0, 128), default=32,
-                    help="cyber: also generate this many seeded record-parser targets, 8 bugs each (default 32; "
-                    "0 for the shipped six alone)")
-    tb.add_argument("--per-package", type=_int(1, 100_000), default=40, help="tasks per package, >= 1 (default 40)")
-    tb.add_argument("--packages", help="comma-separated subset of the pinned packages (default: all)")
-    tb.add_argument("--seed", type=_int(0, 2**32 - 1), default=0)
-    _quiet(tb)
+    builders = [(n, s) for n, s in domains if s.packs and s.packs.build]
+    tb = tsub.add_parser("build", help=f"write a task pack of a domain ({', '.join(n for n, _ in builders)})")
+    bsub = tb.add_subparsers(dest="domain", required=True, metavar="DOMAIN")
+    for name, spec in builders:
+        b = bsub.add_parser(name, help=spec.summary)
+        b.add_argument("--out", required=True, help="pack directory to write")
+        _quiet(b)
+        b.set_defaults(setting_flags=_model_flags(b, spec.packs.build_settings, f"{name} pack"))
+    filters = [n for n, s in domains if s.packs and s.packs.filter]
     tf = tsub.add_parser("filter", help="keep tasks whose pass rate under a model is in (0, max-pass)")
-    tf.add_argument("domain", choices=["reasoning"])
+    tf.add_argument("domain", choices=filters)
     tf.add_argument("--out", required=True, help="folder for filter.json / filter.jsonl (use it as task.pack)")
     tf.add_argument("--model", default="smollm2", help="'embedded', 'smollm2' or a model folder (default smollm2)")
     tf.add_argument("--tasks", type=_int(1, 1_000_000), default=256,
@@ -189,14 +243,15 @@ def _add_tasks(sub) -> None:
                     help="TOML config giving task.* and harness sampling (e.g. configs/smollm2_reasoning.toml)")
     tf.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     _quiet(tf)
-    tv = tsub.add_parser("validate", help="run the quality gates and write validation.json")
+    tv = tsub.add_parser("validate", help="run the pack's quality gates (its domain from DIR/pack.json) and write "
+                         "validation.json")
     tv.add_argument("pack", help="pack directory")
     tv.add_argument("--reruns", type=_int(1, 1000), default=8, help="runs per state for the stability gate (default 8)")
     tv.add_argument("--json", action="store_true", help="print the report as one JSON object")
     _quiet(tv)
     ta = tsub.add_parser("audit", help="four graded attempts per task, then an auditor flags possible false "
                          "positives and negatives (DIR/audit.json; flagged tasks are not trained on until cleared)")
-    ta.add_argument("pack", help="a validated code pack directory")
+    ta.add_argument("pack", help="a validated pack directory")
     ta.add_argument("--agent", default="scripted", metavar="scripted|URL",
                     help="who makes the attempts: 'scripted' (expert x2, no-op, test deletion; default), or the base "
                          "URL of a model endpoint (OpenAI protocol, ending in /v1) that makes all four through the "
@@ -239,34 +294,46 @@ def _add_grade(sub) -> None:
     _grader_flags(sr)
 
 
-def _add_probe(sub) -> None:
-    pr = sub.add_parser("probe", help="try known shortcut routes on every task of a pack (music, general, visual: "
-                        "on generated tasks)")
-    pr.add_argument("domain", choices=["code", "cyber", "music", "general", "visual"])
-    pr.add_argument("--pack", help="the validated task pack (code, cyber)")
-    pr.add_argument("--tasks", type=_int(1, 100_000), default=50,
-                    help="music, general, visual: held-out tasks to probe (default 50)")
-    pr.add_argument("--adherence-weight", type=_float(0, 1, open_low=False), default=0.5,
-                    help="music: the grader's task.adherence_weight (default 0.5; 0 is the seed's public scorer)")
-    pr.add_argument("--routes", help="comma-separated subset of routes (default: all; general: 'none' runs only the "
-                    "reference plan and the scripted expert)")
-    pr.add_argument("--limit", type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")
-    pr.add_argument("--interceptor", choices=["both", "on", "off"], default="both",
-                    help="run the routes with the action guard on, off (the grader alone) or both in turn (default)")
-    pr.add_argument("--no-interceptor", action="store_true", help="the same as --interceptor off")
-    pr.add_argument("--shard", type=_shard, help="I/N: probe only every N-th task starting at the I-th (1-based), "
-                    "to split a long probe over processes or sessions")
-    pr.add_argument("--record", help="JSONL file that gets one line per attempt; a rerun with the same file skips "
-                    "what is recorded, so an interrupted probe resumes")
-    pr.add_argument("--concurrency", type=_int(1, 64), default=2, help="attempts at once (default 2)")
-    pr.add_argument("--judge", choices=["none", "scripted"], default="none",
-                    help="general: who judges the items that ask a judge (default none: they are left out, as in a "
-                         "judge-less config; scripted: the rule-based judge)")
-    pr.add_argument("--no-hostile", action="store_true",
-                    help="skip the hostile-input episodes (NUL, surrogates, a megabyte, hostile paths to every tool; "
-                         "the report counts those that became infrastructure failures, goal 0)")
-    pr.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    _quiet(pr)
+PROBE_FLAGS = {
+    "tasks": (("--tasks",), dict(type=_int(1, 100_000), default=50, help="held-out tasks to probe (default 50)")),
+    "limit": (("--limit",), dict(type=_int(1, 1_000_000), help="probe N validated tasks spread evenly over the pack")),
+    "shard": (("--shard",), dict(type=_shard, help="I/N: probe only every N-th task starting at the I-th (1-based), to "
+                                 "split a long probe over processes or sessions")),
+    "routes": (("--routes",), dict(help="comma-separated subset of routes (default: all; 'none': only the controls)")),
+    "concurrency": (("--concurrency",), dict(type=_int(1, 64), default=2, help="attempts at once (default 2)")),
+    "record": (("--record",), dict(help="JSONL file that gets one line per attempt; a rerun with the same file skips "
+                                   "what is recorded, so an interrupted probe resumes")),
+    "judge": (("--judge",), dict(choices=["none", "scripted"], default="none",
+                                 help="who judges the items that ask a judge (default none: they are left out, as in a "
+                                      "judge-less config; scripted: the rule-based judge)")),
+}
+"""The generic flags of ``rlonce probe <domain>``, by the ``ProbeRequest`` field each sets; a domain's
+probe gets those its ``Probe.reads`` lists."""
+
+
+def _add_probe(sub, domains: list) -> None:
+    pr = sub.add_parser("probe", help="try a domain's known shortcut routes against its grader (on a pack's tasks "
+                        "or on generated ones)")
+    psub = pr.add_subparsers(dest="domain", required=True, metavar="DOMAIN")
+    for name, spec in domains:
+        if spec.probe is None:
+            continue
+        p = psub.add_parser(name, help=spec.summary)
+        for field in spec.probe.reads:
+            flags, kw = PROBE_FLAGS[field]
+            p.add_argument(*flags, **kw)
+        p.add_argument("--no-hostile", action="store_true",
+                       help="skip the hostile-input episodes (NUL, surrogates, a megabyte, hostile paths to every "
+                            "tool; the report counts those that became infrastructure failures, goal 0)")
+        p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+        _quiet(p)
+        p.set_defaults(option_flags=_model_flags(p, spec.options, f"{name}'s options"),
+                       setting_flags=_model_flags(p, spec.probe.settings, f"{name} probe"))
+
+
+def _add_domains(sub) -> None:
+    d = sub.add_parser("domains", help="every domain the registry knows: summary, options, verbs, what it needs")
+    d.add_argument("--json", action="store_true", help="print one JSON object per domain, in a list")
 
 
 def _add_config(sub) -> None:
@@ -305,17 +372,30 @@ def _add_doctor(sub) -> None:
     d.set_defaults(out=None)
 
 
-def _parser() -> argparse.ArgumentParser:
+DOMAIN_VERBS = ("tasks", "probe")
+"""Verbs whose arguments depend on the domains: their parsers load the registry."""
+
+
+def _parser(domains: bool | list[str] = True) -> argparse.ArgumentParser:
+    """The parser; ``domains``: also each domain's own verbs and flags (loads the registry), and
+    those of the plugins a list names by import string (``package.module:DOMAIN``)."""
     ap = _Parser(prog="rlonce", description="Agentic RL post-training, CPU-first.")
     sub = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, _add_tasks, _add_probe, _add_grade, _add_config,
-                _add_doctor, _add_audit, _add_view):
+    known = []
+    if domains is not False:
+        from rlonce.cli.domain_commands import known_domains
+
+        known = known_domains([] if domains is True else domains)
+    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, partial(_add_tasks, domains=known),
+                partial(_add_probe, domains=known), _add_grade, _add_config, _add_doctor, _add_audit, _add_view,
+                _add_domains):
         add(sub)
     return ap
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = _parser()
+    plugins = [a for a in argv[1:3] if ":" in a and not a.startswith("-")]  # probe X, tasks build X
+    parser = _parser(domains=plugins if argv[:1] and argv[0] in DOMAIN_VERBS else False)
     args, extra = parser.parse_known_args(argv)
     if extra:  # KEY=VALUE overrides after options that follow another positional (argparse stops there)
         if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
