@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 import rlonce
+from rlonce.config.domains import plugin_provenance
 from rlonce.errors import UsageError
 
 RESUME_FREE = ("out", "rl.steps", "eval.", "checkpoint.", "tracker.", "runtime.rollout_threads",
@@ -90,6 +91,7 @@ def record(cfg, config: dict, model_dir: Path) -> dict:
                                                                 Path(s.pack) / "validation.json"])
              for s in sources if getattr(s, "pack", None)}
     return {"config_sha256": digest_json(config), "code": code_version(),
+            "plugins": plugin_provenance(s.name for s in sources),
             "model": {"name": cfg.model.name, "weights_sha256": digest_files(list(model_dir.glob("*.safetensors")))},
             "packs": packs, "machine": machine(cfg), "resumes": []}
 
@@ -134,17 +136,23 @@ def check_resume(run_dir: Path, saved_config: dict, config: dict, step: int, acc
     changes = config_changes(saved_config, config)
     code = code_version()
     code_changed = "code" in prov and prov["code"]["source_sha256"] != code["source_sha256"]
-    if (changes or code_changed) and not accept:
+    plugins = plugin_provenance(prov.get("plugins", {}))  # the run's own plugins only: others never block it
+    plugins_changed = sorted(n for n, p in plugins.items() if p["sha256"] != prov["plugins"][n]["sha256"])
+    if (changes or code_changed or plugins_changed) and not accept:
         what = []
         if changes:
             what.append("config " + ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in list(changes.items())[:4])
                         + (f" (+{len(changes) - 4} more)" if len(changes) > 4 else ""))
         if code_changed:
             what.append(f"code {_code_label(prov['code'], code)}")
+        for n in plugins_changed:
+            what.append(f"domain plugin {n} ({plugins[n]['path']}: sha256 {prov['plugins'][n]['sha256'][:12]} -> "
+                        f"{(plugins[n]['sha256'] or 'missing')[:12]})")
         raise UsageError(f"cannot resume {run_dir}: {'; '.join(what)} changed since the run started; resume "
                          "with the same code and config, or pass --accept-changes to resume anyway (recorded in "
                          f"{FILE})")
     prov.setdefault("resumes", []).append({"at_step": step, "config_sha256": digest_json(config),
                                            "accepted_config_changes": {k: list(v) for k, v in changes.items()},
-                                           "code": code, "code_changed": bool(code_changed)})
+                                           "code": code, "code_changed": bool(code_changed),
+                                           "plugins": plugins, "plugins_changed": plugins_changed})
     return prov
