@@ -73,7 +73,7 @@ doctor: venv
 	$(VENV)/bin/rlonce doctor
 
 lint: venv-dev
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 
 test-slow: system-deps venv-dev
 	$(PY) -m pytest -q -m slow
