@@ -419,26 +419,34 @@ def test_an_idle_keep_alive_connection_is_closed(serve):
 
 # ---- the session table ------------------------------------------------------------------------
 
+def _age(gw, seconds: float) -> None:
+    """Every session last used ``seconds`` earlier, and the once-a-second sweep due: time passes
+    for the expiry rules without the test sleeping (a loaded host cannot outrun a short TTL)."""
+    for s in gw.sessions.values():
+        s.last_used -= seconds
+    gw._swept -= seconds
+
+
 def test_idle_sessions_expire_and_free_the_cap(serve):
     """`rlonce serve` never dropped sessions: after its cap every new key got 429 until restart."""
-    gw, base = serve(max_sessions=2, idle_ttl=0.5)
+    gw, base = serve(max_sessions=2, idle_ttl=60)
     assert _chat(base, "a").status_code == 200 and _chat(base, "b").status_code == 200
     r = _chat(base, "c")
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
     assert "retry later" in r.json()["error"]["message"]
-    time.sleep(0.7)
+    _age(gw, 61)
     assert _chat(base, "c").status_code == 200
     assert set(gw.sessions) == {"c"}
 
 
 def test_ended_sessions_expire_before_idle_ones(serve, lm):
-    gw, base = serve(budgets=Budgets(8, 40), idle_ttl=60, ended_ttl=0.2)
+    gw, base = serve(budgets=Budgets(8, 40), idle_ttl=600, ended_ttl=30)
     long = {"messages": [{"role": "user", "content": "word " * 100}]}
     assert _chat(base, "ended", long).json()["choices"][0]["finish_reason"] == "length"
     assert gw.sessions["ended"].status == "truncated"
     _openai_error(_chat(base, "ended", long), 409, "has ended", "open a new session")
     assert _chat(base, "active").status_code == 200
-    time.sleep(1.1)  # past ended_ttl and the once-a-second sweep
+    _age(gw, 31)  # past ended_ttl, far from idle_ttl
     assert _chat(base, "later").status_code == 200
     assert set(gw.sessions) == {"active", "later"}
 
