@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack system-deps venv venv-dev clean
+.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack yoro7 yoro7-pack system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -131,6 +131,13 @@ yoro-pack: system-deps venv
 
 yoro: yoro-pack
 	$(VENV)/bin/rlonce train configs/yoro.toml
+
+yoro7-pack: yoro-pack
+	test -f runs/packs/yoro-cyber/validation.json || ($(PY) -m rlonce.cli tasks build cyber \
+	    --out runs/packs/yoro-cyber --generated 4 && $(PY) -m rlonce.cli tasks validate runs/packs/yoro-cyber --reruns 2)
+
+yoro7: yoro7-pack
+	$(VENV)/bin/rlonce train configs/yoro7.toml
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info
