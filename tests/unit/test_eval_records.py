@@ -36,6 +36,40 @@ def test_paired_change_needs_both_files_and_a_common_attempt(tmp_path):
     assert paired_change(a, other) is None
 
 
+def test_paired_change_of_one_source_leaves_the_others_out(tmp_path):
+    before, after = tmp_path / "b.jsonl", tmp_path / "a.jsonl"
+    write_rows(before, [row("t1", 0.0, False), row("t2", 1.0, True)], source="s")
+    with open(before, "a") as f:  # a second source's attempt at a task of the same id
+        f.write(json.dumps({**row("t1", 1.0, True), "source": "u"}) + "\n")
+    write_rows(after, [row("t1", 1.0, True), row("t2", 1.0, True)], source="s")
+    with open(after, "a") as f:
+        f.write(json.dumps({**row("t1", 0.0, False), "source": "u"}) + "\n")
+    # s: pass differences 1 and 0 (mean 0.5, SE 0.5); u: -1 alone (SE 0); both: 1, 0, -1 (mean 0, SE sqrt(1/3))
+    assert (paired_change(before, after, "s")["passed_change"], paired_change(before, after, "s")["attempts"]) == (
+        pytest.approx(0.5), 2)
+    u = paired_change(before, after, "u")
+    assert (u["attempts"], u["passed_change"], u["passed_change_se"]) == (1, -1.0, 0.0)
+    both = paired_change(before, after)
+    assert both["attempts"] == 3 and both["passed_change"] == 0 and both["passed_change_se"] == pytest.approx(
+        (1 / 3) ** 0.5)
+    assert paired_change(before, after, "missing") is None
+
+
+def test_trained_share_is_each_sources_part_of_the_retained_sequences():
+    from rlonce.recipes.grpo import trained_by_source
+
+    ledger = [{"step": 1, "source": "a", "dispatched": 12, "retained": 8, "no_contrast_filtered": 4},
+              {"step": 1, "source": "b", "dispatched": 6, "retained": 0, "no_contrast_filtered": 6, "groups_short": 1},
+              {"step": 2, "source": "a", "dispatched": 6, "retained": 6},
+              {"step": 2, "source": "b", "dispatched": 6, "retained": 6}]
+    t = trained_by_source(ledger, ["a", "b", "c"])
+    assert t["a"] == {"sequences_dispatched": 18, "sequences_retained": 14, "sequences_no_contrast": 4,
+                      "groups_short": 0, "trained_share": 0.7}  # 14 of 20
+    assert t["b"]["trained_share"] == 0.3 and t["b"]["groups_short"] == 1 and t["b"]["sequences_no_contrast"] == 6
+    assert t["c"] == {"sequences_dispatched": 0, "sequences_retained": 0, "sequences_no_contrast": 0,
+                      "groups_short": 0, "trained_share": 0.0}
+
+
 def test_keep_rows_moves_each_sources_rows_into_one_file(tmp_path):
     per_source = {"toolfind": {"success": 1.0, "rows": [row("t1", 1.0, True)]},
                   "arith": {"success": 0.0, "rows": [row("a1", 0.0, False, arm="single-turn")]}}

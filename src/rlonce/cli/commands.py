@@ -65,8 +65,11 @@ def _run(cfg, resume: bool, args) -> int:
               f"reward {ch['reward_change']:+.3f} ± {ch['reward_change_se']:.3f} (± one standard error)")
     if len(summary["sources"]) > 1:
         for label, src in summary["sources"].items():
+            ch = src.get("heldout_change")
+            paired = f", paired {ch['passed_change']:+.3f} ± {ch['passed_change_se']:.3f}" if ch else ""
             print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
-                  f"held-out tasks (share {src['share']:.2f})")
+                  f"held-out tasks{paired} (share {src['share']:.2f}, trained {src['trained_share']:.2f} of the "
+                  f"retained sequences)")
     return 0
 
 

@@ -66,11 +66,11 @@ def write_rows(path: Path, rows: list[dict], **extra) -> None:
             f.write(json.dumps({**extra, **r}) + "\n")
 
 
-def paired_change(before: Path, after: Path) -> dict | None:
+def paired_change(before: Path, after: Path, source: str | None = None) -> dict | None:
     """Mean per-attempt reward and pass change from ``before`` to ``after`` over the attempts both
-    scored (same source, arm and task), with the standard error of the mean paired difference:
-    the noise a before/after table hides. None when either file is missing or they share no
-    scored attempt."""
+    scored (same source, arm and task; with ``source``, that source's only), with the standard
+    error of the mean paired difference: the noise a before/after table hides. None when either
+    file is missing or they share no scored attempt."""
     if not (before.is_file() and after.is_file()):
         return None
     def load(p):
@@ -82,7 +82,7 @@ def paired_change(before: Path, after: Path) -> dict | None:
         return out
 
     a, b = load(before), load(after)
-    keys = sorted(a.keys() & b.keys())
+    keys = sorted(k for k in a.keys() & b.keys() if source is None or k[0] == source)
     if not keys:
         return None
     out = {"attempts": len(keys)}

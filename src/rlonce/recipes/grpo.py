@@ -335,6 +335,7 @@ class Job:
                             "heldout_reward": final.get("reward"), "version": st.version, "final": True,
                             **per_source_success(final)})
         wall = self._elapsed()
+        trained = trained_by_source(read_jsonl(self.out / "ledger.jsonl"), list(self.sources))
         summary = {
             "baseline_success": st.baseline_success,
             "final_success": final["success"],
@@ -352,7 +353,10 @@ class Job:
                             "baseline_success": (st.baseline_per_source or {}).get(k),
                             "final_success": final["per_source"][k]["success"],
                             "heldout_tasks": final["per_source"][k]["tasks"],
-                            "audit_excluded": v.domain.audit_excluded} for k, v in self.sources.items()},
+                            "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl",
+                                                            self.out / "eval" / "final.jsonl", source=k),
+                            **trained[k], "audit_excluded": v.domain.audit_excluded}
+                        for k, v in self.sources.items()},
             "executor": cfg.executor,
             "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
             "final_success_per_arm": final["per_arm"],
@@ -395,3 +399,20 @@ def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True, accept_c
     job.accept_changes = accept_changes
     job.start(resume)
     return job.run()
+
+
+def trained_by_source(ledger: list[dict], labels: list[str]) -> dict[str, dict]:
+    """Per source, the run's ledger summed (sequences: dispatched, retained, filtered for no
+    contrast, short groups) and its share of every retained sequence: what a mixture was owed
+    (``share``) beside what it trained (``trained_share``)."""
+    keys = {"dispatched": "sequences_dispatched", "retained": "sequences_retained",
+            "no_contrast_filtered": "sequences_no_contrast", "groups_short": "groups_short"}
+    out = {k: dict.fromkeys(keys.values(), 0) for k in labels}
+    for row in ledger:
+        if row.get("source") in out:
+            for k, name in keys.items():
+                out[row["source"]][name] += row.get(k, 0)
+    total = sum(v["sequences_retained"] for v in out.values())
+    for v in out.values():
+        v["trained_share"] = v["sequences_retained"] / total if total else 0.0
+    return out
