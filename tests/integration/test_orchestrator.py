@@ -259,7 +259,7 @@ def test_grouped_by_arm_a_flat_arm_is_filtered_once_and_its_twin_retained():
     r = asyncio.run(run())
     e = r.ledger["s"]
     assert (e.dispatched, e.no_contrast_filtered, e.retained, e.carried_over) == (4, 2, 2, 0)
-    assert [row.group_id for row in r.rows] == ["s/0/a@1"] * 2  # arm a's pair: rewards 1, 0 less their mean
+    assert [row.group_id for row in r.rows] == ["s:s/0/a@1"] * 2  # arm a's pair: rewards 1, 0 less their mean
     assert sorted(row.advantages[-1] for row in r.rows) == [-0.5, 0.5]
 
 

@@ -48,8 +48,9 @@ def test_inline_advantages_equal_the_learning_signal():
         assert r.loss_mask == by_key[_key(r)].loss_mask
     # hand-computed: group a's mean is 0.5; in c the hack scores 0, mean 1/3
     adv = sorted((r.group_id, round(max(r.advantages, key=abs), 9)) for r in mine)
-    assert adv == [("a@1", -0.5), ("a@1", -0.5), ("a@1", 0.5), ("a@1", 0.5),
-                   ("c@1", round(-1 / 3, 9)), ("c@1", round(-1 / 3, 9)), ("c@1", round(2 / 3, 9))]
+    assert adv == [("toolfind:a@1", -0.5), ("toolfind:a@1", -0.5), ("toolfind:a@1", 0.5), ("toolfind:a@1", 0.5),
+                   ("toolfind:c@1", round(-1 / 3, 9)), ("toolfind:c@1", round(-1 / 3, 9)),
+                   ("toolfind:c@1", round(2 / 3, 9))]
 
 
 def test_inline_clipped_loss_equals_policy_loss_with_the_config_defaults():

@@ -112,3 +112,12 @@ def test_the_graders_transcript_travels_with_the_sequence_and_is_bounded():
     assert sequence_from_dict(sequence_to_dict(seq)).transcript == seq.transcript  # through a checkpoint
     seq.set_grade(None)
     assert seq.transcript == ""
+
+
+def test_two_sources_drawing_one_task_id_are_two_groups():
+    """Two sources of one domain (e.g. two reasoning sources) draw the same task ids; a shared
+    group id would make them one prompt to the signal's group statistics and aggregation."""
+    from rlonce.core.records import Sample
+
+    a, b = Sample("chain_sum/train/0", "arith", 1), Sample("chain_sum/train/0", "hard", 1)
+    assert (a.group_id, b.group_id) == ("arith:chain_sum/train/0@1", "hard:chain_sum/train/0@1")

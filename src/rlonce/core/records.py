@@ -227,7 +227,9 @@ class Sample:
 
     @property
     def group_id(self) -> str:
-        return f"{self.task_id}@{self.dispatch_step}"
+        """``source:task_id@dispatch_step``: two sources of one domain draw the same task ids, and
+        their groups must never be one prompt to the signal (prompt-mean aggregation, mini-batches)."""
+        return f"{self.source}:{self.task_id}@{self.dispatch_step}"
 
 
 @dataclass(slots=True)
