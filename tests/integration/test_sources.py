@@ -430,3 +430,22 @@ def test_each_source_samples_at_its_own_temperature_and_the_trainer_recomputes_a
     assert sorted(g["source"] for g in meta["groups"]) == ["cool", "warm"]
     temps = np.load(out / "rollouts" / "step-0001.npz")["temperatures"].tolist()
     assert sorted(temps) == pytest.approx([0.6, 0.6, 1.3, 1.3])
+
+
+def test_the_orchestrator_counts_staleness_violations_by_each_groups_own_source():
+    """The RL loop asks the orchestrator, which keeps the bounds, for the step's violations."""
+    from rlonce.core.records import Sample, TrainingRow
+
+    rules = {"code": SourceRules(3, "drop"), "math": SourceRules(1, "drop")}
+    o = _orch({"code": "ok", "math": "ok"}, {"code": 0.5, "math": 0.5}, batch=2, rules=rules)
+    assert (o.staleness("code"), o.staleness("math"), o.staleness("other")) == (3, 1, 1)
+    samples = [Sample("t", "code", 2), Sample("t", "math", 4)]  # one task id, two sources: two groups
+
+    def row(sample, versions):
+        n = len(versions) + 1
+        return TrainingRow([1] * n, [0] + [1] * len(versions), [0.0] * n, [0.0] * n, [-1] + versions,
+                           group_id=sample.group_id)
+
+    rows = [row(samples[0], [5, 4, 3, 2]), row(samples[1], [5, 4, 4])]
+    # at version 5: code allows lag ≤ 2 (its lag-3 token breaks it), math lag 0 (two lag-1 tokens)
+    assert o.staleness_violations(samples, rows, 5) == 1 + 2

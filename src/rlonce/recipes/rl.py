@@ -25,7 +25,6 @@ from collections import Counter
 from tqdm.auto import tqdm
 
 from rlonce.core import faults
-from rlonce.core.records import staleness_violations
 from rlonce.model import omp
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
@@ -76,8 +75,7 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     shares = {n: x.plan.share for n, x in job.sources.items()}
     remote = bool(res.payloads and cfg.storage.remote_rows)  # the Ray executor's rows: in the object store
     rows = res.rows + ([r for p in res.payloads for r in p.fetch()[1]] if remote else [])
-    limit = {x.group_id: orch.s.rule(x.source).staleness for x in samples}
-    violations = staleness_violations(rows, trained_version, lambda g: limit.get(g, orch.s.staleness))
+    violations = orch.staleness_violations(samples, rows, trained_version)
     rec = step_record(StepInputs(
         step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
         violations, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
@@ -99,7 +97,7 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         trainer_lp = job.backend.trained_logprobs()
     rec["rollouts_bytes"] = float(write_step(
         job.out, step, rows, samples, train_version=trained_version, rows_remote=res.row_count - len(rows),
-        staleness={n: orch.s.rule(n).staleness for n in job.sources}, untrained=untrained_sample(job, res, step),
+        staleness={n: orch.staleness(n) for n in job.sources}, untrained=untrained_sample(job, res, step),
         trainer_logprobs=trainer_lp))
     return rec
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from rlonce.algo.signal import SignalSettings
 from rlonce.core.ledger import LedgerEntry
-from rlonce.core.records import FailureCategory, Sample, Sequence, Status
+from rlonce.core.records import FailureCategory, Sample, Sequence, Status, staleness_violations
 from rlonce.errors import note_internal
 from rlonce.rollout.admission import dispatch_round
 from rlonce.rollout.difficulty import DifficultyFilter
@@ -93,6 +93,17 @@ class Orchestrator:
         self.requeue: dict[str, list[int]] = {n: [] for n in mixer.sources}  # ``reissue``: stale tasks first
 
     # ---- bookkeeping ---------------------------------------------------------------------
+    def staleness(self, source: str) -> int:
+        """The largest dispatch age (steps) a trained group of ``source`` may have."""
+        return self.s.rule(source).staleness
+
+    def staleness_violations(self, samples: list, rows: list, trained_version: int) -> int:
+        """Trained tokens whose policy lag broke their own source's staleness bound (``rows`` of
+        ``samples``' groups, trained at ``trained_version``): a check of the bound this orchestrator
+        keeps, counted in the step record."""
+        limit = {x.group_id: self.staleness(x.source) for x in samples}
+        return staleness_violations(rows, trained_version, lambda g: limit.get(g, self.s.staleness))
+
     def _entry(self, source: str) -> LedgerEntry:
         return self.window.setdefault(source, LedgerEntry(self.step, source))
 
