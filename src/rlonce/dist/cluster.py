@@ -77,7 +77,8 @@ def split_payloads(payloads: list, world: int) -> list[list]:
 def absolute_packs(cfg):
     """``cfg`` with every task pack path absolute: actors do not share the driver's directory."""
     def fix(t):
-        return t.model_copy(update={"pack": str(Path(t.pack).absolute())}) if t.pack else t
+        pack = getattr(t, "pack", None)  # a domain option by convention: the folder of its task pack
+        return t.model_copy(update={"pack": str(Path(pack).absolute())}) if pack else t
     return cfg.model_copy(update={"task": fix(cfg.task), "sources": [fix(x) for x in cfg.sources]})
 
 
