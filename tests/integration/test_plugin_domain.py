@@ -122,3 +122,25 @@ def test_the_example_trains_beside_toolfind_from_its_own_folder(tmp_path):
     plugin = json.loads((out / "provenance.json").read_text())["plugins"]["filecount:DOMAIN"]
     assert plugin["path"] == str(EXAMPLE / "filecount.py")
     assert plugin["sha256"] == hashlib.sha256(b"filecount.py\0" + (EXAMPLE / "filecount.py").read_bytes()).hexdigest()
+
+
+def test_a_changed_plugin_blocks_resuming_only_the_runs_that_use_it(tmp_path, monkeypatch):
+    from rlonce.errors import UsageError
+    from rlonce.recipes.provenance import FILE, check_resume, plugin_provenance
+
+    (tmp_path / "mine.py").write_text((EXAMPLE / "filecount.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(registry, "_LOADED", {})
+    run = tmp_path / "run"
+    run.mkdir()
+    try:
+        (run / FILE).write_text(json.dumps({"plugins": plugin_provenance(["mine:DOMAIN"]), "resumes": []}))
+        check_resume(run, {}, {}, 1, accept=False)  # unchanged: resumes
+        (tmp_path / "mine.py").write_text((tmp_path / "mine.py").read_text() + "\n# changed\n")
+        with pytest.raises(UsageError, match=r"domain plugin mine:DOMAIN \(.*mine.py: sha256 .* -> .*\) changed"):
+            check_resume(run, {}, {}, 1, accept=False)
+        assert check_resume(run, {}, {}, 1, accept=True)["resumes"][-1]["plugins_changed"] == ["mine:DOMAIN"]
+        (run / FILE).write_text(json.dumps({"plugins": {}, "resumes": []}))  # a run that does not use it
+        check_resume(run, {}, {}, 1, accept=False)
+    finally:
+        sys.modules.pop("mine", None)
