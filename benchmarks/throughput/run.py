@@ -123,11 +123,11 @@ def raw_train(model, opt, rows) -> float:
 
 def trainer_train(trainer, rows) -> float:
     from rlonce.config import load_config
-    from rlonce.train.builders import rl_step_kwargs
+    from rlonce.train.builders import rl_request
 
-    kw = rl_step_kwargs(load_config(None, ["rl.minibatches=1"]), len(rows), step=0, version=0)
+    request = rl_request(load_config(None, ["rl.minibatches=1"]), len(rows), step=0, version=0)
     t0 = time.perf_counter()
-    trainer.rl_step(rows, **kw)
+    trainer.rl_step(rows, request)
     return sum(len(r) for r in rows) / (time.perf_counter() - t0)
 
 

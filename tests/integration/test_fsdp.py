@@ -9,6 +9,7 @@ the metrics of each case; the test compares them with a single-process ``Trainer
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pickle
 import socket
@@ -24,6 +25,7 @@ from rlonce.config import AlgoConfig, objective_params
 from rlonce.core.records import TrainingRow
 from rlonce.train.distributed import rows_for_rank
 from rlonce.train.minibatch import minibatch_splits
+from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
 WORLD = 2
@@ -35,26 +37,28 @@ different orders, and Adam turns noise δ in a near-zero entry into a step of up
 ε = 1e-8 that reaches 3e-5 here."""
 
 
-def _kw(objective: str, agg: str, correction: str = "none", correction_cap: float = 2.0, **params) -> dict:
-    """rl_step's arguments: the config's objective parameters, overridden by ``params``."""
-    return {"objective": objective, "agg": agg, "correction": correction, "correction_cap": correction_cap,
-            "geometric_bounds": (0.999, 1.001), "kl_coef": 0.0,
-            **objective_params(AlgoConfig(objective=objective)), **params}
+def _request(objective: str, agg: str, correction: str = "none", correction_cap: float = 2.0, minibatches: int = 1,
+             **params) -> RLRequest:
+    """rl_step's request: the config's objective parameters, overridden by ``params``; each step
+    gives its seed and version."""
+    return RLRequest(objective=objective, params=objective_params(AlgoConfig(objective=objective)) | params, agg=agg,
+                     correction=correction, correction_cap=correction_cap, geometric_bounds=(0.999, 1.001),
+                     kl_coef=0.0, minibatches=minibatches)
 
 
 CASES = {
     "token-mean": {"steps": [{"seed": 0, "version": 0}, {"seed": 1, "version": 0}],
-                   "kw": _kw("ppo", "token-mean", clip_low=0.2, clip_high=0.2, clip_c=None)},
+                   "request": _request("ppo", "token-mean", clip_low=0.2, clip_high=0.2, clip_c=None)},
     "prompt-mean+correction": {"steps": [{"seed": 0, "version": 0}],
-                               "kw": _kw("ppo", "prompt-mean", "token", 1.2)},
+                               "request": _request("ppo", "prompt-mean", "token", 1.2)},
     "masked IS, sequence": {"steps": [{"seed": 0, "version": 0}],  # masked rows leave every denominator
-                            "kw": _kw("ppo", "prompt-mean", "sequence-mis", 1.2)},
+                            "request": _request("ppo", "prompt-mean", "sequence-mis", 1.2)},
     "seq-mean-token-mean, 2 mini-batches": {"steps": [{"seed": 3}],
-                                            "kw": _kw("ppo", "seq-mean-token-mean", minibatches=2)},
+                                            "request": _request("ppo", "seq-mean-token-mean", minibatches=2)},
     "seq-mean-token-sum-norm, cispo": {"steps": [{"seed": 0}],  # norm: the global padded length
-                                       "kw": _kw("cispo", "seq-mean-token-sum-norm")},
+                                       "request": _request("cispo", "seq-mean-token-sum-norm")},
     "one row, rank 1 has none": {"rows": 1, "steps": [{"seed": 0, "version": 0}],
-                                 "kw": _kw("ppo", "token-mean", "token")},
+                                 "request": _request("ppo", "token-mean", "token")},
     "sft": {"sft": True},
 }
 TOL = 1e-5
@@ -84,7 +88,7 @@ def global_batch(model) -> list[TrainingRow]:
 def run_case(trainer: Trainer, rows: list[TrainingRow], case: dict) -> list[dict]:
     if case.get("sft"):
         return [trainer.sft_step(rows)]
-    return [trainer.rl_step(rows, **case["kw"], **step) for step in case["steps"]]
+    return [trainer.rl_step(rows, dataclasses.replace(case["request"], **step)) for step in case["steps"]]
 
 
 def reference(model, rows: list[TrainingRow], case: dict) -> list[dict]:
@@ -92,16 +96,16 @@ def reference(model, rows: list[TrainingRow], case: dict) -> list[dict]:
     k-th split of whole groups over every rank's rows (rank order; groups straddle ranks here),
     so it is trained as one rl_step each."""
     trainer = Trainer(model, SETTINGS, micro_batch_tokens=MICRO)
-    k_splits = case.get("kw", {}).get("minibatches", 1)
+    k_splits = case["request"].minibatches if "request" in case else 1
     if k_splits == 1:
         return run_case(trainer, rows, case)
-    assert case["kw"].get("correction", "none") == "none" and len(case["steps"]) == 1
+    assert case["request"].correction == "none" and len(case["steps"]) == 1
     seed = case["steps"][0]["seed"]
     flat = [r for rank in range(WORLD) for r in rows_for_rank(rows, rank, WORLD)]
     splits = minibatch_splits([r.group_id for r in flat], [len(r) for r in flat], k_splits, seed)
     assert len(splits) == k_splits
-    kw = {**case["kw"], "minibatches": 1}
-    per_mb = [trainer.rl_step([flat[i] for i in sp], **kw) for sp in splits]
+    request = dataclasses.replace(case["request"], minibatches=1)
+    per_mb = [trainer.rl_step([flat[i] for i in sp], request) for sp in splits]
     return [{k: sum(m[k] for m in per_mb) / k_splits for k in per_mb[0] if k not in ("lr", "trained_tokens")}]
 
 

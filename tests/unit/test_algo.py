@@ -84,6 +84,7 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
     import copy
 
     from rlonce.core.records import TrainingRow
+    from rlonce.train.request import RLRequest
     from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
     def rows(w0):
@@ -105,9 +106,9 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
         tr = Trainer(model, OptimSettings(lr=0.0), micro_batch_tokens=micro)
         tr.optimizer.step = lambda: None  # keep the gradient for inspection
         tr.optimizer.zero_grad = lambda set_to_none=True: None
-        tr.rl_step(rows(w0), objective="ppo", agg="prompt-mean", correction="none", correction_cap=2.0,
-                   geometric_bounds=(0.999, 1.001), kl_coef=0.0,
-                   clip_low=0.2, clip_high=0.2, clip_c=None)
+        tr.rl_step(rows(w0), RLRequest(objective="ppo", params={"clip_low": 0.2, "clip_high": 0.2, "clip_c": None},
+                                       agg="prompt-mean", correction="none", correction_cap=2.0,
+                                       geometric_bounds=(0.999, 1.001), kl_coef=0.0))
         grads.append(model.model.embed_tokens.weight.grad.clone())
     scale = grads[0].abs().max()
     assert scale > 1e-4
@@ -119,6 +120,7 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
     import copy
 
     from rlonce.core.records import TrainingRow
+    from rlonce.train.request import RLRequest
     from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
     def rows(shift):
@@ -138,9 +140,9 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
         tr = Trainer(model, OptimSettings(lr=0.0))
         tr.optimizer.step = lambda: None
         tr.optimizer.zero_grad = lambda set_to_none=True: None
-        m = tr.rl_step(rs, objective=objective, agg="token-mean", correction=correction, correction_cap=correction_cap,
-                       geometric_bounds=(0.999, 1.001), kl_coef=0.0,
-                       **objective_params(AlgoConfig(objective=objective)))
+        m = tr.rl_step(rs, RLRequest(objective=objective, params=objective_params(AlgoConfig(objective=objective)),
+                                     agg="token-mean", correction=correction, correction_cap=correction_cap,
+                                     geometric_bounds=(0.999, 1.001), kl_coef=0.0))
         return model.model.embed_tokens.weight.grad.clone(), m
 
     plain, _ = grad(rows(0.0))

@@ -16,7 +16,7 @@ from rlonce.dist.cluster import RayCluster
 from rlonce.engine.base import BackendError, SamplingParams
 from rlonce.rollout.orchestrator import StepResult
 from rlonce.train.backend import LocalBackend, TrainerBackend, TrainerStateError
-from rlonce.train.builders import optim_settings, rl_step_kwargs
+from rlonce.train.builders import optim_settings, rl_request
 
 MEMBERS = ["executor", "train", "publish", "pull", "close"]
 
@@ -56,7 +56,7 @@ def test_local_backend_trains_publishes_the_version_and_pulls(backend, lm):
     cfg, own, b = backend
     before = {k: v.clone() for k, v in own.model.state_dict().items()}
     batch = _batch(own, b.engine)
-    metrics = asyncio.run(b.train(batch, rl_step_kwargs(cfg, 1, 1, version=0)))
+    metrics = asyncio.run(b.train(batch, rl_request(cfg, 1, 1, version=0)))
     assert metrics["lag_counts"] == {0: sum(batch.rows[0].loss_mask)}  # every trained token: sampled by version 0
     moved = [k for k, v in own.model.state_dict().items() if not torch.equal(v, before[k])]
     assert moved, "the step changed no weight"
@@ -74,7 +74,7 @@ def test_local_backend_trains_publishes_the_version_and_pulls(backend, lm):
 
 def test_local_backend_resumes_the_optimizer_and_refuses_the_wrong_kind(backend, lm, embedded_dir):
     cfg, own, b = backend
-    asyncio.run(b.train(_batch(own, b.engine), rl_step_kwargs(cfg, 1, 1, version=0)))
+    asyncio.run(b.train(_batch(own, b.engine), rl_request(cfg, 1, 1, version=0)))
     saved = b.pull(own.model)
     again = LocalBackend(cfg, own, embedded_dir, version=1, optim=optim_settings(cfg.rl), trainer_state=saved)
     try:

@@ -1,7 +1,8 @@
 """The pure builders give each part of a run its settings from the resolved config."""
 
 from rlonce.config import load_config
-from rlonce.train.builders import optim_settings, rl_step_kwargs
+from rlonce.train.builders import optim_settings, rl_request
+from rlonce.train.request import RLRequest
 
 
 def test_optim_settings_follow_the_named_optimizer():
@@ -11,12 +12,12 @@ def test_optim_settings_follow_the_named_optimizer():
     assert optim_settings(load_config(None, ["rl.adam_eps=1e-6"]).rl).eps == 1e-6
 
 
-def test_rl_step_kwargs_carry_the_objective_and_the_controller_bounds():
+def test_rl_request_carries_the_objective_and_the_controller_bounds():
     cfg = load_config(None, ["rl.minibatches=4"])
-    kw = rl_step_kwargs(cfg, 3, step=7, version=2)
-    assert kw == {"objective": "ppo", "agg": "prompt-mean", "minibatches": 3, "seed": 7, "correction": "none",
-                  "correction_cap": 2.0, "geometric_bounds": (0.999, 1.001), "kl_coef": 0.0, "version": 2,
-                  "clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0}
+    request = rl_request(cfg, 3, step=7, version=2)
+    assert request == RLRequest(objective="ppo", params={"clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0},
+                                agg="prompt-mean", minibatches=3, seed=7, correction="none", correction_cap=2.0,
+                                geometric_bounds=(0.999, 1.001), kl_coef=0.0, version=2)
     four = load_config(None, ["algo.objective=four_bound"])
-    kw = rl_step_kwargs(four, 10, step=1, version=0, bounds={"pos_high": 4.0})
-    assert kw["objective"] == "four_bound" and kw["pos_high"] == 4.0 and kw["neg_high"] == 5.0
+    request = rl_request(four, 10, step=1, version=0, bounds={"pos_high": 4.0})
+    assert request.objective == "four_bound" and request.params["pos_high"] == 4.0 and request.params["neg_high"] == 5.0

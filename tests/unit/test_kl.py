@@ -9,6 +9,7 @@ import torch
 from rlonce.algo.losses import kl_k3
 from rlonce.config import AlgoConfig, ConfigError, load_config, objective_params
 from rlonce.core.records import TrainingRow
+from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
 
@@ -45,8 +46,9 @@ def _rows(lm) -> list[TrainingRow]:
 
 
 def _step(tr: Trainer, rows, kl_coef: float) -> dict:
-    return tr.rl_step(rows, objective="ppo", agg="token-mean", correction="none", correction_cap=2.0,
-                      geometric_bounds=(0.999, 1.001), kl_coef=kl_coef, version=0, **objective_params(AlgoConfig()))
+    return tr.rl_step(rows, RLRequest(objective="ppo", params=objective_params(AlgoConfig()), agg="token-mean",
+                                      correction="none", correction_cap=2.0, geometric_bounds=(0.999, 1.001),
+                                      kl_coef=kl_coef, version=0))
 
 
 def _mean_k3(model, ref, rows) -> float:

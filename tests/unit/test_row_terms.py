@@ -7,6 +7,7 @@ import torch
 
 from rlonce.config import AlgoConfig, objective_params
 from rlonce.core.records import TrainingRow
+from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings, Trainer, token_logprobs
 
 
@@ -32,8 +33,8 @@ def _step(lm, rows, correction: str, cap: float = 2.0, bounds=(0.999, 1.001)):
     tr = Trainer(model, OptimSettings(lr=0.0))
     tr.optimizer.step = lambda: None  # keep the gradient for inspection
     tr.optimizer.zero_grad = lambda set_to_none=True: None
-    m = tr.rl_step(rows, objective="ppo", agg="token-mean", correction=correction, correction_cap=cap,
-                   geometric_bounds=bounds, kl_coef=0.0, **objective_params(AlgoConfig()))
+    m = tr.rl_step(rows, RLRequest(objective="ppo", params=objective_params(AlgoConfig()), agg="token-mean",
+                                   correction=correction, correction_cap=cap, geometric_bounds=bounds, kl_coef=0.0))
     return model.model.embed_tokens.weight.grad.clone(), m
 
 

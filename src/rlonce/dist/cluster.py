@@ -19,6 +19,7 @@ from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
 from rlonce.model.precision import wants_autocast
 from rlonce.rollout.orchestrator import Judge, StepResult
+from rlonce.train.request import RLRequest
 
 _SESSION_SUFFIX = len("/session_2026-11-30_01-13-03_719857_4194304/sockets/plasma_store")
 _MAX_SOCKET_PATH = 107
@@ -151,12 +152,12 @@ class RayCluster:
             self._executor = RayExecutor(self.pools, self.rc.group_timeout_s)
         return self._executor, self.rc.harness_pools * self.rc.pool_sessions
 
-    async def train(self, batch: StepResult, kwargs: dict) -> dict:
+    async def train(self, batch: StepResult, request: RLRequest) -> dict:
         """One step on every trainer rank, each given its share of the groups (local rows, replayed
         from a checkpoint, go to rank 0); the metrics are global, the lag counts summed."""
         payloads: list[RemotePayload] = batch.payloads
         shares = split_payloads(payloads, len(self.trainers))
-        refs = [t.rl_step.remote([p.ref for p in share], batch.rows if r == 0 else [], kwargs)
+        refs = [t.rl_step.remote([p.ref for p in share], batch.rows if r == 0 else [], request)
                 for r, (t, share) in enumerate(zip(self.trainers, shares))]
         try:
             out = await asyncio.wait_for(asyncio.gather(*(awaitable(x) for x in refs)), self.rc.group_timeout_s)

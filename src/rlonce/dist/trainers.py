@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rlonce.dist.common import ray_module
+from rlonce.train.request import RLRequest
 
 
 class TrainerActor:
@@ -68,12 +69,12 @@ class TrainerActor:
         self.publish(self.version)
         return self.ready()
 
-    def rl_step(self, payload_refs: list, rows: list, kwargs: dict) -> dict:
+    def rl_step(self, payload_refs: list, rows: list, request: RLRequest) -> dict:
         from rlonce.train.backend import train_rows
 
         for _, more in ray_module().get(payload_refs, timeout=self.timeout):
             rows = rows + list(more)
-        return train_rows(self.trainer, rows, kwargs)  # lag_counts: this rank's rows
+        return train_rows(self.trainer, rows, request)  # lag_counts: this rank's rows
 
     def _full_state(self) -> dict:
         if self.world > 1:

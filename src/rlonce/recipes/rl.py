@@ -30,7 +30,7 @@ from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
 from rlonce.telemetry.rollouts import write_step
 from rlonce.telemetry.step import StepInputs, per_source_success, step_record, write_trajectories
-from rlonce.train.builders import rl_step_kwargs
+from rlonce.train.builders import rl_request
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ async def train_step(job, res: StepResult, step: int) -> dict:
     the engines as ``version + 1`` (an entropy-bound controller updates its bounds in between)."""
     st, controller = job.state, job.controller
     bounds = controller.bounds() if controller is not None else None
-    train_m = await job.backend.train(res, rl_step_kwargs(job.cfg, res.row_count, step, st.version, bounds))
+    train_m = await job.backend.train(res, rl_request(job.cfg, res.row_count, step, st.version, bounds))
     faults.point("train.step")
     if controller is not None:
         train_m.update({f"bound_{k}": v for k, v in controller.update(train_m["entropy"]).items()})

@@ -5,7 +5,7 @@ which one it is:
 
     executor(domain, spec) ─► (Executor, session cap)   rollout groups run there
     engine                                              generates (rollouts, evals)
-    await train(batch, kwargs) ─► metrics               one optimizer step on the step's rows
+    await train(batch, request) ─► metrics              one optimizer step on the step's rows
     await publish(version)                              the new weights to every engine as ``version``
     pull(model) ─► optimizer state                      ``model`` takes the trainer's weights (checkpoints)
     close()
@@ -33,6 +33,7 @@ from rlonce.model import omp
 from rlonce.rollout.builders import deterministic
 from rlonce.rollout.orchestrator import Executor, StepResult
 from rlonce.rollout.runner import LocalExecutor
+from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings, Trainer
 
 STATE_ERRORS = (KeyError, ValueError, RuntimeError, TypeError)
@@ -49,9 +50,9 @@ class TrainerBackend(Protocol):
     def executor(self, domain, spec) -> tuple[Executor, int | None]:
         """The executor rollout groups run on, and the most sessions it holds at once (None: no cap)."""
 
-    async def train(self, batch: StepResult, kwargs: dict) -> dict:
-        """One optimizer step on ``batch``'s rows (``Trainer.rl_step``'s ``kwargs``); the metrics
-        carry ``lag_counts``: trained rows by version lag."""
+    async def train(self, batch: StepResult, request: RLRequest) -> dict:
+        """One optimizer step on ``batch``'s rows as ``request`` asks (``Trainer.rl_step``); the
+        metrics carry ``lag_counts``: trained rows by version lag."""
 
     async def publish(self, version: int) -> None:
         """The trainer's current weights to every engine, as ``version``."""
@@ -83,10 +84,10 @@ def restore_trainer(trainer: Trainer, state: dict, *, world: int = 1, rank: int 
         trainer.load_state_dict(state)
 
 
-def train_rows(trainer: Trainer, rows: list, kwargs: dict) -> dict:
+def train_rows(trainer: Trainer, rows: list, request: RLRequest) -> dict:
     """``trainer.rl_step`` on ``rows``, with the rows counted by version lag (``lag_counts``)."""
-    metrics = trainer.rl_step(rows, **kwargs)
-    metrics["lag_counts"] = dict(version_lags(rows, kwargs["version"]))
+    metrics = trainer.rl_step(rows, request)
+    metrics["lag_counts"] = dict(version_lags(rows, request.version))
     return metrics
 
 
@@ -119,7 +120,7 @@ class LocalBackend:
     def executor(self, domain, spec) -> tuple[Executor, None]:
         return LocalExecutor(domain.env_factory, self.engine, spec), None
 
-    async def train(self, batch: StepResult, kwargs: dict) -> dict:
+    async def train(self, batch: StepResult, request: RLRequest) -> dict:
         if self.overlap:  # on a thread of its own, which does not inherit a torch thread count
             threads = self.train_threads
 
@@ -127,14 +128,14 @@ class LocalBackend:
                 import torch
 
                 torch.set_num_threads(threads)
-                return self._train(batch, kwargs)
+                return self._train(batch, request)
 
             return await asyncio.get_running_loop().run_in_executor(None, train)
-        return self._train(batch, kwargs)
+        return self._train(batch, request)
 
-    def _train(self, batch: StepResult, kwargs: dict) -> dict:
+    def _train(self, batch: StepResult, request: RLRequest) -> dict:
         try:
-            return train_rows(self.trainer, batch.rows, kwargs)
+            return train_rows(self.trainer, batch.rows, request)
         finally:  # the engine's worker decodes next: this thread's OpenMP team would slow it (rlonce.model.omp)
             omp.release()
 

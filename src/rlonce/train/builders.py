@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlonce.config import OPTIMIZERS, RLConfig, RunConfig, objective_params
+from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings
 
 
@@ -13,14 +14,13 @@ def optim_settings(r: RLConfig) -> OptimSettings:
                          max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"])
 
 
-def rl_step_kwargs(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dict | None = None) -> dict:
-    """``Trainer.rl_step``'s keyword arguments for one step of ``n_rows`` rows: the objective
-    with its parameters (``bounds`` from an entropy-bound controller replace its bounds), the
-    aggregation, the mini-batch count (at most one per row), rollout correction, the KL term's
-    coefficient, the version."""
+def rl_request(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dict | None = None) -> RLRequest:
+    """What ``Trainer.rl_step`` is asked for one step of ``n_rows`` rows: the objective with its
+    parameters (``bounds`` from an entropy-bound controller replace its bounds), the aggregation,
+    the mini-batch count (at most one per row) seeded by ``step``, rollout correction, the KL
+    term's coefficient, the version."""
     a = cfg.algo
-    params = objective_params(a) | (bounds or {})
-    return dict(objective=a.objective.name, agg=a.aggregation, minibatches=min(cfg.rl.minibatches, n_rows),
-                seed=step, correction=a.rollout_correction, correction_cap=a.correction_cap,
-                geometric_bounds=(a.geometric_low, a.geometric_high), kl_coef=a.kl_coef, version=version,
-                **params)
+    return RLRequest(objective=a.objective.name, params=objective_params(a) | (bounds or {}), agg=a.aggregation,
+                     minibatches=min(cfg.rl.minibatches, n_rows), seed=step, correction=a.rollout_correction,
+                     correction_cap=a.correction_cap, geometric_bounds=(a.geometric_low, a.geometric_high),
+                     kl_coef=a.kl_coef, version=version)

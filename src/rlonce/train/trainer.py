@@ -25,6 +25,7 @@ from rlonce.model.packing import micro_batches
 from rlonce.model.precision import autocast
 from rlonce.train.distributed import cat_over_ranks, data_parallel_group, gather, sum_over_ranks
 from rlonce.train.minibatch import rank_splits
+from rlonce.train.request import RLRequest
 from rlonce.train.row_terms import correct_rows, correction_metrics, frozen_copy, pad_like, same_version
 
 
@@ -207,55 +208,32 @@ class Trainer:
         norm = self._optimizer_step()
         return {"sft_loss": total, "grad_norm": norm, "lr": self.lr_at(self.step - 1)}
 
-    def rl_step(self, rows: list[TrainingRow], *, objective: str, agg: str, correction: str, correction_cap: float,
-                geometric_bounds: tuple[float, float], kl_coef: float, minibatches: int = 1, seed: int = 0,
-                version: int | None = None, **params) -> dict[str, float]:
-        """One RL update: an optimizer step on each mini-batch of ``rows``: ``minibatches`` of
-        them, each a seeded share of whole prompt groups (``rlonce.train.minibatch``).
-
-        ``objective``, ``agg``, ``correction``, ``correction_cap``, ``geometric_bounds``,
-        ``kl_coef`` and the objective's ``params`` come from the config (``algo.*``;
-        ``rlonce.train.builders`` passes them): they have no defaults here.
-
-        The ratio's denominator is the rollout log-prob. With a ``correction`` (not 'none'), the
-        trainer first recomputes every row's log-probs under the weights it holds before the
-        update (π_old); the correction (``rlonce.algo.rollout_correction``) then weights each
-        token's loss and may mask tokens or whole rows, which leave the loss masks before the
-        mini-batches are formed (``rlonce.train.row_terms``); the ratio is taken against π_old.
-        Metrics are token-weighted means over the step.
-
-        With ``kl_coef`` > 0 the loss gains ``kl_coef`` times the k3 estimate of KL(π_θ ‖ π_ref)
-        under the aggregation's weights (``rlonce.algo.losses.kl_k3``; metric ``kl``). π_ref is a
-        frozen copy of the weights this trainer held at its first step with KL on — the policy
-        RL starts from — kept in ``state_dict`` so that a resumed run measures against the same
-        reference; its log-probs cost one more forward per row.
-
-        With ``version`` (the policy version these weights are), the train/inference mismatch is
-        measured on the trained tokens that version sampled: the trainer's log-probs — recomputed
-        for all rows when ``correction`` is on, else those of the first mini-batch's forward,
-        before any update — against the rollout log-probs (``mismatch_metrics``).
-        """
+    def rl_step(self, rows: list[TrainingRow], request: RLRequest) -> dict[str, float]:
+        """One RL update as ``request`` asks (``rlonce.train.request``, where each setting is
+        explained): an optimizer step on each of its ``minibatches`` mini-batches of ``rows``.
+        Metrics are token-weighted means over the step."""
         self.model.train()
         self._seen: dict[int, torch.Tensor] = {}
         aux: dict[str, list[torch.Tensor]] = {}
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         out: dict[str, float] = {}
-        if correction != "none":
+        version = request.version
+        if request.correction != "none":
             aux["old"] = self._recompute(rows)
             if version is not None:
                 pairs = [same_version(r, aux["old"][i], version) for i, r in enumerate(rows)]
-            rows, aux["corr"], counts = correct_rows(rows, aux["old"], mode=correction, cap=correction_cap,
-                                                     bounds=geometric_bounds)
+            rows, aux["corr"], counts = correct_rows(rows, aux["old"], mode=request.correction,
+                                                     cap=request.correction_cap, bounds=request.geometric_bounds)
             out.update(correction_metrics(sum_over_ranks(self.group, counts)))
-        if kl_coef > 0:
+        if request.kl_coef > 0:
             aux["ref"] = self._recompute(rows, self._reference_model())
-        splits = rank_splits(self.group, rows, minibatches, seed)
-        loss_fn = functools.partial(policy_loss, objective, **params)
+        splits = rank_splits(self.group, rows, request.minibatches, request.seed)
+        loss_fn = functools.partial(policy_loss, request.objective, **request.params)
         sums: dict[str, float] = {}
         for k_split, split in enumerate(splits):
             measure = k_split == 0 and "old" not in aux and version is not None
-            stats = self._rl_minibatch([rows[i] for i in split], loss_fn, agg,
-                                       aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=kl_coef,
+            stats = self._rl_minibatch([rows[i] for i in split], loss_fn, request.agg,
+                                       aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=request.kl_coef,
                                        pairs=pairs if measure else None, version=version)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
