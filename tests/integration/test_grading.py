@@ -17,6 +17,7 @@ from test_code_training import PerSession, _spec
 
 from rlonce.algo.signal import SignalSettings
 from rlonce.config import TaskConfig
+from rlonce.core.records import Grades
 from rlonce.envs.domains import domain_for
 from rlonce.grading.graders import Grader, GradingSettings
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
@@ -91,7 +92,7 @@ def test_gar_worked_example_end_to_end_on_a_real_code_group(code_pack, tok):
     seqs = res.finished
     assert [s.passed for s in seqs] == [True, True, False, False]
     assert all(s.artifact.startswith("--- a/") for s in seqs[:2]) and not seqs[2].artifact  # the diff reached it
-    assert [s.metrics.get("gar_quality") for s in seqs] == [0.5, 1.0, None, None]
+    assert [s.grades.gar_quality for s in seqs] == [0.5, 1.0, None, None]
     # seed 001: Σ_P A = 1, Σ_P f·A = 3/4, λ = 4/3 → 1/3 and 2/3; failures stay −1/2; the group sums to 0
     assert _advantages(res) == [-0.5, -0.5, round(1 / 3, 6), round(2 / 3, 6)]
     assert res.metrics["gar_groups"] == 1
@@ -108,6 +109,7 @@ def test_a_confirmed_hack_is_zeroed_before_the_group_statistics(code_pack, tok):
                          SignalSettings(zero_hacks=True))
     seqs = res.finished
     assert [s.hack_confirmed for s in seqs] == [False, True, False, False]
+    assert [s.grades.audit_hack for s in seqs] == [False, True, False, False]
     assert [s.reward for s in seqs] == [1.0, 1.0, 0.0, 0.0]  # the test reward stays on the record ...
     # ... and the statistics see [1, 0, 0, 0]: mean 1/4, so +3/4 and −1/4 (not ±1/2)
     assert _advantages(res) == [-0.25, -0.25, -0.25, 0.75]
@@ -124,7 +126,7 @@ def test_grs_scores_multiply_the_test_reward(code_pack, tok):
     res, grader = _group(code_pack, tok, ScriptedJudge(script), GradingSettings(grs=True), SignalSettings(grs=True),
                          rubrics=lambda t: rubrics)
     seqs = res.finished
-    assert [(s.metrics.get("grs_solution"), s.metrics.get("grs_behavior")) for s in seqs[:2]] == [(0.5, 0.5)] * 2
+    assert [(s.grades.rubric_solution, s.grades.rubric_behavior) for s in seqs[:2]] == [(0.5, 0.5)] * 2
     # R = 1 · ½ · ½ = ¼ for both passes, 0 for the failures: mean 1/8 → +1/8, −1/8
     assert _advantages(res) == [-0.125, -0.125, 0.125, 0.125]
     assert grader.take_stats()["grading/grs_scored"] == 2
@@ -145,7 +147,7 @@ def test_unusable_judges_fall_back_to_test_rewards_and_are_counted(code_pack, to
                          SignalSettings(grs=True, gar=True), rubrics=lambda t: rubrics)
     seqs = res.finished
     assert [s.reward for s in seqs] == [1.0, 1.0, 0.0, 0.0] and not any(s.hack_confirmed for s in seqs)
-    assert not any(k in s.metrics for s in seqs for k in ("grs_solution", "gar_quality"))
+    assert all(s.grades == Grades() for s in seqs)
     assert _advantages(res) == [-0.5, -0.5, 0.5, 0.5]  # the test rewards' advantages, unchanged
     stats = grader.take_stats()
     if judge_kind == "late":

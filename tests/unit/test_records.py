@@ -114,6 +114,35 @@ def test_the_graders_transcript_travels_with_the_sequence_and_is_bounded():
     assert seq.transcript == ""
 
 
+def test_the_model_graders_outputs_are_typed_and_travel_with_the_sequence(tmp_path):
+    """``Sequence.grades`` survives a checkpoint; a checkpoint written when the grades were
+    metrics is read into the typed record; stored rollouts report them under the metric names."""
+    import json
+
+    from rlonce.core.records import Grades, sequence_from_dict, sequence_to_dict
+    from rlonce.telemetry.rollouts import outcome
+
+    seq = _seq()
+    assert seq.grades == Grades()  # no model grader has spoken
+    seq.grades = Grades(rubric_solution=0.5, rubric_behavior=0.25, gar_quality=0.75)
+    seq.metrics["items_passed"] = 3.0  # an environment's measurement stays a metric
+    back = sequence_from_dict(json.loads(json.dumps(sequence_to_dict(seq))))
+    assert back.grades == seq.grades and back.metrics == {"items_passed": 3.0}
+    old = sequence_to_dict(_seq())
+    del old["grades"]
+    old["metrics"] = {"grs_solution": 0.5, "grs_behavior": 1.0, "gar_leaked": 1.0, "items_passed": 3.0}
+    back = sequence_from_dict(old)
+    assert back.grades == Grades(rubric_solution=0.5, rubric_behavior=1.0, gar_leaked=True)
+    assert back.metrics == {"items_passed": 3.0}
+    assert outcome(seq)["metrics"] == {"items_passed": 3.0, "grs_solution": 0.5, "grs_behavior": 0.25,
+                                       "gar_quality": 0.75}
+    assert outcome(back)["metrics"] == {"items_passed": 3.0, "grs_solution": 0.5, "grs_behavior": 1.0,
+                                        "gar_leaked": 1.0}
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(RecordError, match="in \\[0, 1\\]"):
+            Grades(gar_quality=bad)
+
+
 def test_two_sources_drawing_one_task_id_are_two_groups():
     """Two sources of one domain (e.g. two reasoning sources) draw the same task ids; a shared
     group id would make them one prompt to the signal's group statistics and aggregation."""

@@ -4,7 +4,7 @@ import pytest
 
 from rlonce.algo import LengthShaping, PenaltySpec, SignalSettings, learning_signal
 from rlonce.core.ledger import LedgerEntry, LedgerImbalance
-from rlonce.core.records import Context, FailureCategory, Role, Sample, Segment, Sequence, Status
+from rlonce.core.records import Context, FailureCategory, Grades, Role, Sample, Segment, Sequence, Status
 
 
 def _seq(reward, status=Status.SUBMITTED, *, model_turns=1, tokens=2, flags=None, **kw):
@@ -85,11 +85,12 @@ def test_length_shaping_gives_an_all_pass_group_contrast():
 
 
 def test_grs_and_gar_read_grader_outputs_with_fallback():
-    seqs = [_seq(1.0, metrics={"grs_solution": 0.5, "grs_behavior": 1.0}), _seq(1.0), _seq(0.0)]
+    seqs = [_seq(1.0, grades=Grades(rubric_solution=0.5, rubric_behavior=1.0)), _seq(1.0), _seq(0.0)]
     rows, _, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(grs=True))
     assert [r.advantages[3] for r in rows] == pytest.approx([0.0, 0.5, -0.5])  # scores (0.5, 1, 0)
     assert m["grs_fallback"] == 1  # the second pass had no rubric scores: it kept its test reward
-    seqs = [_seq(1.0, metrics={"gar_quality": 0.5}), _seq(1.0, metrics={"gar_quality": 1.0}), _seq(0.0), _seq(0.0)]
+    seqs = [_seq(1.0, grades=Grades(gar_quality=0.5)), _seq(1.0, grades=Grades(gar_quality=1.0)), _seq(0.0),
+            _seq(0.0)]
     rows, _, m = learning_signal([Sample("a", "s", 1, seqs)], 1, SignalSettings(gar=True, gar_lambda_max=10))
     assert [r.advantages[3] for r in rows] == pytest.approx([1 / 3, 2 / 3, -0.5, -0.5])
     assert m["gar_groups"] == 1
@@ -99,8 +100,8 @@ def test_pass_gated_steps_read_the_graders_flag_not_the_reward():
     # a reasoning group: one correct tagged answer (1.1, passed) and one wrong tagged answer whose
     # 0.1 format bonus is reward without a pass. GRS gates on the flag: scores (1.1·0.5, 0) → ±0.275.
     # (Gating on reward > 0, the 0.1 row would score 0.05 and the advantages be ±0.25.)
-    rubric = {"grs_solution": 0.5, "grs_behavior": 1.0}
-    seqs = [_seq(1.1, passed=True, metrics=rubric), _seq(0.1, passed=False, metrics=rubric)]
+    rubric = Grades(rubric_solution=0.5, rubric_behavior=1.0)
+    seqs = [_seq(1.1, passed=True, grades=rubric), _seq(0.1, passed=False, grades=rubric)]
     rows, _, _ = learning_signal([Sample("r", "reasoning", 1, seqs)], 1, SignalSettings(grs=True))
     assert [r.advantages[3] for r in rows] == pytest.approx([0.275, -0.275])
     # length shaping: one pass and three near misses (partial credit 0.95 + the 0.1 format bonus =

@@ -117,9 +117,9 @@ def length_metric(seq: Sequence, name: str) -> float:
         raise ValueError(f"unknown length metric {name!r}; known: {sorted(LENGTH_METRICS)}") from None
 
 
-def _metric_or(seq: Sequence, key: str, default: float) -> float:
-    v = seq.metrics.get(key)
-    return default if v is None or not math.isfinite(v) else float(v)
+def _or(grade: float | None, default: float) -> float:
+    """A model grader's output (``Sequence.grades``), or ``default`` where it gave none."""
+    return default if grade is None else float(grade)
 
 
 def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, stats: dict):
@@ -137,9 +137,9 @@ def _scores(seqs: list[Sequence], settings: SignalSettings, entry: LedgerEntry, 
         entry.hack_zeroed += n
     scores = raw
     if settings.grs:
-        sol = torch.tensor([_metric_or(s, "grs_solution", 1.0) for s in seqs])
-        beh = torch.tensor([_metric_or(s, "grs_behavior", 1.0) for s in seqs])
-        stats["grs_fallback"] += sum("grs_solution" not in s.metrics or "grs_behavior" not in s.metrics
+        sol = torch.tensor([_or(s.grades.rubric_solution, 1.0) for s in seqs])
+        beh = torch.tensor([_or(s.grades.rubric_behavior, 1.0) for s in seqs])
+        stats["grs_fallback"] += sum(s.grades.rubric_solution is None or s.grades.rubric_behavior is None
                                      for s, p in zip(seqs, passed) if p)
         scores = grs_reward(scores, sol, beh, passed)
     if settings.length is not None:
@@ -264,7 +264,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         adv = group_advantages(scores, gid, norm_by_std=settings.norm_by_std)
         grouped = adv.tolist()
         if settings.gar:
-            quality = torch.tensor([_metric_or(s, "gar_quality", float("nan")) for s in seqs])
+            quality = torch.tensor([_or(s.grades.gar_quality, float("nan")) for s in seqs])
             new = gar_redistribute(adv, passed, quality, lambda_max=settings.gar_lambda_max)
             stats["gar_groups"] += int(not torch.equal(new, adv))
             adv = new

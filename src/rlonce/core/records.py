@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
@@ -111,6 +111,45 @@ class Grade:
             raise RecordError(f"a grade's reward must be finite, got {self.reward}")
 
 
+@dataclass(frozen=True, slots=True)
+class Grades:
+    """What the model graders (``rlonce.grading.graders``) concluded about one sequence, for the
+    learning signal to read. None: no usable verdict, and the signal falls back (GRS keeps the
+    test reward, GAR leaves the advantage unredistributed). Set by replacing the whole record."""
+
+    rubric_solution: float | None = None
+    """GRS: the share of the task's solution rubric items the judge found satisfied, in [0, 1]."""
+    rubric_behavior: float | None = None
+    """GRS: the share of its behaviour rubric items satisfied, in [0, 1]."""
+    gar_quality: float | None = None
+    """GAR: the quality factor f of a passing attempt, in [0, 1]."""
+    gar_leaked: bool = False
+    """GAR found the pass came through a leaked answer (the sequence's ``hack_confirmed`` says so too)."""
+    audit_hack: bool = False
+    """The hack audit confirmed a hack (likewise recorded as ``hack_confirmed``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rubric_solution", "rubric_behavior", "gar_quality"):
+            x = getattr(self, name)
+            if x is not None and not (math.isfinite(x) and 0.0 <= x <= 1.0):
+                raise RecordError(f"a grade's {name} must be in [0, 1], got {x}")
+
+    def metrics(self) -> dict[str, float]:
+        """The grades that were given, under the names stored rollouts and the docs use
+        (``grs_solution``, ``grs_behavior``, ``gar_quality``, ``gar_leaked``, ``audit_hack``)."""
+        out = {"grs_solution": self.rubric_solution, "grs_behavior": self.rubric_behavior,
+               "gar_quality": self.gar_quality}
+        return {**{k: float(x) for k, x in out.items() if x is not None},
+                **({"gar_leaked": 1.0} if self.gar_leaked else {}),
+                **({"audit_hack": 1.0} if self.audit_hack else {})}
+
+    @classmethod
+    def from_metrics(cls, metrics: dict) -> Grades:
+        """The grades a record written before ``Sequence.grades`` existed kept in its metrics."""
+        return cls(metrics.get("grs_solution"), metrics.get("grs_behavior"), metrics.get("gar_quality"),
+                   bool(metrics.get("gar_leaked")), bool(metrics.get("audit_hack")))
+
+
 @dataclass(slots=True)
 class Segment:
     """One turn. Model segments hold, per token, the rollout log-prob and policy version."""
@@ -182,8 +221,8 @@ class Sequence:
     answer: str | None = None
     turns: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    """Measurements, and the optional grader outputs the learning signal reads: ``grs_solution``,
-    ``grs_behavior`` (rubric scores in [0, 1]) and ``gar_quality`` (GAR quality factor f)."""
+    """Measurements: the environment's (``items_passed``, ``hack_suspected``, ``grade/<name>``), the
+    gateway's and the runner's (tokens, seconds). What model graders conclude is in ``grades``."""
     hack_confirmed: bool = False
     """A grader confirmed this sequence obtained its reward by a hack; its reward becomes 0."""
     cause: str | None = None
@@ -196,6 +235,8 @@ class Sequence:
     """The grader's account of its verdict (``Grade.transcript``)."""
     artifact: str = ""
     """What the attempt produced (``Grade.artifact``), for model graders."""
+    grades: Grades = field(default_factory=Grades)
+    """The model graders' outputs the learning signal reads (GRS rubric scores, GAR quality)."""
 
     def __post_init__(self) -> None:
         if (self.status is Status.INFRA) != (self.failure is not None):
@@ -318,11 +359,15 @@ def sequence_to_dict(seq: Sequence) -> dict:
             "failure": seq.failure.value if seq.failure else None, "reward": seq.reward, "answer": seq.answer,
             "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
             "hack_confirmed": seq.hack_confirmed, "cause": seq.cause, "transcript": seq.transcript,
-            "artifact": seq.artifact, "contexts": [{"label": c.label, "segments": [
+            "artifact": seq.artifact, "grades": asdict(seq.grades),
+            "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates,
                  "temperature": s.temperature}
                 for s in c.segments]} for c in seq.contexts]}
+
+
+_GRADE_METRICS = ("grs_solution", "grs_behavior", "gar_quality", "gar_leaked", "audit_hack")
 
 
 def sequence_from_dict(d: dict) -> Sequence:
@@ -331,9 +376,13 @@ def sequence_from_dict(d: dict) -> Sequence:
                                  s.get("temperature", 1.0))  # older checkpoints: harness.temperature's default
                           for s in c["segments"]], c["label"])
                 for c in d["contexts"]]
+    metrics = dict(d["metrics"])
+    # checkpoints written before Sequence.grades existed kept the grades among the metrics
+    grades = Grades(**d["grades"]) if "grades" in d else Grades.from_metrics(
+        {k: metrics.pop(k) for k in _GRADE_METRICS if k in metrics})
     return Sequence(d["task_id"], d["arm"], contexts, Status(d["status"]),
                     FailureCategory(d["failure"]) if d["failure"] else None, d["reward"], d["answer"], d["turns"],
-                    d["metrics"], d["hack_confirmed"], d.get("cause"),
+                    metrics, d["hack_confirmed"], d.get("cause"), grades=grades,
                     # checkpoints written before the grader's flag existed: the rule they were made under
                     passed=d.get("passed", d["reward"] is not None and d["reward"] >= 1.0),
                     transcript=d.get("transcript", ""), artifact=d.get("artifact", ""))

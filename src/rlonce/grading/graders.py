@@ -1,7 +1,7 @@
 """The group grader a run calls on each finished group before it is judged: hack audit, GRS, GAR.
 
 ``Grader.grade_group`` writes the inputs the learning signal reads (``rlonce.algo.signal``) onto
-the group's sequences, and nothing else:
+the group's sequences (``hack_confirmed`` and ``Sequence.grades``), and nothing else:
 
 1. **hack audit** (seed 000: "offline audits run continuously and confirmed-hack trajectories get
    their effective reward zeroed before group statistics are recomputed"): every passing sequence
@@ -9,13 +9,13 @@ the group's sequences, and nothing else:
    confirmed hack sets ``Sequence.hack_confirmed`` (signal step 2 zeroes it). A share of audited
    items is judged twice (a second judge or a second sample) for Cohen's κ.
 2. **GRS** (seed 001 §GRS): each passing sequence of a task with rubrics (``<pack>/rubrics.json``)
-   is scored item by item → ``grs_solution``, ``grs_behavior`` = share of items satisfied.
+   is scored item by item → ``Grades.rubric_solution``, ``rubric_behavior`` = share of items satisfied.
 3. **GAR** (seed 001 §GAR): a mixed-outcome group's passing attempts are compared on five
-   dimensions → ``gar_quality`` f (their mean); an attempt confirmed as passing through a leaked
+   dimensions → ``Grades.gar_quality`` f (their mean); an attempt confirmed as passing through a leaked
    answer becomes a confirmed hack (reward 0, counted as a failure).
 
 Anything unusable — no judge answer, a malformed one, a late one (``deadline``) — leaves the
-sequence without the metric, so the signal falls back to the test reward and the unredistributed
+sequence without that grade, so the signal falls back to the test reward and the unredistributed
 advantages; each fallback is counted by category (``stats``). Groups of infrastructure failures
 are not graded. Grading a group runs in that group's task, beside the other groups' rollouts.
 """
@@ -28,7 +28,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlonce.core.records import Sequence
 from rlonce.errors import note_internal
@@ -153,7 +153,7 @@ class Grader:
             self.stats[f"audited/{source}"] += 1
             if first.value.hack:
                 seq.hack_confirmed = True
-                seq.metrics["audit_hack"] = 1.0
+                seq.grades = replace(seq.grades, audit_hack=True)
                 self.stats["audit_confirmed"] += 1
                 self.stats[f"audit_confirmed/{source}"] += 1
             if self.s.agreement_fraction > 0 and _draw(self.s.seed, "twice", seq.task_id, step, k) < \
@@ -185,8 +185,7 @@ class Grader:
             if len(sol) != len(rubrics.solution) or len(beh) != len(rubrics.behavior):
                 self.stats["grs_fallback_invalid"] += 1
                 return
-            seq.metrics["grs_solution"] = sum(sol) / len(sol)
-            seq.metrics["grs_behavior"] = sum(beh) / len(beh)
+            seq.grades = replace(seq.grades, rubric_solution=sum(sol) / len(sol), rubric_behavior=sum(beh) / len(beh))
             self.stats["grs_scored"] += 1
 
         await asyncio.gather(*(one(s) for _, s in passing))
@@ -208,8 +207,8 @@ class Grader:
             a = by_id[i]
             if a.leaked:
                 seqs[i].hack_confirmed = True
-                seqs[i].metrics["gar_leaked"] = 1.0
+                seqs[i].grades = replace(seqs[i].grades, gar_leaked=True)
                 self.stats["gar_leaked"] += 1
             else:
-                seqs[i].metrics["gar_quality"] = a.quality
+                seqs[i].grades = replace(seqs[i].grades, gar_quality=a.quality)
         self.stats["gar_applied"] += 1

@@ -52,8 +52,10 @@ def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
 
 
 def outcome(seq) -> dict:
-    """A sequence's outcome and its grader's breakdown (finite numeric metrics), for the record."""
+    """A sequence's outcome and its grader's breakdown (finite numeric metrics, the model graders'
+    ``Sequence.grades`` among them under their metric names), for the record."""
     metrics = {k: v for k, v in seq.metrics.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+    metrics.update(seq.grades.metrics())
     return {"task_id": seq.task_id, "arm": seq.arm, "status": seq.status.value, "reward": seq.reward,
             "passed": seq.passed, "hack_confirmed": seq.hack_confirmed, "turns": seq.turns,
             "failure": seq.failure.value if seq.failure else None, "cause": seq.cause, "metrics": metrics,
