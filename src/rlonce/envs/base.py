@@ -6,15 +6,18 @@ behaviour built around it: a sandbox, tools, a grader.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rlonce.core import faults
 from rlonce.core.records import FailureCategory, Grade, Sequence, Status
 from rlonce.core.timeouts import Clock, Expired, within
 from rlonce.errors import POLICY, blame, cause_of, is_internal, note_internal
 from rlonce.sandbox.base import Sandbox
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 class GradingError(Exception):
@@ -138,6 +141,38 @@ class GroupGrader(Protocol):
 
     @staticmethod
     async def grade_group(task: Task, sequences: list[Sequence]) -> None: ...
+
+
+class Answer(Protocol):
+    """A judge's answer to one question: ``ok`` with a ``value`` of the asked schema, or not ok."""
+
+    value: BaseModel | None
+
+    @property
+    def ok(self) -> bool: ...
+
+
+@runtime_checkable
+class JudgeBinding(Protocol):
+    """A judge bound to its model (an endpoint, or a script): what graders call on it — the run's
+    group grader (``rlonce.grading.graders``), the domains that ask a judge themselves (the visual
+    pick, the general domain's judged items) and the offline task audit and rubric writer.
+    ``rlonce.grading.judge.Judge`` and its subclasses are the built-in ones; it sits here, below
+    ``rlonce.grading``, so environments can name it."""
+
+    name: str
+    """The judge's name in records (``RUN/grading/<name>.jsonl``)."""
+    model: str
+    """The model (or script) it asks."""
+
+    async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
+                  files: dict[str, str] | None = None, images: Iterable[tuple[str, bytes]] = ()) -> Answer:
+        """A verdict of ``schema`` on ``prompt`` (a question of ``kind``; ``sample`` > 0: an
+        independent draw; ``task`` and ``files``: a workspace for an agentic grader; ``images``:
+        (label, bytes) pairs shown with it). Never raises for what the endpoint does."""
+
+    def take_counts(self) -> dict[str, float]:
+        """Its calls, failures and tokens since the last call, as ``judge_*`` metrics; then zeroed."""
 
 
 def group_grader(env_factory) -> Callable | None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rlonce.config.domains import load_domain
+
+if TYPE_CHECKING:
+    from rlonce.model.chat import ChatFormat, ToolCall
 
 SFT_TASK_OFFSET = 0
 RL_TASK_OFFSET = 1_000_000
@@ -32,13 +35,12 @@ class Domain:
     single_turn: bool = False
     heldout_size: int | None = None
     """Distinct held-out tasks when the held-out stream repeats (a pack); None: endless."""
-    expert: Callable | None = None
-    """The scripted expert: ``(task, rng, fmt, *, translate, detour_p, max_detours, single_turn)``
-    → its assistant turns as text (SFT demonstrations; ``single_turn``: for the ``single-turn``
-    arm, else tool calls); None when the domain has none."""
+    expert: Expert | None = None
+    """The scripted expert (``Expert``); None when the domain has none."""
     attach: Callable | None = None
     """``(run_dir or None, judge_for) → Domain``: binds what only the run has — its directory and a
-    judge (``judge_for(name)`` → (judge or None, vision-capable)) — into the env factory."""
+    judge (``judge_for(name)`` → (a ``rlonce.envs.base.JudgeBinding`` or None, vision-capable)) —
+    into the env factory."""
     audit_excluded: int = 0
     """Train tasks of a pack left out because ``rlonce tasks audit`` flagged them and no one cleared
     them (``audit_flagged``)."""
@@ -51,6 +53,19 @@ class Domain:
         if split == "train" and self.kept is not None:
             return self.make("train", self.kept[index % len(self.kept)])
         return self.make(split, index)
+
+
+class Expert(Protocol):
+    """A domain's scripted expert: one demonstration of ``task`` as the text of its assistant turns
+    in the chat format ``fmt``, ready for a scripted engine (SFT demonstrations, the minimal loop).
+    ``translate`` maps its tool calls into a harness arm's own tools (``Arm.translate``);
+    ``detour_p`` and ``max_detours`` draw its detours from ``rng``; ``single_turn``: one reply
+    without tools, for the ``single-turn`` arm. A caller may leave out any keyword (the expert's
+    default holds). Built-in experts are functions, and so is an outside domain's."""
+
+    def __call__(self, task, rng: random.Random, fmt: ChatFormat, /, *,
+                 translate: Callable[[ToolCall], ToolCall] | None = None, detour_p: float = ...,
+                 max_detours: int = ..., single_turn: bool = ...) -> list[str]: ...
 
 
 class BaseCorpus(Protocol):

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import Field
 
 from rlonce.config.domains import DomainOptions, Need
-from rlonce.envs.domains import Domain
+from rlonce.envs.domains import Domain, Expert
 from rlonce.errors import PackError
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def _pack_task(train: list, heldout: list, split: str, index: int):
     return tasks[index % len(tasks)]
 
 
-def pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, expert) -> Domain:
+def pack_domain(name: str, task_cfg, validated_tasks: Callable, env_factory, expert: Expert) -> Domain:
     """A domain over the validated tasks of a built pack (code, cyber), split by task id
     (``split_tasks``; the split is written to the pack's validation.json). ``sft``
     draws from the train tasks too. Train tasks the audit flagged and no one cleared are left out

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rlonce.core.records import Sequence
+from rlonce.envs.base import JudgeBinding
 from rlonce.errors import note_internal
 from rlonce.grading import verdicts as v
-from rlonce.grading.judge import Judge
 
 log = logging.getLogger(__name__)
 TRAJECTORY_CHARS = 3000
@@ -73,9 +73,9 @@ class Grader:
     """Grades finished groups with ``judge``; ``statement(task)`` is the task's prompt,
     ``decode`` turns token ids to text, ``rubrics(task)`` the task's GRS rubrics or None."""
 
-    def __init__(self, judge: Judge, settings: GradingSettings, *, statement: Callable[[object], str],
+    def __init__(self, judge: JudgeBinding, settings: GradingSettings, *, statement: Callable[[object], str],
                  decode: Callable[[list[int]], str], rubrics: Callable[[object], v.Rubrics | None] = lambda t: None,
-                 second: Judge | None = None, workspace: Callable[[object, list[Sequence]], dict] | None = None):
+                 second: JudgeBinding | None = None, workspace: Callable[[object, list[Sequence]], dict] | None = None):
         self.judge, self.second, self.s = judge, second, settings
         self.statement, self.decode, self.rubrics = statement, decode, rubrics
         self.workspace = workspace

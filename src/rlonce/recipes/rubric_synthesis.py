@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from rlonce.envs.base import JudgeBinding
 from rlonce.envs.pack_audit import PackAudit
-from rlonce.grading.judge import Judge
 from rlonce.grading.rubrics import RUBRICS_FILE
 from rlonce.grading.verdicts import Rubrics, rubrics_prompt
 from rlonce.recipes import task_audit
 
 
-async def rubric_task(tools: PackAudit, task, judge: Judge, sem: asyncio.Semaphore, *, rollouts: int,
+async def rubric_task(tools: PackAudit, task, judge: JudgeBinding, sem: asyncio.Semaphore, *, rollouts: int,
                       min_pass_rate: float) -> dict:
     """One task's rollouts and, when their pass rate reaches ``min_pass_rate``, its rubrics."""
     attempts = [a for a in await task_audit.run_attempts(tools, task, tools.rollout_agents(rollouts), sem)
@@ -46,7 +46,7 @@ async def rubric_task(tools: PackAudit, task, judge: Judge, sem: asyncio.Semapho
     return {**entry, "rubrics": v.value.model_dump()}  # type: ignore[union-attr]
 
 
-def synthesize_rubrics(pack: Path, judge: Judge, *, limit: int | None = None, rollouts: int = 4,
+def synthesize_rubrics(pack: Path, judge: JudgeBinding, *, limit: int | None = None, rollouts: int = 4,
                        min_pass_rate: float = 0.5, concurrency: int = 2, progress: bool = True) -> dict:
     """Rubrics for the validated tasks of ``pack`` (the first ``limit``) that pass often enough,
     merged into ``rubrics.json``. The summary of this run."""

@@ -41,11 +41,11 @@ from tqdm.auto import tqdm
 
 from rlonce.config.domains import domain_names, load_domain
 from rlonce.core.records import Sequence
-from rlonce.envs.base import GradingError
+from rlonce.envs.base import GradingError, JudgeBinding
 from rlonce.envs.pack_audit import Agent, Brief, Call, PackAudit
 from rlonce.envs.packs import read_json_object
 from rlonce.errors import PackError
-from rlonce.grading.judge import Judge, JudgeFailed
+from rlonce.grading.judge import JudgeFailed
 from rlonce.grading.verdicts import TaskAudit, audit_prompt
 from rlonce.harness.arms import get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
@@ -161,7 +161,7 @@ def attempt_files(statement: str, attempts: list[Attempt]) -> dict[str, str]:
     return {"TASK.md": statement, **{f"attempts/{a.index}.txt": a.body() for a in attempts}}
 
 
-async def audit_task(tools: PackAudit, task, judge: Judge, sem: asyncio.Semaphore, agents) -> dict:
+async def audit_task(tools: PackAudit, task, judge: JudgeBinding, sem: asyncio.Semaphore, agents) -> dict:
     """The audit entry of one task: its attempts and the auditor's verdict (no verdict, and no
     flag, when an attempt could not be graded or the judge gave none: ``outcome`` says why)."""
     attempts = await run_attempts(tools, task, agents, sem)
@@ -270,7 +270,7 @@ def failures(entries: dict[str, dict]) -> dict[str, int]:
     return dict(sorted(Counter(e["outcome"] for e in entries.values() if e["outcome"] != "ok").items()))
 
 
-def audit_pack(pack: Path, judge: Judge, *, limit: int | None = None, concurrency: int = 2,
+def audit_pack(pack: Path, judge: JudgeBinding, *, limit: int | None = None, concurrency: int = 2,
                progress: bool = True, agent: ModelAgent | None = None) -> dict:
     """Audit the validated tasks of ``pack`` (the first ``limit``) — the attempts of its domain's
     scripted agents, or of ``agent`` as many times; merge the verdicts into ``audit.json`` and the

@@ -18,6 +18,7 @@ from rlonce.config import ConfigError, RunConfig, TaskConfig
 from rlonce.config.domains import domain_names, load_domain
 from rlonce.config.sections import MAX_STEPS
 from rlonce.config.sources import SourceConfig
+from rlonce.envs.base import JudgeBinding
 from rlonce.envs.domains import Domain, domain_for
 from rlonce.rollout.runner import RolloutSpec
 
@@ -113,7 +114,7 @@ class Source:
     spec: RolloutSpec
 
 
-def judge_maker(grading, run_dir: Path | None) -> Callable[..., tuple[object | None, bool]]:
+def judge_maker(grading, run_dir: Path | None) -> Callable[..., tuple[JudgeBinding | None, bool]]:
     """``(name, which="judge")`` → (the judge ``grading.<which>`` describes, recording to
     ``RUN/grading/<name>.jsonl``, or None; whether it is vision-capable), for domains that grade
     with a judge of their own."""

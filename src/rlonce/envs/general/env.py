@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from rlonce.core.records import Grade, Sequence
-from rlonce.envs.base import GradingError
+from rlonce.envs.base import GradingError, JudgeBinding
 from rlonce.envs.general.judged import judge_items, judged_text
 from rlonce.envs.general.mcp_host import ServiceError, ServiceHost
 from rlonce.envs.general.rubric import Final, evaluate
@@ -39,7 +39,8 @@ MAX_DOC_BYTES = 1 << 20
 
 
 class GeneralEnv:
-    def __init__(self, task: GeneralTask, *, reward: str = "all", judge=None, agreement=None):
+    def __init__(self, task: GeneralTask, *, reward: str = "all", judge: JudgeBinding | None = None,
+                 agreement: JudgeBinding | None = None):
         if reward not in REWARDS:
             raise ValueError(f"unknown general reward {reward!r}; known: {list(REWARDS)}")
         self.task, self.reward = task, reward

@@ -19,8 +19,8 @@ decides the same question without a judge (``rubric.says_cancelled`` for a cance
 so a run with no judge loses the model's reading of the wording, never the check itself. A
 template whose content a code check cannot decide must not be offered to a run without a judge.
 
-``rlonce.envs`` sits below ``rlonce.grading``: this module asks any object with
-``ask(prompt, schema, *, kind, sample)`` (``rlonce.grading.judge.Judge`` is one).
+``rlonce.envs`` sits below ``rlonce.grading``: this module asks a ``rlonce.envs.base.JudgeBinding``
+(``rlonce.grading.judge.Judge`` is one).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+from rlonce.envs.base import JudgeBinding
 from rlonce.envs.general.rubric import Final, Item
 
 KIND = "general_item"
@@ -73,7 +74,8 @@ class Judged:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-async def judge_items(items: list[Item], texts: dict[str, str | None], judge, agreement=None) -> Judged:
+async def judge_items(items: list[Item], texts: dict[str, str | None], judge: JudgeBinding | None,
+                      agreement: JudgeBinding | None = None) -> Judged:
     """Verdicts for the ``judged`` items, given each one's text (``texts`` by item name)."""
     out = Judged()
     m = out.metrics

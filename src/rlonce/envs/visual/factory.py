@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from rlonce.core.records import FailureCategory, Grade, Status
-from rlonce.envs.base import GradingError
+from rlonce.envs.base import GradingError, JudgeBinding
 from rlonce.envs.visual import pick
 from rlonce.envs.visual.env import SHOTS_HEADER, VisualEnv
 from rlonce.envs.visual.tasks import VisualTask
@@ -35,7 +35,7 @@ def shot_of(artifact: str) -> bytes | None:
 
 
 class VisualFactory:
-    def __init__(self, *, shots_dir: Path | None = None, judge=None, seed: int = 0):
+    def __init__(self, *, shots_dir: Path | None = None, judge: JudgeBinding | None = None, seed: int = 0):
         self._shots_dir = Path(shots_dir) if shots_dir else None
         self.judge = judge
         self.seed = seed

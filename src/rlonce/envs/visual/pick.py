@@ -15,9 +15,9 @@ missing result (reward ``None``, the row an infrastructure failure), never a 0 a
 mean. Only pages with a screenshot take part in the rounds; a page whose runtime factor is 0 gets
 reward 0 whatever the judge says, and is not asked about its query fit.
 
-``rlonce.envs`` sits below ``rlonce.grading`` (tests/unit/test_layers.py), so this module asks any
-object with ``ask(prompt, schema, *, kind, sample, images)`` — ``rlonce.grading.judge.Judge`` is one
-— and holds its own verdict schemas.
+``rlonce.envs`` sits below ``rlonce.grading`` (tests/unit/test_layers.py), so this module asks a
+``rlonce.envs.base.JudgeBinding`` (``rlonce.grading.judge.Judge`` is one) and holds its own
+verdict schemas.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import random
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rlonce.envs.base import JudgeBinding
 
 ROUNDS = 8
 """Pick rounds per group."""
@@ -59,21 +60,6 @@ class QueryFit(BaseModel):
     model_config = ConfigDict(extra="ignore")
     score: float = Field(ge=0, le=1)
     unmet: list[str] = []
-
-
-class Answer(Protocol):
-    value: BaseModel | None
-
-    @property
-    def ok(self) -> bool: ...
-
-
-class Asks(Protocol):
-    """What this grader needs of a judge (``rlonce.grading.judge.Judge`` has it): a verdict that
-    is ``ok`` with a ``value`` of ``schema``, or not ok — never an exception for the endpoint."""
-
-    async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0,
-                  images: Sequence[tuple[str, bytes]] = ()) -> Answer: ...
 
 
 def williams_orders(n: int) -> list[list[int]]:
@@ -208,7 +194,7 @@ class GroupResult:
                 "visual_query_missing": float(self.query_missing), "visual_missing": float(self.missing)}
 
 
-async def _pick_round(judge: Asks, request: str, shown: list[tuple[int, bytes]], sample: int
+async def _pick_round(judge: JudgeBinding, request: str, shown: list[tuple[int, bytes]], sample: int
                       ) -> tuple[list[int], list[int]] | None:
     """One round over ``shown`` — (candidate, screenshot) in this round's order: the candidates
     named better and worse, or None when the round failed."""
@@ -222,7 +208,7 @@ async def _pick_round(judge: Asks, request: str, shown: list[tuple[int, bytes]],
     return [who[x] for x in got[0]], [who[x] for x in got[1]]
 
 
-async def _query_fit(judge: Asks, request: str, shot: bytes) -> QueryFit | None:
+async def _query_fit(judge: JudgeBinding, request: str, shot: bytes) -> QueryFit | None:
     v = await judge.ask(query_fit_prompt(request), QueryFit, kind="visual_query_fit", images=[("page", shot)])
     return v.value if v.ok else None
 
@@ -240,7 +226,7 @@ def _tally(picks: list[tuple[list[int], list[int]] | None], shown: list[int]) ->
 
 
 async def grade_group(request: str, shots: Sequence[bytes | None], runtime_factors: Sequence[float | None],
-                      judge: Asks, *, rounds: int = ROUNDS, seed: int = 0) -> GroupResult:
+                      judge: JudgeBinding, *, rounds: int = ROUNDS, seed: int = 0) -> GroupResult:
     """The group's rewards: ``rounds`` pick rounds over the candidates with a screenshot and one
     query-fit question per shown candidate whose runtime factor is not 0, all asked at once (the
     judge bounds its own concurrency). A candidate without a screenshot gets 0 when its runtime
