@@ -285,3 +285,16 @@ def test_rollout_kv_budget_is_unset_by_default_and_bounded():
     assert load_config(None, ["rollout.kv_budget=65536"]).rollout.kv_budget == 65536
     with pytest.raises(ConfigError, match=r"rollout.kv_budget.* in \[1, "):
         load_config(None, ["rollout.kv_budget=0"])
+
+
+def test_a_domain_module_imports_first_in_a_fresh_interpreter():
+    """Importing a domain before ``rlonce.config`` once failed: the run config's default ``[task]``
+    was validated while the domain package was half imported ('has no attribute DOMAIN')."""
+    import subprocess
+    import sys
+
+    from rlonce.config.domains import BUILTIN
+
+    for name in BUILTIN:
+        r = subprocess.run([sys.executable, "-c", f"import rlonce.envs.{name}.env"], capture_output=True, text=True)
+        assert r.returncode == 0, f"{name}: {r.stderr[-400:]}"

@@ -173,7 +173,7 @@ class RunConfig(Section):
     """Seed and torch thread counts."""
     engine: EngineConfig = EngineConfig()
     """The inference engine that generates rollouts (torch on CPU or vLLM on GPU)."""
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = Field(default_factory=TaskConfig)
     """The domain trained on and its task generator (a one-source run; see ``sources``)."""
     sources: list[SourceConfig] = []
     """Task sources of a mixed run (``[[sources]]`` tables, docs/sources.md): each a domain with its
