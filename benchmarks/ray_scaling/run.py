@@ -125,7 +125,7 @@ def scaling_point(args, pools: int, executor: str, out: Path) -> dict:
                              f"ray.pool_sessions={args.pool_sessions}", "harness.max_turns=8"])
     job = Job(cfg, progress=False)
     job.start(False)
-    factory = SimEngineFactory(str(job.model_dir), cfg.harness.arms[0], args.latency)
+    factory = SimEngineFactory(str(job.ctx.model_dir), cfg.harness.arms[0], args.latency)
     t0 = time.perf_counter()
     job.ensure_engine(engine_factory=factory)  # this workload's model is simulated
     start = time.perf_counter() - t0

@@ -40,7 +40,8 @@ def record_shapes(domain: str, model: str, n: int, out, overrides: tuple[str, ..
     job = Job.for_model(cfg, model, progress=False)
     try:
         src = next(iter(job.sources.values()))
-        seqs = asyncio.run(demonstrations(src.domain, src.spec, job.fmt, job.lm.encode, cfg, n=n, progress=False))
+        ctx = job.ctx
+        seqs = asyncio.run(demonstrations(src.domain, src.spec, ctx.fmt, ctx.lm.encode, cfg, n=n, progress=False))
     finally:
         job.close()  # its engine's thread
     shapes = []

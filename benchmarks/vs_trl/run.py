@@ -90,7 +90,7 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
 
     job = Job(cfg, progress=not a.quiet)
     job.start(resume=False)
-    heldout = {"0": evaluate(job.lm.model)}
+    heldout = {"0": evaluate(job.ctx.lm.model)}
     steps = []
 
     async def loop():
@@ -104,7 +104,7 @@ def run_rlonce(a, cfg, evaluate: Evaluator) -> dict:
                               "reward_mean": rec["reward_mean"], "peak_rss_mb": rec["peak_rss_mb"],
                               "mismatch_kl": rec.get("mismatch_kl")})
                 if s % a.eval_every == 0 or s == a.steps:
-                    heldout[str(s)] = await evaluate.evaluate(job.lm.model)
+                    heldout[str(s)] = await evaluate.evaluate(job.ctx.lm.model)
                 if not a.quiet:
                     print(f"  rlonce step {s}: {rec['step_seconds']:.1f}s (rollout {rec['rollout_seconds']:.1f}, "
                           f"update {rec['train_seconds']:.1f}) reward {rec['reward_mean']:.3f}", flush=True)

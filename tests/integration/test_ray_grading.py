@@ -101,8 +101,8 @@ def _graded_run(out: Path, executor: str) -> tuple[list[dict], list[dict], list[
         f"ray.call_timeout_s={slack(120):.0f}", f"ray.group_timeout_s={slack(120):.0f}"])
     job = Job(cfg, progress=False)
     job.start(False)
-    tasks = [job.domain.task(split, i) for split in ("train", "heldout") for i in range(32)]
-    job.ensure_engine(engine_factory=ArmModelFactory(str(job.model_dir), {t.question: t.answer for t in tasks}))
+    tasks = [job.ctx.domain.task(split, i) for split in ("train", "heldout") for i in range(32)]
+    job.ensure_engine(engine_factory=ArmModelFactory(str(job.ctx.model_dir), {t.question: t.answer for t in tasks}))
     summary = job.run()
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     return steps, read_jsonl(out / "ledger.jsonl"), read_jsonl(out / "grading" / "calls.jsonl"), summary

@@ -31,18 +31,17 @@ from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
 from rlonce.core import faults
-from rlonce.dist.backends import build_backend, check_backend
+from rlonce.dist.backends import build_backend
 from rlonce.model import loader, omp
-from rlonce.model.chat import get_format
-from rlonce.model.precision import wants_autocast
 from rlonce.recipes import provenance
+from rlonce.recipes.context import RunContext, build_context
 from rlonce.recipes.evaluate import heldout_success, keep_rows, outside_success, paired_change, write_rows
 from rlonce.recipes.rl import rl_phase, settle
 from rlonce.recipes.sft import source_demonstrations, train_sft
-from rlonce.rollout.builders import bound_controller, build_orchestrator, rollout_spec, signal_settings
-from rlonce.rollout.graded import Grading, grading_totals
+from rlonce.rollout.builders import build_orchestrator
+from rlonce.rollout.graded import grading_totals
 from rlonce.rollout.orchestrator import Judge, Orchestrator
-from rlonce.rollout.sources import SourceExecutor, build_sources, check_sources
+from rlonce.rollout.sources import Source, SourceExecutor, check_sources
 from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry import rollouts
 from rlonce.telemetry.metrics import JsonlWriter, read_jsonl
@@ -51,7 +50,6 @@ from rlonce.telemetry.step import per_source_success
 from rlonce.telemetry.trackers import TrackedMetrics, Trackers
 from rlonce.train import checkpoint
 from rlonce.train.backend import TrainerBackend, TrainerStateError
-from rlonce.train.builders import optim_settings
 
 
 @dataclass
@@ -66,6 +64,7 @@ class RunState:
     """Mean held-out reward of the baseline evaluation (a graded domain's score)."""
     baseline_per_arm: dict | None = None
     baseline_per_source: dict | None = None
+    baseline_reward_per_source: dict | None = None
     wall_seconds_before: float = 0.0
     bounds: dict | None = None
     """State of the entropy-driven four-bound controller, when one is configured."""
@@ -79,48 +78,34 @@ class RunState:
 
 
 class Job:
-    def __init__(self, cfg: RunConfig, *, progress: bool = True):
+    """One run of the main job over ``cfg``. ``start`` builds its ``RunContext`` (``self.ctx``) once,
+    from a fresh model or a checkpoint; the trainer backend starts from the weights SFT leaves."""
+
+    def __init__(self, cfg: RunConfig, *, progress: bool = True, accept_changes: bool = False):
         self.plans = check_sources(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.progress = progress
+        self.accept_changes = accept_changes
+        """Resume even though the code or the config changed (``--accept-changes``)."""
         self.t0 = time.perf_counter()
+        self.ctx: RunContext | None = None
+        self.state: RunState | None = None
         self.saved_trainer_state: dict | None = None
         """The optimizer state a resumed run continues from (handed to the trainer backend)."""
         self.resumed_from: Path | None = None
         self.backend: TrainerBackend | None = None
-        self.grading: Grading | None = None
         self.engine = None
         self.config_json = cfg.model_dump(mode="json")
         self.provenance: dict = {}
         """RUN/provenance.json (``rlonce.recipes.provenance``)."""
-        self.accept_changes = False
-        """Resume even though the code or the config changed (``--accept-changes``)."""
         self.metrics: TrackedMetrics | None = None
         self.ledger: JsonlWriter | None = None
 
     # ---- set-up --------------------------------------------------------------------------
-    def load_model(self, model_dir: Path) -> None:
-        """Load the model from ``model_dir`` and build the run's parts around it; the trainer
-        backend and its engine start later, from the weights SFT leaves (``ensure_engine``)."""
-        cfg = self.cfg
-        self.lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
-                              lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast),
-                              packing=cfg.model.packing, share_prefix=cfg.model.share_prefix)
-        self.fmt = get_format(self.lm.chat_format)
-        self.model_dir = model_dir
-        check_backend(cfg, model_dir)
-        self.sources = build_sources(self.plans, rollout_spec(cfg, self.lm), run_dir=self.out, grading=cfg.grading)
-        first = next(iter(self.sources.values()))
-        self.domain = first.domain
-        """The first source's domain: what one-domain tools (``rlonce tasks filter``, an outside
-        harness's evaluation) work on."""
-        self.signal = signal_settings(cfg.algo)
-        self.controller = bound_controller(cfg.algo)
-        if self.controller is not None and self.state.bounds:
-            self.controller.load_state_dict(self.state.bounds)
-        self.optim = optim_settings(cfg.rl)
-        self.grading = Grading(cfg, self.sources, self.lm.decode, self.out) if cfg.grading.enabled else None
+    @property
+    def sources(self) -> dict[str, Source]:
+        return self.ctx.sources
 
     def ensure_engine(self, engine_factory=None) -> None:
         """Start the trainer backend ``executor`` names (``rlonce.dist.backends``) from the current
@@ -129,9 +114,10 @@ class Job:
         if self.backend is not None:
             return
         try:
-            self.backend = build_backend(self.cfg, self.lm, self.model_dir, self.out, version=self.state.version,
-                                         optim=self.optim, trainer_state=self.saved_trainer_state,
-                                         judge=Judge(self.signal, self.cfg.harness.group_by_arm),
+            ctx = self.ctx
+            self.backend = build_backend(self.cfg, ctx.lm, ctx.model_dir, self.out, version=self.state.version,
+                                         optim=ctx.optim, trainer_state=self.saved_trainer_state,
+                                         judge=Judge(ctx.signal, self.cfg.harness.group_by_arm),
                                          engine_factory=engine_factory, say=self._say)
         except TrainerStateError as e:
             ckpt = self.resumed_from
@@ -143,7 +129,7 @@ class Job:
         """A job that only generates (evaluation, filtering) with ``model``; ``close()`` it."""
         job = cls(cfg, progress=progress)
         job.state = RunState()
-        job.load_model(loader.resolve(model, Path(cfg.out) / "cache"))
+        job.ctx = build_context(cfg, job.plans, loader.resolve(model, Path(cfg.out) / "cache"), job.out)
         job.ensure_engine()
         return job
 
@@ -170,7 +156,7 @@ class Job:
             except TypeError as e:
                 raise checkpoint.damaged(ckpt, state_file, f"run state: {e}") from None
             try:
-                self.load_model(ckpt)
+                self.ctx = build_context(self.cfg, self.plans, ckpt, self.out, bounds=self.state.bounds)
             except loader.ModelLoadError as e:
                 raise checkpoint.damaged(ckpt, ckpt, str(e)) from None
             self.saved_trainer_state, self.resumed_from = saved.get("rl_trainer"), ckpt
@@ -190,7 +176,7 @@ class Job:
             self.state = RunState()
             save_config(self.cfg, self.out / "config.json")
             model_dir = loader.resolve(self.cfg.model.name, self.out / "cache")
-            self.load_model(model_dir)
+            self.ctx = build_context(self.cfg, self.plans, model_dir, self.out)
             self.provenance = provenance.record(self.cfg, self.config_json, model_dir)
             provenance.write(self.out, self.provenance)
             keep = 0
@@ -218,10 +204,10 @@ class Job:
     # ---- phases --------------------------------------------------------------------------
     def sft(self) -> None:
         self.threads("rollout")
-        demos, epochs = source_demonstrations(self.sources.values(), self.fmt, self.lm.encode, self.cfg,
+        demos, epochs = source_demonstrations(self.sources.values(), self.ctx.fmt, self.ctx.lm.encode, self.cfg,
                                               progress=self.progress)
         self.threads("train")
-        train_sft(self.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,
+        train_sft(self.ctx.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,
                   epochs=epochs)
         if self.backend is not None:  # started before SFT: it takes the SFT weights
             self.backend.close()
@@ -269,12 +255,12 @@ class Job:
         executors, pool_cap = {}, None
         for label, src in self.sources.items():
             executors[label], pool_cap = self.backend.executor(src.domain, src.spec)
-            if self.grading is not None:  # model graders grade each finished group before it is judged
-                executors[label] = self.grading.wrap(label, executors[label])
+            if self.ctx.grading is not None:  # model graders grade each finished group before it is judged
+                executors[label] = self.ctx.grading.wrap(label, executors[label])
         one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
         executor = next(iter(executors.values())) if one else SourceExecutor(executors)
         settle()
-        return build_orchestrator(self.cfg, self.sources, executor, self.signal, self.lm.decode,
+        return build_orchestrator(self.cfg, self.sources, executor, self.ctx.signal, self.ctx.lm.decode,
                                   state=self.state.orchestrator, position=self.state.data_position,
                                   max_sessions=pool_cap)
 
@@ -285,14 +271,14 @@ class Job:
         """A checkpoint of the run as it is now: weights, optimizer, run state, RNG."""
         self.state.wall_seconds_before, self.t0 = self._elapsed(), time.perf_counter()
         # the backend holds the current weights and optimizer; before it starts, the run's own do
-        trainer_state = self.backend.pull(self.lm.model) if self.backend is not None else self.saved_trainer_state
+        trainer_state = self.backend.pull(self.ctx.lm.model) if self.backend is not None else self.saved_trainer_state
         if self.state.orchestrator:
             self.state.orchestrator = Orchestrator.materialize(self.state.orchestrator)
         if self.metrics is not None:
             self.state.records = {"metrics": self.metrics.jsonl.lines, "ledger": self.ledger.lines}
         meta = {"config_sha256": provenance.digest_json(self.config_json),
                 "code_sha256": self.provenance.get("code", {}).get("source_sha256") if self.provenance else None}
-        checkpoint.save(self.out, self.state.rl_step, self.lm, run_state=asdict(self.state),
+        checkpoint.save(self.out, self.state.rl_step, self.ctx.lm, run_state=asdict(self.state),
                         rl_trainer=trainer_state, keep=self.cfg.checkpoint.keep, meta=meta)
 
     # ---- the whole job -------------------------------------------------------------------
@@ -318,6 +304,7 @@ class Job:
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             st.baseline_reward = ev["reward"]
             st.baseline_per_source = {k: v["success"] for k, v in ev["per_source"].items()}
+            st.baseline_reward_per_source = {k: v["reward"] for k, v in ev["per_source"].items()}
             self.metrics.write({"step": 0, "heldout_success": ev["success"], "heldout_reward": ev["reward"],
                                 "version": st.version, **per_source_success(ev)})
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks"
@@ -335,7 +322,8 @@ class Job:
                             "heldout_reward": final.get("reward"), "version": st.version, "final": True,
                             **per_source_success(final)})
         wall = self._elapsed()
-        trained = trained_by_source(read_jsonl(self.out / "ledger.jsonl"), list(self.sources))
+        trained = trained_by_source(read_jsonl(self.out / "ledger.jsonl"), read_jsonl(self.out / "metrics.jsonl"),
+                                    list(self.sources))
         summary = {
             "baseline_success": st.baseline_success,
             "final_success": final["success"],
@@ -352,6 +340,8 @@ class Job:
             "sources": {k: {"domain": v.plan.options.name, "share": v.plan.share, "arms": list(v.plan.arms),
                             "baseline_success": (st.baseline_per_source or {}).get(k),
                             "final_success": final["per_source"][k]["success"],
+                            "baseline_reward": (st.baseline_reward_per_source or {}).get(k),
+                            "final_reward": final["per_source"][k]["reward"],
                             "heldout_tasks": final["per_source"][k]["tasks"],
                             "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl",
                                                             self.out / "eval" / "final.jsonl", source=k),
@@ -363,7 +353,7 @@ class Job:
             "baseline_success_per_arm": st.baseline_per_arm,
             "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl", self.out / "eval" / "final.jsonl"),
         }
-        if self.grading is not None:
+        if self.ctx.grading is not None:
             summary["grading"] = grading_totals(read_jsonl(self.out / "metrics.jsonl"))
         faults.point("summary")
         checkpoint.write_json(self.out / "summary.json", summary)
@@ -395,23 +385,26 @@ def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = T
 def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True, accept_changes: bool = False) -> dict:
     """The job; ``resume`` continues ``cfg.out`` from its last checkpoint, refusing changed code or
     config unless ``accept_changes`` (``rlonce.recipes.provenance``)."""
-    job = Job(cfg, progress=progress)
-    job.accept_changes = accept_changes
+    job = Job(cfg, progress=progress, accept_changes=accept_changes)
     job.start(resume)
     return job.run()
 
 
-def trained_by_source(ledger: list[dict], labels: list[str]) -> dict[str, dict]:
+def trained_by_source(ledger: list[dict], metrics: list[dict], labels: list[str]) -> dict[str, dict]:
     """Per source, the run's ledger summed (sequences: dispatched, retained, filtered for no
-    contrast, short groups) and its share of every retained sequence: what a mixture was owed
-    (``share``) beside what it trained (``trained_share``)."""
+    contrast, short groups), the groups it trained (``metrics.jsonl``'s ``src/<label>/retained_groups``)
+    and its share of every retained sequence: what a mixture was owed (``share``) beside what it
+    trained (``trained_share``)."""
     keys = {"dispatched": "sequences_dispatched", "retained": "sequences_retained",
             "no_contrast_filtered": "sequences_no_contrast", "groups_short": "groups_short"}
-    out = {k: dict.fromkeys(keys.values(), 0) for k in labels}
+    out = {k: dict.fromkeys(keys.values(), 0) | {"groups_retained": 0} for k in labels}
     for row in ledger:
         if row.get("source") in out:
             for k, name in keys.items():
                 out[row["source"]][name] += row.get(k, 0)
+    for rec in metrics:
+        for label, v in out.items():
+            v["groups_retained"] += int(rec.get(f"src/{label}/retained_groups", 0))
     total = sum(v["sequences_retained"] for v in out.values())
     for v in out.values():
         v["trained_share"] = v["sequences_retained"] / total if total else 0.0
