@@ -67,9 +67,16 @@ def _run(cfg, resume: bool, args) -> int:
         for label, src in summary["sources"].items():
             ch = src.get("heldout_change")
             paired = f", paired {ch['passed_change']:+.3f} ± {ch['passed_change_se']:.3f}" if ch else ""
+            reward = ("" if src.get("baseline_reward") is None else
+                      f", reward {src['baseline_reward']:.3f} -> {src['final_reward']:.3f}")
             print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
-                  f"held-out tasks{paired} (share {src['share']:.2f}, trained {src['trained_share']:.2f} of the "
-                  f"retained sequences)")
+                  f"held-out tasks{paired}{reward} (share {src['share']:.2f}, trained {src['trained_share']:.2f} "
+                  f"of the retained sequences, {src.get('groups_retained', 0)} groups)")
+        idle = [k for k, v in summary["sources"].items() if not v.get("groups_retained")]
+        if idle:
+            print(f"WARNING: {', '.join(idle)} trained no group (every group was filtered for lack of contrast or "
+                  f"cut short): {'their' if len(idle) > 1 else 'its'} held-out change is not RL's; "
+                  f"see src/<label>/success_rate in metrics.jsonl")
     return 0
 
 
@@ -205,10 +212,10 @@ def _serve(args) -> int:
     limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
     name = "embedded" if args.model == "embedded" else Path(args.model).name
     gw = Gateway(GatewaySettings(
-        engine, lm.encode, lm.decode, get_format(lm.chat_format), sampling=SamplingParams(max_tokens=args.max_tokens),
-        budgets=Budgets(args.max_tokens, limit), model_name=name, auto_open=True, honor_client_sampling=True,
-        idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0), tokenizer=lm.tokenizer,
-        max_inflight=args.max_inflight, busy_wait=args.busy_wait, context_errors=True,
+        engine=engine, encode=lm.encode, decode=lm.decode, fmt=get_format(lm.chat_format), model_name=name,
+        sampling=SamplingParams(max_tokens=args.max_tokens), budgets=Budgets(args.max_tokens, limit), auto_open=True,
+        honor_client_sampling=True, idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0),
+        tokenizer=lm.tokenizer, max_inflight=args.max_inflight, busy_wait=args.busy_wait, context_errors=True,
         offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:
