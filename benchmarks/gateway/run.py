@@ -49,8 +49,9 @@ def make_gateway(lm, offload=None):
 
     fmt = get_format("hermes")
     ids = lm.encode(fmt.assistant_text("Looking.", [ToolCall("bash", {"command": "grep -r falcon.color docs"})]))
-    return Gateway(GatewaySettings(Endless(ids), lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=64),
-                                   budgets=Budgets(64, 1 << 20), auto_open=True, offload=offload)), ids
+    return Gateway(GatewaySettings(engine=Endless(ids), encode=lm.encode, decode=lm.decode, fmt=fmt,
+                                   sampling=SamplingParams(max_tokens=64), budgets=Budgets(64, 1 << 20), auto_open=True,
+                                   offload=offload)), ids
 
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",

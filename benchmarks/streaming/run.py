@@ -101,7 +101,7 @@ def main() -> None:
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
                          batch_wait_s=0.0)
     sampling = SamplingParams(max_tokens=args.max_tokens, seed=7)
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, fmt, sampling=sampling,
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=fmt, sampling=sampling,
                                  budgets=Budgets(args.max_tokens, 1024), auto_open=True, honor_client_sampling=True,
                                  context_errors=True, offload=ThreadPoolExecutor(2)))
     prompt_ids = lm.encode(fmt.render([Message(m["role"], m["content"]) for m in PROMPT], []))

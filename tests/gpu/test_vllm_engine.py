@@ -68,7 +68,8 @@ def test_the_engines_head_follows_the_trainers_precision():
         "max_position_embeddings": 4096, "head_dtype": "float32"}
     # float32 weights, or the option off: nothing to override (the trainer's head is then in the weights' dtype)
     assert head_overrides("float32", True) is None and head_overrides("bfloat16", False) is None
-    assert EngineSpec("vllm", "m", "bfloat16").lm_head_fp32  # the spec carries model.lm_head_fp32 to the engine
+    # the spec carries model.lm_head_fp32 to the engine
+    assert EngineSpec(backend="vllm", model_dir="m", dtype="bfloat16").lm_head_fp32
 
 
 def test_weights_travel_to_the_workers_as_exact_bytes():
@@ -273,8 +274,8 @@ def test_reasoning_rollouts_through_the_gateway_record_what_vllm_sampled(engine,
     options = "task.options={chain_sum = {min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 2}}"
     cfg = load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0", options])
     domain = domain_for(cfg.task)
-    spec = RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=32), HarnessLimits(),
-                       arms=("single-turn",))
+    spec = RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format("hermes"),
+                       sampling=SamplingParams(max_tokens=32), limits=HarnessLimits(), arms=("single-turn",))
     tasks = [domain.task("train", i) for i in range(2)]
     samples = asyncio.run(collect(tasks, 2, domain.env_factory, engine, spec, progress=False, seed=0))
     seqs = [s for x in samples for s in x.sequences]

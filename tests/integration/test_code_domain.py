@@ -258,8 +258,8 @@ def test_reference_fix_through_the_harness_and_sample_path(pack, tmp_path):
              fmt.assistant_text("", [ToolCall(name, args)]),
              fmt.assistant_text("", [ToolCall("submit", {"answer": "done"})])]
     encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
-    spec = RolloutSpec(encode, tok.decode, fmt, SamplingParams(max_tokens=4096),
-                       HarnessLimits(max_turns=5, max_obs_chars=2000), max_context=32768)
+    spec = RolloutSpec(encode=encode, decode=tok.decode, chat_format=fmt, sampling=SamplingParams(max_tokens=4096),
+                       limits=HarnessLimits(max_turns=5, max_obs_chars=2000), max_context=32768)
     samples = _run(collect([t], 1, CodeEnv, ScriptedEngine(turns, encode), spec, progress=False))
     seq = samples[0].sequences[0]
     assert (seq.status, seq.reward, seq.failure) == (Status.SUBMITTED, 1.0, None)

@@ -104,9 +104,9 @@ def _spec(tok, arms=("mini-bash",)):
     from rlonce.model.chat import get_format
     from rlonce.rollout.runner import RolloutSpec
 
-    return RolloutSpec(lambda s: tok.encode(s, add_special_tokens=False), tok.decode, get_format("hermes"),
-                       SamplingParams(max_tokens=4096), HarnessLimits(max_turns=64, max_obs_chars=2000),
-                       max_context=65536, arms=arms)
+    return RolloutSpec(encode=lambda s: tok.encode(s, add_special_tokens=False), decode=tok.decode,
+                       chat_format=get_format("hermes"), sampling=SamplingParams(max_tokens=4096),
+                       limits=HarnessLimits(max_turns=64, max_obs_chars=2000), max_context=65536, arms=arms)
 
 
 def test_the_scripted_expert_passes_every_validated_task_under_every_tool_arm(pack, tok):
@@ -242,8 +242,10 @@ def test_a_hack_route_in_a_code_source_is_intercepted_or_zeroed_and_never_reward
     # advantages: the two fixes +0.5, the hack and the empty submission -0.5 (mean 0.5)
     adv = sorted(round(max(r.advantages, key=abs), 6) for r in res.rows)
     assert adv[0] == -0.5 and adv[-1] == 0.5
-    m = source_metrics(StepInputs(1, res.finished, [], {"code": e, "other": type(e)(1, "other")}, 1.0, 1.0, 0, 1,
-                                  1, finished_sources=res.finished_sources, shares={"code": 1.0},
+    m = source_metrics(StepInputs(step=1, finished=res.finished, trained=[],
+                                  ledger={"code": e, "other": type(e)(1, "other")}, rollout_seconds=1.0,
+                                  train_seconds=1.0, retained_rows=0, version=1, violations=1,
+                                  finished_sources=res.finished_sources, shares={"code": 1.0},
                                   taken_groups={"code": 1}))
     assert m["src/code/hack_zeroed"] == 1.0 and m["src/code/intercepted"] >= 1.0
     assert m["src/code/success_rate"] == 0.5

@@ -45,7 +45,7 @@ class Cycling(ScriptedEngine):
 @pytest.fixture(scope="module")
 def base(lm):
     turn = FMT.assistant_text("There are three files.", [])
-    gw = Gateway(GatewaySettings(Cycling([turn], lm.encode), lm.encode, lm.decode, FMT,
+    gw = Gateway(GatewaySettings(engine=Cycling([turn], lm.encode), encode=lm.encode, decode=lm.decode, fmt=FMT,
                                  sampling=SamplingParams(max_tokens=64), budgets=Budgets(64, 1 << 20),
                                  auto_open=True, honor_client_sampling=True, context_errors=True,
                                  offload=ThreadPoolExecutor(2)))

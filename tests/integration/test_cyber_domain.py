@@ -41,8 +41,9 @@ def test_the_pack_validates_every_bug_and_describes_it_from_its_report(cyber_pac
 @pytest.mark.parametrize("arm", ["mini-bash", "mini-claude-code", "mini-codex"])
 def test_the_expert_reproduces_bugs_through_each_arm(lm, cyber_pack, arm):
     domain = domain_for(load_config(None, ["task.name=cyber", f"task.pack={cyber_pack}"]).task)
-    spec = RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=900),
-                       HarnessLimits(max_turns=20), arms=(arm,), max_context=8192)
+    spec = RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format("hermes"),
+                       sampling=SamplingParams(max_tokens=900), limits=HarnessLimits(max_turns=20), arms=(arm,),
+                       max_context=8192)
     for i in range(2):
         task = domain.task("train", i)
         turns = expert_turns(task, random.Random(i), get_format("hermes"), translate=get_arm(arm).translate,

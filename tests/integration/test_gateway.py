@@ -75,8 +75,9 @@ def check_last_turn(base_url, sid, engine):
 def served(lm):
     def start(turns, **kw):
         engine = Recording(ScriptedEngine(turns, lm.encode))
-        gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64),
-                                     auto_open=True, tokenizer=lm.tokenizer, offload=ThreadPoolExecutor(4), **kw))
+        gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                     sampling=SamplingParams(max_tokens=64), auto_open=True, tokenizer=lm.tokenizer,
+                                     offload=ThreadPoolExecutor(4), **kw))
         srv = ServerThread(make_app(gw, admin_key="test-admin-key")).start()
         started.append(srv)
         return gw, engine, srv.base_url
@@ -248,8 +249,8 @@ def test_embedded_model_over_http_records_sampled_log_probs(lm):
     from rlonce.engine.torch_engine import TorchEngine
 
     engine = Recording(TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=3))
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=24),
-                                 auto_open=True, offload=ThreadPoolExecutor(4)))
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                 sampling=SamplingParams(max_tokens=24), auto_open=True, offload=ThreadPoolExecutor(4)))
     try:
         with ServerThread(make_app(gw, admin_key="test-admin-key")) as srv:
             for mode in EPISODES:
@@ -267,7 +268,8 @@ def test_embedded_model_over_http_records_sampled_log_probs(lm):
 
 def _gw(lm, turns, **kw):
     engine = Recording(ScriptedEngine(turns, lm.encode))
-    settings = GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64), **kw)
+    settings = GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                               sampling=SamplingParams(max_tokens=64), **kw)
     return Gateway(settings), engine
 
 
@@ -371,8 +373,8 @@ def test_rerender_report_finds_non_canonical_sampled_tokens(lm):
             return gen
 
     call = optimal_calls(make_task("train", 1))[0]
-    gw = Gateway(GatewaySettings(Splitting([FMT.assistant_text("", [call])], lm.encode), lm.encode, lm.decode, FMT,
-                                 sampling=SamplingParams(max_tokens=64)))
+    gw = Gateway(GatewaySettings(engine=Splitting([FMT.assistant_text("", [call])], lm.encode), encode=lm.encode,
+                                 decode=lm.decode, fmt=FMT, sampling=SamplingParams(max_tokens=64)))
     gw.open("r")
     _chat(gw, "r", [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}])
     rep = rerender_report(gw.sessions["r"], lm.tokenizer)[0]

@@ -31,7 +31,7 @@ class Cycling(ScriptedEngine):
 def gateway(lm):
     turns = [FMT.assistant_text("ok", [ToolCall("bash", {"command": "ls"})]), "<tool_call>{bad</tool_call><|im_end|>",
              FMT.assistant_text("done", [])]
-    shared = GatewaySettings(Cycling(turns, lm.encode), lm.encode, lm.decode, FMT,
+    shared = GatewaySettings(engine=Cycling(turns, lm.encode), encode=lm.encode, decode=lm.decode, fmt=FMT,
                              sampling=SamplingParams(max_tokens=32), auto_open=True, offload=ThreadPoolExecutor(4))
     return Gateway(shared)
 

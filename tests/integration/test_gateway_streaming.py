@@ -55,9 +55,9 @@ class Dripping:
 
 
 def _gateway(lm, engine, **kw):
-    return Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=200),
-                                   budgets=Budgets(200, 1024), auto_open=True, honor_client_sampling=True,
-                                   offload=ThreadPoolExecutor(2), **kw))
+    return Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                   sampling=SamplingParams(max_tokens=200), budgets=Budgets(200, 1024), auto_open=True,
+                                   honor_client_sampling=True, offload=ThreadPoolExecutor(2), **kw))
 
 
 def test_deltas_arrive_while_the_turn_is_sampled(lm):
@@ -292,9 +292,9 @@ def test_smollm2_tool_calls_come_back_in_each_protocols_shape(lm, protocol):
 
     smol = get_format("smollm2")
     text = smol.assistant_text("", [ToolCall("bash", {"command": "ls"}), ToolCall("submit", {"answer": "a.txt"})])
-    gw = Gateway(GatewaySettings(Dripping(text, lm.encode, gap=0.0), lm.encode, lm.decode, smol,
-                                 sampling=SamplingParams(max_tokens=200), budgets=Budgets(200, 1024), auto_open=True,
-                                 offload=ThreadPoolExecutor(2)))
+    gw = Gateway(GatewaySettings(engine=Dripping(text, lm.encode, gap=0.0), encode=lm.encode, decode=lm.decode,
+                                 fmt=smol, sampling=SamplingParams(max_tokens=200), budgets=Budgets(200, 1024),
+                                 auto_open=True, offload=ThreadPoolExecutor(2)))
     want = [("bash", {"command": "ls"}), ("submit", {"answer": "a.txt"})]
     with ServerThread(make_app(gw)) as srv:
         for stream in (False, True):

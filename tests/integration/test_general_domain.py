@@ -131,9 +131,9 @@ def test_the_expert_passes_every_template_under_every_arm_through_the_gateway():
     from rlonce.rollout.runner import RolloutSpec, run_sequence
 
     tok = AutoTokenizer.from_pretrained(EMBEDDED_DIR)
-    spec = RolloutSpec(lambda s: tok.encode(s, add_special_tokens=False), tok.decode, get_format("hermes"),
-                       SamplingParams(max_tokens=4096), HarnessLimits(max_turns=32, max_obs_chars=2000),
-                       max_context=65536)
+    spec = RolloutSpec(encode=lambda s: tok.encode(s, add_special_tokens=False), decode=tok.decode,
+                       chat_format=get_format("hermes"), sampling=SamplingParams(max_tokens=4096),
+                       limits=HarnessLimits(max_turns=32, max_obs_chars=2000), max_context=65536)
 
     async def one(i: int, arm: str):
         task = make_task("train", i)

@@ -27,8 +27,8 @@ FMT = get_format("hermes")
 
 
 def _spec(lm, **kw):
-    return RolloutSpec(lm.encode, lm.decode, FMT, SamplingParams(max_tokens=64),
-                       HarnessLimits(max_turns=20, **kw), max_context=1024)
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=FMT, sampling=SamplingParams(max_tokens=64),
+                       limits=HarnessLimits(max_turns=20, **kw), max_context=1024)
 
 
 @pytest.mark.parametrize("arm", [a for a in ARMS if not ARMS[a].single_turn])  # single-turn: test_reasoning_domain
@@ -91,8 +91,8 @@ def test_mini_swe_agent_completes_a_task_as_an_outside_harness(lm):
     calls = [ToolCall("bash", {"command": f"grep -r {key} docs"}) for key, _ in task.chain]
     calls.append(ToolCall("bash", {"command": f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo {task.answer}"}))
     engine = ScriptedEngine([FMT.assistant_text("", [c]) for c in calls], lm.encode)
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64),
-                                 offload=ThreadPoolExecutor(4)))
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                 sampling=SamplingParams(max_tokens=64), offload=ThreadPoolExecutor(4)))
 
     async def go():
         async with AsyncServer(make_app(gw)) as srv:
@@ -116,8 +116,9 @@ def test_mini_swe_agent_against_the_embedded_model_runs_to_its_end_and_is_record
     from rlonce.engine.torch_engine import TorchEngine
 
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0, version=2)
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=32),
-                                 budgets=Budgets(32, 1024), offload=ThreadPoolExecutor(4)))
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                 sampling=SamplingParams(max_tokens=32), budgets=Budgets(32, 1024),
+                                 offload=ThreadPoolExecutor(4)))
     task = make_task("heldout", 22)
 
     async def go():

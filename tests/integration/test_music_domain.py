@@ -25,8 +25,9 @@ MUSIC = ["task.name=music", "harness.arms=[single-turn]"]
 
 
 def _spec(lm, arm):
-    return RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=900),
-                       HarnessLimits(max_turns=6), arms=(arm,), max_context=4096)
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format("hermes"),
+                       sampling=SamplingParams(max_tokens=900), limits=HarnessLimits(max_turns=6), arms=(arm,),
+                       max_context=4096)
 
 
 @pytest.mark.parametrize("arm", ["single-turn", "mini-bash", "mini-claude-code"])

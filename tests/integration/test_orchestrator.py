@@ -187,7 +187,8 @@ def test_partial_rollout_keeps_every_earlier_token_log_prob_and_version(lm):
 
     ids = lm.encode(FMT.assistant_text("", [ToolCall("bash", {"command": "ls docs"})]))
     eng = Interrupting(ids)
-    gw = Gateway(GatewaySettings(eng, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=64)))
+    gw = Gateway(GatewaySettings(engine=eng, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                 sampling=SamplingParams(max_tokens=64)))
     s = gw.open("p")
     r = asyncio.run(gw.call("openai-chat", {"messages": [{"role": "system", "content": "s"},
                                                           {"role": "user", "content": "u"}],

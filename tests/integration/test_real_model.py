@@ -157,7 +157,7 @@ def test_smollm2_is_shown_the_tools_of_every_protocol(smol, protocol):
     from rlonce.gateway.session import Budgets, GatewaySettings
 
     eng = TorchEngine(copy.deepcopy(smol.model), eos_token_ids=smol.eos_token_ids, pad_token_id=2)
-    gw = Gateway(GatewaySettings(eng, smol.encode, smol.decode, get_format("smollm2"),
+    gw = Gateway(GatewaySettings(engine=eng, encode=smol.encode, decode=smol.decode, fmt=get_format("smollm2"),
                                  sampling=SamplingParams(max_tokens=24), budgets=Budgets(24, 2048), auto_open=True,
                                  honor_client_sampling=True, context_errors=True, offload=ThreadPoolExecutor(2)))
     weather = {"name": "get_weather", "description": "Get the current weather in a city.",

@@ -22,8 +22,8 @@ REASONING = ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0",
 
 
 def _spec(lm):
-    return RolloutSpec(lm.encode, lm.decode, get_format("hermes"), SamplingParams(max_tokens=32),
-                       HarnessLimits(), arms=("single-turn",))
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format("hermes"),
+                       sampling=SamplingParams(max_tokens=32), limits=HarnessLimits(), arms=("single-turn",))
 
 
 @pytest.mark.parametrize("reply,reward,status", [

@@ -20,7 +20,8 @@ FMT = get_format("hermes")
 
 
 def spec(lm, turns=3):
-    return RolloutSpec(lm.encode, lm.decode, FMT, SamplingParams(max_tokens=64), HarnessLimits(max_turns=turns))
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=FMT, sampling=SamplingParams(max_tokens=64),
+                       limits=HarnessLimits(max_turns=turns))
 
 
 def run(lm, task, turns_text, max_turns=3):

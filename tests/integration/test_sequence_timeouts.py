@@ -33,8 +33,8 @@ ONE_HOP = make_task("train", 0)  # one look-up, then submit
 
 
 def spec(lm, **limits) -> RolloutSpec:
-    return RolloutSpec(lm.encode, lm.decode, FMT, SamplingParams(max_tokens=64), HarnessLimits(max_turns=5),
-                       timeouts=Timeouts(**{**UNBOUNDED.__dict__, **limits}))
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=FMT, sampling=SamplingParams(max_tokens=64),
+                       limits=HarnessLimits(max_turns=5), timeouts=Timeouts(**{**UNBOUNDED.__dict__, **limits}))
 
 
 def solve(task) -> list[str]:

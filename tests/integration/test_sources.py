@@ -234,14 +234,16 @@ def test_per_source_metrics_are_hand_countable():
                     infra_by_category={"sandbox_timeout": 1})
     seqs = [_seq("x", 1.0), _seq("x", 0.0), _seq("y", 1.0)]
     seqs[2].metrics = {"intercepted_git_history": 2.0, "intercepted_fetch_upstream": 1.0, "seconds": 3.0}
-    x = StepInputs(1, seqs, [], {"a": a, "b": b}, 1.0, 1.0, 0, 1, 1, finished_sources=["a", "a", "b"],
+    x = StepInputs(step=1, finished=seqs, trained=[], ledger={"a": a, "b": b}, rollout_seconds=1.0, train_seconds=1.0,
+                   retained_rows=0, version=1, violations=1, finished_sources=["a", "a", "b"],
                    shares={"a": 0.75, "b": 0.25}, taken_groups={"a": 2, "b": 1})
     m = source_metrics(x)
     assert (m["src/a/target_share"], m["src/a/retained_share"], m["src/b/retained_share"]) == (0.75, 2 / 3, 1 / 3)
     assert (m["src/a/reward_mean"], m["src/a/success_rate"], m["src/b/success_rate"]) == (0.5, 0.5, 1.0)
     assert (m["src/b/intercepted"], m["src/b/hack_zeroed"], m["src/b/infra/sandbox_timeout"]) == (3.0, 1.0, 1.0)
     assert (m["src/a/filtered"], m["src/b/seconds_mean"], m["src/a/retained_groups"]) == (4.0, 3.0, 2.0)
-    assert source_metrics(StepInputs(1, seqs, [], {"a": a}, 1.0, 1.0, 0, 1, 1)) == {}
+    assert source_metrics(StepInputs(step=1, finished=seqs, trained=[], ledger={"a": a}, rollout_seconds=1.0,
+                                     train_seconds=1.0, retained_rows=0, version=1, violations=1)) == {}
 
 
 def test_a_restart_replays_every_sources_open_work_within_its_own_staleness():

@@ -49,8 +49,9 @@ def serve(lm):
     def start(engine=None, app=None, server=None, **kw):
         engine = engine or Cycling([FMT.assistant_text("ok", [])], lm.encode)
         kw = {"auto_open": True, "honor_client_sampling": True, **kw}
-        gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, FMT, sampling=SamplingParams(max_tokens=8),
-                                     tokenizer=lm.tokenizer, offload=ThreadPoolExecutor(4), **kw))
+        gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=FMT,
+                                     sampling=SamplingParams(max_tokens=8), tokenizer=lm.tokenizer,
+                                     offload=ThreadPoolExecutor(4), **kw))
         srv = ServerThread(make_app(gw, admin_key=ADMIN_KEY, **(app or {})), **(server or {})).start()
         started.append(srv)
         return gw, srv.base_url

@@ -66,8 +66,8 @@ def test_outside_harness_reaches_the_gateway_and_nothing_else(lm):
     threading.Thread(target=lambda: hits.append(srv_sock.accept()), daemon=True).start()
     fmt = get_format("hermes")
     engine = ScriptedEngine([fmt.assistant_text("hello", [])], lm.encode)
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, fmt, sampling=SamplingParams(max_tokens=16),
-                                 offload=ThreadPoolExecutor(4)))
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=fmt,
+                                 sampling=SamplingParams(max_tokens=16), offload=ThreadPoolExecutor(4)))
     task = make_task("heldout", 3)
 
     async def go():

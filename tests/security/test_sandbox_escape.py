@@ -480,8 +480,8 @@ def test_fast_output_tool_call_does_not_hang_the_sequence(lm):
     task = make_task("train", 1)
     turns = [fmt.assistant_text("", [ToolCall("bash", {"command": "yes"})]),
              fmt.assistant_text("", [ToolCall("submit", {"answer": "x"})])]
-    spec = RolloutSpec(lm.encode, lm.decode, fmt, SamplingParams(max_tokens=64), HarnessLimits(max_turns=4),
-                       max_context=1024)
+    spec = RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=fmt, sampling=SamplingParams(max_tokens=64),
+                       limits=HarnessLimits(max_turns=4), max_context=1024)
 
     def env_factory(t):
         return ToolfindEnv(t, Limits(wall_seconds=2, output_bytes=2000))

@@ -173,7 +173,7 @@ def test_gateway_checkpoint_and_ray_payloads_carry_the_sets(lm):
     from rlonce.rollout.groups import Group, replayed_group, waiting_state
 
     engine = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, seed=0)
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, get_format(lm.chat_format),
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=get_format(lm.chat_format),
                                  sampling=SamplingParams(max_tokens=16, top_p=0.9, temperature=0.7)))
     try:
         s = gw.open("c")
@@ -254,7 +254,7 @@ def test_a_turn_continued_after_a_pause_keeps_every_tokens_set(lm, lm64):
 
     model = _PausesOnce(copy.deepcopy(lm64))
     engine = model.engine = TorchEngine(model, eos_token_ids=[], pad_token_id=0, seed=0)  # no EOS: 12 tokens
-    gw = Gateway(GatewaySettings(engine, lm.encode, lm.decode, get_format(lm.chat_format),
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=get_format(lm.chat_format),
                                  sampling=SamplingParams(max_tokens=12, top_p=0.8, top_k=40)))
     try:
         s = gw.open("c")

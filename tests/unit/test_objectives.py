@@ -156,7 +156,7 @@ def test_geometric_bounds_the_inverse_ratio_as_verl():
 
 
 def test_entropy_controller_moves_bounds_and_checkpoints():
-    c = EntropyBoundController(0.5, 1.0, step=0.25)
+    c = EntropyBoundController(target_low=0.5, target_high=1.0, step=0.25)
     assert c.update(0.7) == {"pos_low": 0.2, "pos_high": 5.0, "neg_low": 0.2, "neg_high": 5.0}
     b = c.update(0.1)  # too low: positive interval widens, negative narrows
     assert b == pytest.approx({"pos_low": 0.16, "pos_high": 6.25, "neg_low": 0.25, "neg_high": 4.0})
@@ -164,7 +164,7 @@ def test_entropy_controller_moves_bounds_and_checkpoints():
         b = c.update(0.1)
     assert b == pytest.approx({"pos_low": 0.05, "pos_high": 20.0, "neg_low": 0.9, "neg_high": 1.1})  # limits
     saved = c.state_dict()
-    c2 = EntropyBoundController(0.5, 1.0)
+    c2 = EntropyBoundController(target_low=0.5, target_high=1.0)
     c2.load_state_dict(saved)
     assert c2.update(2.0) == c.update(2.0)  # too high: the opposite move, identically after a reload
     assert c2.pos_high < 20.0 and c2.neg_high > 1.1

@@ -32,9 +32,9 @@ def _seq(seconds: float, tokens: float, infra: bool = False) -> Sequence:
 def _row(step: int, entries: dict[str, LedgerEntry], seqs: dict[str, list[Sequence]]) -> dict:
     finished = [s for v in seqs.values() for s in v]
     labels = [n for n, v in seqs.items() for _ in v]
-    x = StepInputs(step, finished, [], entries, rollout_seconds=1.0, train_seconds=2.0 * step, retained_rows=0,
-                   version=step, violations=0, finished_sources=labels, shares={"a": 0.5, "b": 0.5},
-                   taken_groups={"a": 1, "b": 0})
+    x = StepInputs(step=step, finished=finished, trained=[], ledger=entries, rollout_seconds=1.0,
+                   train_seconds=2.0 * step, retained_rows=0, version=step, violations=0, finished_sources=labels,
+                   shares={"a": 0.5, "b": 0.5}, taken_groups={"a": 1, "b": 0})
     return step_record(x, {}, {})
 
 

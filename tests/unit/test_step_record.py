@@ -19,9 +19,10 @@ def test_step_record_by_hand():
                  metrics={"model_tokens": 20.0})
     entry = LedgerEntry(3, "toolfind")
     entry.stale_dropped, entry.carried_over = 2, 1
-    rec = step_record(StepInputs(3, [a, b, c], [a, b], {"toolfind": entry}, rollout_seconds=4.0, train_seconds=1.0,
-                                 retained_rows=2, version=7, violations=5, replayed=1, reissued=0,
-                                 arms=["mini-bash", "mini-codex"], lag_counts=Counter({0: 10, 1: 5})),
+    rec = step_record(StepInputs(step=3, finished=[a, b, c], trained=[a, b], ledger={"toolfind": entry},
+                                 rollout_seconds=4.0, train_seconds=1.0, retained_rows=2, version=7, violations=5,
+                                 replayed=1, reissued=0, arms=["mini-bash", "mini-codex"],
+                                 lag_counts=Counter({0: 10, 1: 5})),
                       {"grs_fallback": 0}, {"loss": 0.25})
     assert rec["reward_mean"] == 0.5 and rec["success_rate"] == 0.5  # the infra sequence is not scored
     assert rec["response_tokens_mean"] == pytest.approx(100 / 3) and rec["turns_mean"] == 2.0

@@ -105,7 +105,7 @@ def rollout_correction(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch
     return w_BT.to(mask_BT.dtype), keep_BT, metrics
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EntropyBoundController:
     """Adjusts ``pos_low, pos_high, neg_low, neg_high`` from measured entropy (nats per token).
 

@@ -49,7 +49,7 @@ from rlonce.core.ledger import LedgerEntry
 from rlonce.core.records import Sample, Sequence, Status, TrainingRow, sequence_to_rows
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LengthShaping:
     metrics: tuple[str, ...] = ("turns", "input_tokens", "output_tokens")
     """Any of 'turns', 'input_tokens' (observations and prompts), 'output_tokens' (model tokens);
@@ -63,7 +63,7 @@ class LengthShaping:
     combine: str = "max"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SignalSettings:
     norm_by_std: bool = False
     filter_no_contrast: bool = True

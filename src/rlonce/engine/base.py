@@ -16,7 +16,7 @@ from typing import Protocol
 from rlonce.errors import RlonceError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     max_tokens: int = 64
     temperature: float = 1.0

@@ -10,7 +10,7 @@ from pathlib import Path
 from rlonce.model.precision import wants_autocast
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     backend: str
     model_dir: str
@@ -33,10 +33,12 @@ class EngineSpec:
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
         e, m = cfg.engine, cfg.model
-        return cls(e.backend, str(model_dir), m.dtype, m.lm_head_fp32, e.max_batch_size, e.batch_wait_s,
-                   cfg.runtime.seed, cfg.runtime.rollout_threads, e.gpu_memory_utilization, e.max_model_len,
-                   e.tensor_parallel_size, e.continuous, e.prefix_cache_mb, wants_autocast(m.autocast), e.compile_solo,
-                   e.fast_decode, e.native_kernels)
+        return cls(backend=e.backend, model_dir=str(model_dir), dtype=m.dtype, lm_head_fp32=m.lm_head_fp32,
+                   max_batch_size=e.max_batch_size, batch_wait_s=e.batch_wait_s, seed=cfg.runtime.seed,
+                   threads=cfg.runtime.rollout_threads, gpu_memory_utilization=e.gpu_memory_utilization,
+                   max_model_len=e.max_model_len, tensor_parallel_size=e.tensor_parallel_size,
+                   continuous=e.continuous, prefix_cache_mb=e.prefix_cache_mb, autocast=wants_autocast(m.autocast),
+                   compile_solo=e.compile_solo, fast_decode=e.fast_decode, native_kernels=e.native_kernels)
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from rlonce.engine.base import Engine, SamplingParams
@@ -23,7 +23,7 @@ class Budgets:
     """Prompt budget: the most tokens a single request's prompt may hold (``None``: max_context)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
     """What a gateway and every session it opens share, fixed when the gateway is built."""
 
@@ -31,7 +31,6 @@ class GatewaySettings:
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     fmt: ChatFormat
-    _: KW_ONLY
     sampling: SamplingParams
     """The run's sampling parameters; each turn's ``max_tokens`` comes from the budgets and the request."""
     budgets: Budgets = Budgets()

@@ -40,7 +40,7 @@ TRAJECTORY_CHARS = 3000
 """The tail of a sequence's decoded trajectory shown to judges."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GradingSettings:
     grs: bool = False
     gar: bool = False

@@ -66,8 +66,9 @@ def embedded_domain():
 
 def rollout_spec(lm, max_turns: int = 3) -> RolloutSpec:
     """Sampling at temperature 1, up to 3 turns of 64 tokens in a 1024-token context."""
-    return RolloutSpec(lm.encode, lm.decode, get_format(lm.chat_format), SamplingParams(max_tokens=64),
-                       HarnessLimits(max_turns=max_turns, max_obs_chars=600))
+    return RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format(lm.chat_format),
+                       sampling=SamplingParams(max_tokens=64),
+                       limits=HarnessLimits(max_turns=max_turns, max_obs_chars=600))
 
 
 def adamw(model, lr: float) -> torch.optim.AdamW:

@@ -77,9 +77,11 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     rows = res.rows + ([r for p in res.payloads for r in p.fetch()[1]] if remote else [])
     violations = orch.staleness_violations(samples, rows, trained_version)
     rec = step_record(StepInputs(
-        step, seqs, [s for x in samples for s in x.sequences], res.ledger, t_roll, t_train, res.row_count, st.version,
-        violations, orch.replayed, orch.reissued, arms, lag_counts, res.finished_sources, shares,
-        Counter(x.source for x in samples)), res.metrics, train_m)
+        step=step, finished=seqs, trained=[s for x in samples for s in x.sequences], ledger=res.ledger,
+        rollout_seconds=t_roll, train_seconds=t_train, retained_rows=res.row_count, version=st.version,
+        violations=violations, replayed=orch.replayed, reissued=orch.reissued, arms=arms, lag_counts=lag_counts,
+        finished_sources=res.finished_sources, shares=shares, taken_groups=Counter(x.source for x in samples)),
+        res.metrics, train_m)
     if job.grading is not None:  # the trained tokens are known when every row is here (Ray: storage.remote_rows)
         trained = float(sum(len(r.token_ids) for r in rows)) if len(rows) == res.row_count else math.nan
         rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),

@@ -40,8 +40,8 @@ def bound_controller(algo: AlgoConfig) -> EntropyBoundController | None:
     band = getattr(obj, "entropy_band", None)
     if band is None:
         return None
-    return EntropyBoundController(band[0], band[1], obj.entropy_step, obj.pos_low, obj.pos_high,
-                                  obj.neg_low, obj.neg_high)
+    return EntropyBoundController(target_low=band[0], target_high=band[1], step=obj.entropy_step, pos_low=obj.pos_low,
+                                  pos_high=obj.pos_high, neg_low=obj.neg_low, neg_high=obj.neg_high)
 
 
 def timeouts(t: TimeoutsConfig) -> Timeouts:
@@ -56,11 +56,11 @@ def rollout_spec(cfg: RunConfig, lm) -> RolloutSpec:
     from the run plan, where ``[[sources]]`` or ``[harness]`` resolved them."""
     h = cfg.harness
     return RolloutSpec(
-        lm.encode, lm.decode, get_format(lm.chat_format),
-        SamplingParams(max_tokens=h.max_tokens_per_turn, stop_confident_run=cfg.algo.stop_confident_run,
-                       candidate_sets=h.candidate_sets),
-        HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, compact_at=h.compact_at,
-                      format_retries=h.format_retries),
+        encode=lm.encode, decode=lm.decode, chat_format=get_format(lm.chat_format),
+        sampling=SamplingParams(max_tokens=h.max_tokens_per_turn, stop_confident_run=cfg.algo.stop_confident_run,
+                                candidate_sets=h.candidate_sets),
+        limits=HarnessLimits(max_turns=h.max_turns, max_obs_chars=h.max_obs_chars, compact_at=h.compact_at,
+                             format_retries=h.format_retries),
         max_context=h.max_context, arms=tuple(h.arms), arm_seed=cfg.runtime.seed,
         arm_per_sequence=h.assign == "sequence", timeouts=timeouts(cfg.timeouts),
         sequence_seed=cfg.runtime.seed if deterministic(cfg) else None,

@@ -103,8 +103,8 @@ class Episode:
 
 
 def _spec(encode=byte_encode, decode=byte_decode) -> RolloutSpec:
-    return RolloutSpec(encode, decode, FMT, SamplingParams(max_tokens=10 * MEGABYTE),
-                       HarnessLimits(max_turns=1000, max_obs_chars=200), max_context=40 * MEGABYTE)
+    return RolloutSpec(encode=encode, decode=decode, chat_format=FMT, sampling=SamplingParams(max_tokens=10 * MEGABYTE),
+                       limits=HarnessLimits(max_turns=1000, max_obs_chars=200), max_context=40 * MEGABYTE)
 
 
 async def _toolset(env_factory, task, arm: str) -> dict:

@@ -40,7 +40,7 @@ class SourceStats:
     """Rounding error of the whole-group targets so far, carried to the next step."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MixerSettings:
     budget: float = 1.25
     """p̄: the demand-weighted mean oversampling ratio."""

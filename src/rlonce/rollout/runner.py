@@ -37,7 +37,7 @@ from rlonce.model.chat import ChatFormat
 from rlonce.sandbox.base import SandboxError
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutSpec:
     """What every sequence of a collection shares."""
 
@@ -73,7 +73,7 @@ class RolloutSpec:
         """A gateway for this collection's sequences (``render_tools``: the limits' unless given;
         ``offload``: see ``GatewaySettings``)."""
         return Gateway(GatewaySettings(
-            engine, self.encode, self.decode, self.chat_format, sampling=self.sampling,
+            engine=engine, encode=self.encode, decode=self.decode, fmt=self.chat_format, sampling=self.sampling,
             budgets=Budgets(self.sampling.max_tokens, self.max_context),
             render_tools=self.limits.render_tools if render_tools is None else render_tools, offload=offload,
             model_timeout=self.timeouts.model))

@@ -53,7 +53,7 @@ MAX_SKIPS = 64
 """Most tasks the difficulty filter skips in a row for one dispatch (then the next one runs)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OrchestratorSettings:
     mode: str = "sync"
     group_size: int = 8

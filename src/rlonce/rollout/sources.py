@@ -23,7 +23,7 @@ from rlonce.envs.domains import Domain, domain_for
 from rlonce.rollout.runner import RolloutSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SourcePlan:
     """A source with every default resolved from the run's config."""
 
@@ -72,16 +72,19 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
         elif demos is None:
             demos = round(cfg.sft.demos * s.share / expert_share) if i in experts else 0
         plans.append(SourcePlan(
-            s.source_label, TaskConfig(name=s.name, **s.domain_options().model_dump()), s.share / total,
-            tuple(s.arms or cfg.harness.arms), s.max_turns or h.max_turns,
-            s.max_tokens_per_turn or h.max_tokens_per_turn, s.max_context or h.max_context,
-            s.max_obs_chars or h.max_obs_chars, s.staleness or staleness, s.stale_policy,
-            s.heldout_tasks or cfg.eval.heldout_tasks, min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS),
-            demos, cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs,
-            cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p, s.difficulty_window,
-            s.dispatch_cap or r.sync_dispatch_cap, h.temperature if s.temperature is None else s.temperature,
-            h.top_p if s.top_p is None else s.top_p, h.top_k if s.top_k is None else s.top_k,
-            h.render_tools if s.render_tools is None else s.render_tools))
+            label=s.source_label, options=TaskConfig(name=s.name, **s.domain_options().model_dump()),
+            share=s.share / total, arms=tuple(s.arms or cfg.harness.arms), max_turns=s.max_turns or h.max_turns,
+            max_tokens_per_turn=s.max_tokens_per_turn or h.max_tokens_per_turn,
+            max_context=s.max_context or h.max_context, max_obs_chars=s.max_obs_chars or h.max_obs_chars,
+            staleness=s.staleness or staleness, stale_policy=s.stale_policy,
+            heldout_tasks=s.heldout_tasks or cfg.eval.heldout_tasks,
+            during_tasks=min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS), sft_demos=demos,
+            sft_epochs=cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs,
+            sft_detour_p=cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p,
+            difficulty_window=s.difficulty_window, dispatch_cap=s.dispatch_cap or r.sync_dispatch_cap,
+            temperature=h.temperature if s.temperature is None else s.temperature,
+            top_p=h.top_p if s.top_p is None else s.top_p, top_k=h.top_k if s.top_k is None else s.top_k,
+            render_tools=h.render_tools if s.render_tools is None else s.render_tools))
     return plans
 
 

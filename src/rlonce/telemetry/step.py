@@ -15,7 +15,7 @@ from rlonce.core.records import Role, Status
 from rlonce.telemetry.metrics import JsonlWriter
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepInputs:
     step: int
     finished: list

@@ -29,7 +29,7 @@ from rlonce.train.request import RLRequest
 from rlonce.train.row_terms import correct_rows, correction_metrics, frozen_copy, pad_like, same_version
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimSettings:
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.95)
