@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 async def train_step(job, res: StepResult, step: int) -> dict:
     """One trainer step on the step's batch in the job's trainer backend, then the new weights to
     the engines as ``version + 1`` (an entropy-bound controller updates its bounds in between)."""
-    st, controller = job.state, job.controller
+    st, controller = job.state, job.ctx.controller
     bounds = controller.bounds() if controller is not None else None
     train_m = await job.backend.train(res, rl_request(job.cfg, res.row_count, step, st.version, bounds))
     faults.point("train.step")
@@ -82,10 +82,10 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         violations=violations, replayed=orch.replayed, reissued=orch.reissued, arms=arms, lag_counts=lag_counts,
         finished_sources=res.finished_sources, shares=shares, taken_groups=Counter(x.source for x in samples)),
         res.metrics, train_m)
-    if job.grading is not None:  # the trained tokens are known when every row is here (Ray: storage.remote_rows)
+    if job.ctx.grading is not None:  # the trained tokens are known when every row is here (Ray: storage.remote_rows)
         trained = float(sum(len(r.token_ids) for r in rows)) if len(rows) == res.row_count else math.nan
-        rec.update(job.grading.step_metrics(t_roll, t_train, sum(s.metrics.get("context_tokens", 0.0) for s in seqs),
-                                            trained))
+        context = sum(s.metrics.get("context_tokens", 0.0) for s in seqs)
+        rec.update(job.ctx.grading.step_metrics(t_roll, t_train, context, trained))
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's, so far
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())
@@ -93,7 +93,7 @@ async def rl_step(job, orch: Orchestrator) -> dict:
     shown = samples[0].sequences if samples else seqs[:cfg.rl.group_size]
     if res.payloads and not any(s.contexts for s in shown):  # the first trained group's tokens are remote
         shown = res.payloads[0].fetch()[0]
-    write_trajectories(job.out / "trajectories", step, shown, job.lm.decode)
+    write_trajectories(job.out / "trajectories", step, shown, job.ctx.lm.decode)
     trainer_lp = None
     if hasattr(job.backend, "trained_logprobs") and res.rows and not remote:
         trainer_lp = job.backend.trained_logprobs()
