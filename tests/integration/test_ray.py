@@ -76,7 +76,7 @@ def job(ray_instance, tmp_path):
 
 def test_published_weights_reach_every_engine_by_version(job):
     j = job("ray.engines=2")
-    trained = copy.deepcopy(j.lm.model)
+    trained = copy.deepcopy(j.ctx.lm.model)
     with torch.no_grad():
         for p in trained.parameters():
             p.mul_(1.05)
@@ -84,15 +84,15 @@ def test_published_weights_reach_every_engine_by_version(job):
     ray.get(j.backend.trainer.__ray_call__.remote(lambda self: self.model.load_state_dict(trained.state_dict())))
     asyncio.run(j.backend.publish(7))
     assert j.engine.version == 7
-    prompt = j.lm.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
+    prompt = j.ctx.lm.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
     sp = SamplingParams(max_tokens=24, temperature=1.0, seed=123)
 
     async def both():
         return await asyncio.gather(*(j.engine.generate(prompt, sp) for _ in range(4)))
 
     remote = asyncio.run(both())
-    pad = j.lm.tokenizer.pad_token_id
-    local = TorchEngine(trained, eos_token_ids=j.lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
+    pad = j.ctx.lm.tokenizer.pad_token_id
+    local = TorchEngine(trained, eos_token_ids=j.ctx.lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
                         version=7)
     try:
         ref = asyncio.run(local.generate(prompt, sp))
@@ -110,7 +110,7 @@ def test_restarted_engine_serves_the_latest_published_version(job):
     victim = j.backend.engine_actors[0]
     pid_before = ray.get(victim.ready.remote())["pid"]
     ray.kill(victim, no_restart=False)
-    prompt = j.lm.encode("hello")
+    prompt = j.ctx.lm.encode("hello")
     sp = SamplingParams(max_tokens=4, seed=1)
     with pytest.raises(EngineError):  # a request to the dead or restarting actor is an engine error
         asyncio.run(j.engine.generate(prompt, sp))
