@@ -1,4 +1,5 @@
 import json
+import re
 from typing import get_origin
 
 import pytest
@@ -298,3 +299,16 @@ def test_a_domain_module_imports_first_in_a_fresh_interpreter():
     for name in BUILTIN:
         r = subprocess.run([sys.executable, "-c", f"import rlonce.envs.{name}.env"], capture_output=True, text=True)
         assert r.returncode == 0, f"{name}: {r.stderr[-400:]}"
+
+
+def test_an_override_reaches_one_source_by_index_or_label():
+    cfg = load_config("configs/yoro7.toml", ["sources.code.sft_demos=0", "sources.1.share=3",
+                                              "sources.arith.temperature=0.5"])
+    by = {s.label or s.name: s for s in cfg.sources}
+    assert (by["code"].sft_demos, by["arith"].share, by["arith"].temperature) == (0, 3.0, 0.5)
+    assert by["toolfind"].share == 2.0 and by["cyber"].temperature == 0.7  # the others as the file says
+    for bad, says in ((["sources.nope.share=2"], "no single table 'nope' among 7 (toolfind, arith, code"),
+                      (["sources.9.share=2"], "no single table '9'"),
+                      (["sources.share=2"], "'sources' is a list of tables; name one of them, e.g. sources.0.share")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config("configs/yoro7.toml", bad)

@@ -39,13 +39,34 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override {item!r} has an empty key part; write key=value, e.g. rl.steps=10")
         node = data
         for p in parts[:-1]:
+            if isinstance(node, list):  # a table of an array (``[[sources]]``): by index or label
+                node = _item(node, p, key)
+                continue
             if isinstance(node.get(p), str):  # a variant given by name, now given a parameter
                 node[p] = {"name": node[p]}
             node = node.setdefault(p, {})
-            if not isinstance(node, dict):
+            if not isinstance(node, (dict, list)):
                 raise ConfigError(f"override {key!r}: {p!r} is not a section")
+        if isinstance(node, list):
+            where, last = ".".join(parts[:-1]), parts[-1]
+            raise ConfigError(f"override {key!r}: {where!r} is a list of tables; name one of them, "
+                              f"e.g. {where}.0.{last}=... or {where}.<label>.{last}=...")
         node[parts[-1]] = _parse_value(raw.strip())
     return data
+
+
+def _item(tables: list, part: str, key: str) -> dict:
+    """The table ``part`` names in an array of tables: its index, or its ``label`` (else ``name``)."""
+    if part.isdigit():
+        if int(part) < len(tables):
+            return tables[int(part)]
+    else:
+        hits = [t for t in tables if isinstance(t, dict) and t.get("label", t.get("name")) == part]
+        if len(hits) == 1:
+            return hits[0]
+    names = ", ".join(str(t.get("label", t.get("name"))) for t in tables if isinstance(t, dict))
+    raise ConfigError(f"override {key!r}: no single table {part!r} among {len(tables)} ({names}); "
+                      "name one by its index or its label")
 
 
 def _section_type(annotation):
