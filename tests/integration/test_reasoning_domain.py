@@ -56,6 +56,7 @@ def test_filter_writes_pass_rates_and_an_empty_pack_is_refused(tmp_path, capsys)
     report = json.loads((out / "filter.json").read_text())
     # the embedded model never learned arithmetic: every pass rate is 0, nothing is kept
     assert report["kept"] == [] and report["pass_rate_histogram"]["0.0"] == 4
+    assert report["task_options"]["datasets"] == ["chain_sum"] and "pack" not in report["task_options"]
     assert "kept 0 of 4 tasks" in capsys.readouterr().out
     assert cli.main(["train", "--out", str(tmp_path / "run"), *REASONING, f"task.pack={out}"]) == 2
     assert "kept no task" in capsys.readouterr().err
@@ -64,8 +65,9 @@ def test_filter_writes_pass_rates_and_an_empty_pack_is_refused(tmp_path, capsys)
 def test_pack_keeps_only_its_tasks_and_must_match_the_config(tmp_path):
     pack = tmp_path / "p"
     pack.mkdir()
-    (pack / "filter.json").write_text(json.dumps({"kept": [3, 8], "datasets": ["chain_sum"], "options": {
-        "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}, "max_pass": 0.9}))
+    drawn = {"datasets": ["chain_sum"],
+             "options": {"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}}
+    (pack / "filter.json").write_text(json.dumps({"kept": [3, 8], "task_options": drawn, "max_pass": 0.9}))
     domain = domain_for(load_config(None, [*REASONING, f"task.pack={pack}"]).task)
     assert [domain.task("train", i).task_id for i in range(3)] == [
         "chain_sum/train/3", "chain_sum/train/8", "chain_sum/train/3"]

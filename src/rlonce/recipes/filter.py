@@ -7,8 +7,10 @@ A task is kept when its pass rate is strictly between 0 (no signal: every siblin
 attempts; a task with no scored attempt is neither kept nor counted as hard.
 
 Writes ``filter.jsonl`` (one line per task: id, index, dataset, successes, attempts, pass rate,
-kept) and ``filter.json`` (the settings, the kept train indices, a pass-rate histogram). A
-training config points ``task.pack`` at the folder to draw only the kept tasks.
+kept) and ``filter.json`` (the settings, the domain's options the tasks were drawn with as
+``task_options``, the kept train indices, a pass-rate histogram). A domain whose options have a
+``pack`` reads the folder back (``rlonce.envs.packs.read_pack``) to draw only the kept tasks, and
+checks them against ``task_options``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
     if cfg.sources:
         raise ConfigError("rlonce tasks filter works on one domain: give it a [task] config, not [[sources]] "
                           "(filter each source's tasks separately and set its pack)")
-    cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
+    options = cfg.task.domain_options()
+    if "pack" in type(options).model_fields:  # every train task is measured, not an earlier pack's
+        cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"pack": None})})
     job = Job.for_model(cfg, model, progress=progress)
     job.threads("rollout")
     try:
@@ -67,7 +71,7 @@ def filter_tasks(cfg: RunConfig, model: str, n: int, k: int, out: Path, *, max_p
             hist[min(10, int(r * 10))] += 1
     unscored = rates.count(None)
     report = {"model": model, "tasks": n, "k": k, "max_pass": max_pass, "task": cfg.task.name,
-              "datasets": list(cfg.task.datasets), "options": dict(cfg.task.options),
+              "task_options": options.model_dump(mode="json", exclude={"pack"}),
               "temperature": src.plan.temperature, "max_tokens_per_turn": src.plan.max_tokens_per_turn,
               "kept_count": len(kept), "unscored": unscored,
               "pass_rate_histogram": {f"{b / 10:.1f}": c for b, c in enumerate(hist)}, "kept": kept}

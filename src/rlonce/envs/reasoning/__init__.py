@@ -32,9 +32,10 @@ def build(o: ReasoningOptions):
     kept = None
     if o.pack:
         pack = read_pack(o.pack)
-        if pack["datasets"] != datasets or pack["options"] != options:
-            raise PackError(f"the pack {o.pack} was filtered from datasets {pack['datasets']} with options "
-                            f"{pack['options']}, not the configured {datasets} {options}; filter again or fix "
+        drawn = pack.get("task_options", pack)  # (packs filtered before task_options kept them at the top)
+        if drawn.get("datasets") != datasets or drawn.get("options") != options:
+            raise PackError(f"the pack {o.pack} was filtered from datasets {drawn.get('datasets')} with options "
+                            f"{drawn.get('options')}, not the configured {datasets} {options}; filter again or fix "
                             "the source's datasets/options")
         kept = list(pack["kept"])
     env = partial(ReasoningEnv, format_weight=o.format_weight, system_prompt=o.system_prompt or SYSTEM_PROMPT)
