@@ -192,11 +192,10 @@ def _serve(args) -> int:
     torch.set_num_threads(1)
     from concurrent.futures import ThreadPoolExecutor
 
-    from rlonce.engine.base import SamplingParams
     from rlonce.engine.torch_engine import TorchEngine
     from rlonce.gateway.core import Gateway
     from rlonce.gateway.http import AsyncServer, load_admin_key, make_app
-    from rlonce.gateway.session import Budgets, GatewaySettings
+    from rlonce.gateway.session import GatewaySettings
     from rlonce.model import loader
     from rlonce.model.chat import get_format
 
@@ -211,11 +210,10 @@ def _serve(args) -> int:
                          prefix_cache_mb=args.prefix_cache_mb, compile_solo=args.compile)
     limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
     name = "embedded" if args.model == "embedded" else Path(args.model).name
-    gw = Gateway(GatewaySettings(
+    gw = Gateway(GatewaySettings.serving(
         engine=engine, encode=lm.encode, decode=lm.decode, fmt=get_format(lm.chat_format), model_name=name,
-        sampling=SamplingParams(max_tokens=args.max_tokens), budgets=Budgets(args.max_tokens, limit), auto_open=True,
-        honor_client_sampling=True, idle_ttl=args.session_ttl, ended_ttl=min(args.session_ttl, 60.0),
-        tokenizer=lm.tokenizer, max_inflight=args.max_inflight, busy_wait=args.busy_wait, context_errors=True,
+        max_tokens=args.max_tokens, max_context=limit, tokenizer=lm.tokenizer, session_ttl=args.session_ttl,
+        max_inflight=args.max_inflight, busy_wait=args.busy_wait,
         offload=ThreadPoolExecutor(4, thread_name_prefix="rlonce-gateway")))
 
     async def main() -> None:

@@ -75,3 +75,18 @@ class GatewaySettings:
     """An executor for the sessions' rendering and tokenization (None: on the event loop). A
     served gateway needs one (``make_app`` parses bodies there too); a Ray harness pool gives
     each gateway one background thread, so its event loop keeps serving other sequences."""
+
+    @classmethod
+    def serving(cls, *, engine: Engine, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+                fmt: ChatFormat, model_name: str, max_tokens: int, max_context: int, offload: Executor,
+                tokenizer: Any = None, session_ttl: float = 900.0, max_inflight: int | None = 64,
+                busy_wait: float = 300.0) -> GatewaySettings:
+        """What ``rlonce serve`` serves a model with (and the client tests serve a scripted one with):
+        a session opened by any key on first use, the client's sampling and stop sequences honoured,
+        context-length errors as the real APIs give them, unused sessions dropped after ``session_ttl``
+        seconds (ended ones after at most 60)."""
+        return cls(engine=engine, encode=encode, decode=decode, fmt=fmt, model_name=model_name,
+                   sampling=SamplingParams(max_tokens=max_tokens), budgets=Budgets(max_tokens, max_context),
+                   auto_open=True, honor_client_sampling=True, idle_ttl=session_ttl,
+                   ended_ttl=min(session_ttl, 60.0), tokenizer=tokenizer, max_inflight=max_inflight,
+                   busy_wait=busy_wait, context_errors=True, offload=offload)
