@@ -153,3 +153,94 @@ def slack(seconds: float) -> float:
     except OSError:
         load = 1.0
     return seconds * min(max(load, 1.0), 4.0)
+
+
+class ToolCaller:
+    """The scripted model of the client tests, whose turns are real tool calls. It reads the prompt
+    it is given (ChatML with ``<tools>`` and ``<tool_response>`` blocks, as ``hermes`` renders them):
+    when the prompt's last turn holds tool results it answers in text quoting the last one
+    (``answer(result)``); otherwise it calls the first tool of ``calls`` that the prompt offers,
+    with the arguments given there, or says that none is offered. It keeps every prompt it was
+    given (``prompts``). Log-probs 0.0, version 0, like the scripted engine."""
+
+    def __init__(self, calls: dict[str, dict], encode, decode, fmt):
+        self.calls, self.encode, self.decode, self.fmt = calls, encode, decode, fmt
+        self.version = 0
+        self.prompts: list[list[int]] = []
+
+    @staticmethod
+    def answer(result: str) -> str:
+        return f"The tool answered: {result[:400]}"
+
+    def offered(self, prompt: str) -> list[str]:
+        import json
+        import re
+
+        names = []
+        for block in re.findall(r"<tools>\n(.*?)\n</tools>", prompt, flags=re.S):
+            names += [json.loads(line)["name"] for line in block.splitlines() if line.strip()]
+        return names
+
+    def turn(self, prompt: str) -> str:
+        import re
+
+        from rlonce.model.chat import ToolCall
+
+        last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+        if last_user.startswith("<tool_response>"):
+            results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", last_user, flags=re.S)
+            return self.answer(results[-1]) + self.fmt.turn_end
+        offered = self.offered(prompt)
+        name = next((n for n in self.calls if n in offered), None)
+        if name is None:
+            return f"No tool I can call is offered (offered: {', '.join(offered) or 'none'})." + self.fmt.turn_end
+        return self.fmt.assistant_text("", [ToolCall(name, self.calls[name])])
+
+    async def generate(self, prompt_ids, sampling, watch=None):
+        from rlonce.engine.base import Generation, watch_after
+
+        self.prompts.append(list(prompt_ids))
+        ids = self.encode(self.turn(self.decode(prompt_ids)))
+        reason = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, reason = ids[:sampling.max_tokens], "length"
+        return watch_after(Generation(ids, [0.0] * len(ids), [0] * len(ids), reason), watch)
+
+    def load_weights(self, state: dict, version: int) -> None:
+        self.version = version
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+
+@pytest.fixture()
+def tool_served(lm):
+    """``serve(calls)``: the ``ToolCaller`` model behind a gateway with the settings ``rlonce serve``
+    gives a model (``GatewaySettings.serving``: sessions opened by key, client sampling honoured,
+    the real APIs' context errors), served over HTTP on loopback; returns (gateway, engine, server).
+    The context is large enough for agent CLIs' prompts (the scripted model reads any length)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.http import ServerThread, make_app
+    from rlonce.gateway.settings import GatewaySettings
+    from rlonce.model.chat import get_format
+
+    started = []
+
+    def serve(calls: dict[str, dict], *, max_tokens: int = 512, max_context: int = 1 << 20):
+        fmt = get_format(lm.chat_format)
+        engine = ToolCaller(calls, lm.encode, lm.decode, fmt)
+        gw = Gateway(GatewaySettings.serving(
+            engine=engine, encode=lm.encode, decode=lm.decode, fmt=fmt, model_name="embedded",
+            max_tokens=max_tokens, max_context=max_context, tokenizer=lm.tokenizer, offload=ThreadPoolExecutor(4)))
+        srv = ServerThread(make_app(gw)).start()
+        started.append(srv)
+        return gw, engine, srv
+
+    yield serve
+    for srv in started:
+        srv.stop()

@@ -31,7 +31,8 @@ class ProtocolError(ValueError):
     """A request the gateway refuses; rendered as a 4xx in the protocol's own error shape."""
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry_after: float | None = None):
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None,
+                 details: dict | None = None):
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -40,6 +41,9 @@ class ProtocolError(ValueError):
         """OpenAI's machine-readable ``error.code`` (``context_length_exceeded``, …), when there is one."""
         self.retry_after = retry_after
         """Seconds a client should wait before retrying (the ``retry-after`` header of a 429/529)."""
+        self.details = details
+        """Anthropic's ``error.details`` (``{"error_code": "thread_unsupported_request"}``, …): what an
+        SDK branches on to recover, when there is one."""
 
 
 class Overloaded(ProtocolError):
@@ -107,6 +111,22 @@ class ChatRequest:
     top_logprobs: int = 0
     """With ``logprobs``: how many of the most likely tokens to list at each position (at most
     ``MAX_TOP_LOGPROBS``)."""
+    edit_trigger: EditTrigger | None = None
+    """The server-side context edit the request asks for that would change its conversation once
+    the prompt reaches a size (``rlonce.gateway.stateful``): the gateway applies none, so the
+    session refuses such a prompt."""
+
+
+@dataclass(frozen=True)
+class EditTrigger:
+    """A server-side context edit (Anthropic ``context_management``, Responses ``context_management``)
+    that changes nothing below ``tokens`` prompt tokens and would rewrite the conversation from there."""
+
+    tokens: int
+    field: str
+    """Where the request asked for it (``context_management.edits[0]``), for the refusal."""
+    what: str
+    """What the edit would do (``clear old tool results``)."""
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Each adapter turns a request body into a ``ChatRequest`` and a sampled ``Turn`` into the reply
 the protocol's official SDK expects — a JSON object, or the server-sent-event sequence of its
 streaming mode — and renders refusals in the protocol's error shape. Fields a client sends
-that rlonce does not use are ignored. Tool results and tool calls travel in each protocol's
+that rlonce does not use are ignored, unless they change what the conversation is: those are
+honoured or refused (``rlonce.gateway.stateful``). Tool results and tool calls travel in each protocol's
 own shape; inside the gateway they are ``Message``s. Sampling values are bounded on the way in
 (``messages.request_fields``); replies are serialised with ``allow_nan=False``.
 """
@@ -14,6 +15,7 @@ import hashlib
 import time
 import uuid
 
+from rlonce.gateway import stateful
 from rlonce.gateway.messages import (
     Adapter,
     ChatRequest,
@@ -186,6 +188,9 @@ class AnthropicMessages:
             m = _obj(m, where)
             role, content = m.get("role"), m.get("content")
             if role == "system":  # agent CLIs interleave system reminders this way: a system turn where it stands
+                for j, b in enumerate(content if isinstance(content, list) else []):
+                    if isinstance(b, dict) and b.get("type") in ("tool_addition", "tool_removal"):
+                        stateful.refuse_block(b["type"], b, f"{where}.content[{j}]")
                 msgs.append(Message("system", text_of(content, where + ".content")))
                 continue
             if role not in ("user", "assistant"):
@@ -208,6 +213,8 @@ class AnthropicMessages:
                     tid = b.get("tool_use_id")
                     results.append(Message("tool", text_of(b.get("content"), f"{where}.content[{j}].content"),
                                            tool_call_id=tid if isinstance(tid, str) else None))
+                elif kind in ("compaction", "tool_addition", "tool_removal"):
+                    stateful.refuse_block(kind, b, f"{where}.content[{j}]")  # a failed compaction passes: skipped
                 elif isinstance(kind, str):
                     continue  # redacted thinking, images, documents: not rendered by a text-only template
                 else:
@@ -225,7 +232,8 @@ class AnthropicMessages:
                 continue  # server tools (web search, …) are not offered to the model
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools[{i}]"))
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), top_k=top_k_of(body),
-                           stop=stops_of(body, "stop_sequences"), **request_fields(body))
+                           stop=stops_of(body, "stop_sequences"), edit_trigger=stateful.anthropic(body, msgs),
+                           **request_fields(body))
 
     def thinking(self, turn: Turn) -> dict:
         """The turn's reasoning as a thinking block; the signature is its digest (nothing is hidden)."""
@@ -266,19 +274,23 @@ class AnthropicMessages:
     def error(self, e: ProtocolError) -> dict:
         if isinstance(e, Overloaded):
             return {"type": "error", "error": {"type": "overloaded_error", "message": str(e)}}
-        return {"type": "error", "error": {"type": self._ERROR_TYPES.get(e.status, "invalid_request_error"),
-                                           "message": str(e)}}
+        err = {"type": self._ERROR_TYPES.get(e.status, "invalid_request_error"), "message": str(e)}
+        if e.details:
+            err["details"] = e.details  # what the SDK recovers by (``thread_unsupported_request``)
+        return {"type": "error", "error": err}
 
 
 class OpenAIResponses:
-    """Responses API. ``previous_response_id`` continues a stored response of the same session;
-    its system message carries over unless the request gives ``instructions`` (the OpenAI
-    service drops it, which would rewrite the prefix and force a new context every turn)."""
+    """Responses API. ``previous_response_id`` continues a stored response of the same session
+    (one made with ``store: false`` is not kept, as the real API keeps none); its system message
+    carries over unless the request gives ``instructions`` (the OpenAI service drops it, which
+    would rewrite the prefix and force a new context every turn)."""
 
     name = "openai-responses"
 
     def parse(self, body, history: dict[str, list[Message]] | None = None) -> ChatRequest:
         body = _obj(body)
+        trigger = stateful.responses(body)
         msgs: list[Message] = []
         prev = body.get("previous_response_id")
         if prev is not None:
@@ -306,10 +318,11 @@ class OpenAIResponses:
         top = top_logprobs_of(body)
         logprobs = "message.output_text.logprobs" in include or top > 0
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), logprobs=logprobs,
-                           top_logprobs=top, **request_fields(body))
+                           top_logprobs=top, edit_trigger=trigger, **request_fields(body))
 
     def _item(self, msgs: list[Message], it: dict, where: str, thought: str) -> str:
         """Add one input item to ``msgs``; returns the reasoning waiting for the next assistant turn."""
+        stateful.refuse_item(it, where)
         kind = it.get("type", "message")
         if kind == "reasoning":
             parts = it.get("content") or it.get("summary") or []
@@ -395,8 +408,13 @@ class OpenAIResponses:
     def answer(self, turn: Turn, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> dict:
         """The reply under a new response id, which the session keeps for ``previous_response_id``."""
         rid = self.new_id()
-        history[rid] = list(turn.dialogue)
+        self.keep(rid, turn, body, history)
         return self.reply(turn, req, rid)
+
+    def keep(self, rid: str, turn: Turn, body: dict, history: dict[str, list[Message]]) -> None:
+        """Store the dialogue after ``turn`` under ``rid``, unless the request said ``store: false``."""
+        if body.get("store") is not False:
+            history[rid] = list(turn.dialogue)
 
     def error(self, e: ProtocolError) -> dict:
         if isinstance(e, ContextLengthExceeded):  # the real API's words

@@ -17,7 +17,10 @@ that encode them, and on each request finds which context the request extends:
   turns). Rolling back would throw away trained turns, so the old context is kept as it is
   and a new ``Context`` opens, the request's whole dialogue rendered as its prompt (mask 0).
 
-Every decision is an entry in ``events``: nothing shifts a mask silently.
+Every decision is an entry in ``events``: nothing shifts a mask silently. A context opened on a
+conversation that lost what the session's previous turn had — its tools, its system prompt — or
+that answers tool calls it does not hold (a client that left the history to a server that never
+kept it) is a ``context_lost`` event and counted (``context_lost_turns``), never a quiet branch.
 
 Budgets (``Budgets``): a per-turn output cap, a prompt budget and a total trajectory budget
 that counts observations. Hitting the prompt or trajectory budget ends the session with status
@@ -245,6 +248,14 @@ class Session:
                                 "prompt_tokens": len(plan.prompt_ids)})
             return Turn("", [], "length", len(plan.prompt_ids), 0, self.id, len(self.generations),
                         dialogue=list(req.messages))
+        edit = req.edit_trigger
+        if edit is not None and len(plan.prompt_ids) >= edit.tokens:  # the real API would rewrite the history here
+            self.events.append({"kind": "context_edit_refused", "context": plan.branch.context.label,
+                                "field": edit.field, "prompt_tokens": len(plan.prompt_ids)})
+            raise ProtocolError(f"{edit.field} would {edit.what} at this prompt's {len(plan.prompt_ids)} tokens (its "
+                                f"trigger is {edit.tokens}), and this gateway applies no context edits (it records the "
+                                "conversation as sent): shorten the conversation yourself, or raise the trigger",
+                                param=edit.field)
         sampling, budget_bound = self._sampling(req, room)
         stops = req.stop if self.settings.honor_client_sampling else ()
         watch = self._watch(on_token, stops) if on_token or stops else None
@@ -312,8 +323,14 @@ class Session:
 
     def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool, temperature: float,
                 stops: tuple[str, ...] = ()) -> Turn:
-        b = self.current = plan.branch
+        previous, b = self.current, plan.branch
+        self.current = b
         if plan.new_branch:
+            lost = _lost(previous, b, req.messages)
+            if lost:
+                self.events.append({"kind": "context_lost", "context": b.context.label,
+                                    "from": previous.context.label if previous else None, "lost": lost,
+                                    "prompt_tokens": len(plan.prompt_ids)})
             self.branches.append(b)
             b.context.segments.append(plan.delta)
             b.messages = list(req.messages)
@@ -382,6 +399,25 @@ class Session:
         }
 
 
+def _lost(previous: Branch | None, opened: Branch, msgs: list[Message]) -> list[str]:
+    """What a newly opened context lacks: ``tools`` and ``system`` that the context of the session's
+    previous turn had, ``tool_calls`` when it holds tool results whose calls are not in it."""
+    lost = []
+    if previous is not None:
+        if previous.tools and not opened.tools:
+            lost.append("tools")
+        if previous.messages and previous.messages[0].role == "system" and msgs[0].role != "system":
+            lost.append("system")
+    called = False
+    for m in msgs:
+        if m.role == "tool" and not called:
+            lost.append("tool_calls")
+            break
+        if m.role != "tool":
+            called = m.role == "assistant" and bool(m.tool_calls)
+    return lost
+
+
 def _same_tools(a: list | None, b: list | None) -> bool:
     """The same tool schemas, in whatever order the client lists them."""
     def key(tools):
@@ -405,6 +441,7 @@ def session_metrics(s: Session) -> dict[str, float]:
             "branches": float(kinds.count("branch")), "rollback_dropped_tokens": float(s.rollback_dropped_tokens),
             "tool_schema_branches": float(sum(1 for e in s.events if e.get("tools_changed"))),
             "reasoning_branches": float(sum(1 for e in s.events if e.get("reasoning_rewritten"))),
+            "context_lost_turns": float(kinds.count("context_lost")),
             "interrupts": float(s.interrupts),
             "prompt_tokens": float(sum(g.metrics.get("prompt_tokens", 0) for g in s.generations)),
             "cached_prompt_tokens": float(sum(g.metrics.get("cached_prompt_tokens", 0) for g in s.generations)),

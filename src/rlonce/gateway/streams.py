@@ -336,7 +336,7 @@ class ResponsesStream(TurnStream):
                 self._ev("response.output_item.done", output_index=0, item=item)]
 
     def record(self, turn: Turn) -> None:
-        self.history[self.rid] = list(turn.dialogue)
+        self.adapter.keep(self.rid, turn, self.body, self.history)
 
     def text(self, piece: str) -> list[str]:
         out = self._close_thinking()
