@@ -194,6 +194,11 @@ def test_anthropic_fields_that_would_rewrite_the_history_are_refused_unless_they
     refused(_messages_body(messages=[{"role": "user", "content": QUESTION}, {"role": "system", "content": [
         {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "list_files"}}]}]),
         "messages[1].content[0]")
+    # a token count is of the messages as sent: these fields ask nothing of it
+    counts = [_post(srv.base_url, "/v1/messages/count_tokens", "edits", body).json() for body in (
+        _messages_body(), _messages_body(thread={"type": "create"}, compaction={"type": "summarize"},
+                                         context_management={"edits": [clear]}))]
+    assert counts[0] == counts[1] and counts[0]["input_tokens"] > 20
     # a failed compaction (content null) is a no-op for the API, and here
     r = _post(srv.base_url, "/v1/messages", "edits", _messages_body(
         messages=[{"role": "assistant", "content": [{"type": "compaction", "content": None}]},

@@ -198,7 +198,10 @@ class Gateway:
     def count_tokens(self, body) -> dict:
         """Anthropic's ``/v1/messages/count_tokens``: the input tokens the request's messages and
         tools take as a new context's prompt, rendered and encoded as a turn would. No session is
-        read or opened."""
+        read or opened. The count is of the messages as sent: a ``thread``, ``compaction`` or
+        ``context_management`` asks nothing of a count (the API ignores ``compaction`` there too)."""
+        if isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k not in ("thread", "compaction", "context_management")}
         req = PROTOCOLS["anthropic-messages"].parse(body)
         tools = req.tools if self.settings.render_tools else []
         return {"input_tokens": len(self.settings.encode(self.settings.fmt.render(req.messages, tools)))}
