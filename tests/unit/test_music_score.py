@@ -229,3 +229,23 @@ def test_reference_is_the_corpus_generator_output():
     small = build(n=12)
     assert set(small["percentiles"]) == set(FEATURES)
     assert np.isfinite([x for p in small["percentiles"].values() for x in p]).all()
+
+
+def test_the_expert_never_draws_a_melody_the_substance_factor_marks_down():
+    """A random walk of 8 bars kept to few pitch classes or ran up the scale in about 3 % of
+    draws (variety or contour under full credit), and the scripted expert's demonstration failed
+    its own task. ``sections`` draws again (graded through abc2midi in
+    tests/integration/test_music_domain.py); here, hand-computed cases and the bound over many draws."""
+    import random
+
+    from rlonce.envs.music.compose import MAX_RUN_SHARE, MIN_VARIETY, random_request, run_share, sections, variety
+
+    assert run_share([0, 1, 2, 3, 3, 2]) == pytest.approx(3 / 5)  # one run of three rising steps, then a repeat
+    assert run_share([0, 2, 1, 3, 2]) == 0.0  # zig-zag: no run
+    assert variety([(0, 2), (4, 2)]) == pytest.approx(2.0) and variety([(0, 1), (7, 1)]) == pytest.approx(1.0)
+    rng = random.Random(5)
+    for _ in range(300):
+        req = random_request(rng, max_bars=8)
+        parts = sections(rng, req)
+        notes = [n for letter in req.form for bar in parts[letter] for n in bar]
+        assert run_share([d for d, _ in notes]) <= MAX_RUN_SHARE and variety(notes) >= MIN_VARIETY

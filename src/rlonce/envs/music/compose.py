@@ -14,6 +14,7 @@ AABB writes each distinct section once and repeats it verbatim, bar for bar.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -128,14 +129,55 @@ def bar_text(key: str, bar: list[tuple[int, int]], chords: bool) -> str:
     return (f'"{chord_name(key, bar[0][0])}"' if chords else "") + notes
 
 
+MAX_RUN_SHARE = 0.45
+"""Most of a melody's intervals that may lie in scale runs (``run_share``): the grader's contour
+factor (``rlonce.envs.music.substance``) gives full credit up to 0.5."""
+MIN_VARIETY = 4.2
+"""Least pitch-class variety of a melody (``variety``): the grader's variety factor gives full
+credit from 4. With both bounds an expert's tune never loses substance to its own random walk."""
+
+
+def run_share(degrees: list[int], run: int = 3) -> float:
+    """Share of the melody's intervals inside monotone runs of at least ``run`` neighbouring scale
+    degrees: on a diatonic scale a neighbour is one or two semitones, so this is
+    ``substance.scale_share`` of the tune before its accidentals."""
+    iv = [b - a for a, b in zip(degrees, degrees[1:])]
+    covered, i = 0, 0
+    while i < len(iv):
+        j = i
+        if abs(iv[i]) == 1:
+            while j + 1 < len(iv) and iv[j + 1] == iv[i]:
+                j += 1
+            if j - i + 1 >= run:
+                covered += j - i + 1
+        i = j + 1
+    return covered / len(iv) if iv else 0.0
+
+
+def variety(notes: list[tuple[int, int]]) -> float:
+    """Perplexity of the melody's duration-weighted scale degrees (mod 7): distinct degrees are
+    distinct pitch classes, so this is ``substance.variety`` of the tune before its accidentals."""
+    weight: dict[int, int] = {}
+    for degree, eighths in notes:
+        weight[degree % 7] = weight.get(degree % 7, 0) + eighths
+    total = sum(weight.values())
+    return 2.0 ** -sum(w / total * math.log2(w / total) for w in weight.values()) if total else 0.0
+
+
 def sections(rng: random.Random, req: Request) -> dict[str, list[list[tuple[int, int]]]]:
     """Each distinct section letter of the form, composed once; the form's last letter ends on the
-    tonic, the others on the dominant unless they also close the form."""
-    out: dict[str, list] = {}
-    for letter in req.form:
-        if letter not in out:
-            final = letter == req.form[-1]
-            out[letter] = section(rng, req, final=final, start=rng.choice((0, 2, 4)))
+    tonic, the others on the dominant unless they also close the form. A draw whose melody runs
+    up or down the scale too much or keeps to too few notes (``MAX_RUN_SHARE``, ``MIN_VARIETY``)
+    is drawn again."""
+    for _ in range(64):
+        out: dict[str, list] = {}
+        for letter in req.form:
+            if letter not in out:
+                final = letter == req.form[-1]
+                out[letter] = section(rng, req, final=final, start=rng.choice((0, 2, 4)))
+        notes = [note for letter in req.form for bar in out[letter] for note in bar]
+        if run_share([d for d, _ in notes]) <= MAX_RUN_SHARE and variety(notes) >= MIN_VARIETY:
+            break
     return out
 
 
