@@ -8,6 +8,14 @@ the embedded model's 1024-token context: the gateway answers with the real APIs'
 error, and each client must show its own message for it. The Python clients (llm, openai-agents
 over Chat Completions and Responses) send short prompts and must finish with the model's answer.
 
+The embedded model makes no usable tool call, so each client is also run against the scripted
+model whose turns are real tool calls (``ToolCaller`` in tests/conftest.py, served with ``rlonce
+serve``'s settings and a context the CLI agents' prompts fit): it calls a read-only tool the client
+offers, the client runs it and sends the result, and the model's next turn quotes it. Each such test
+asserts the whole round trip: the client finished and showed the quoted result, and in the gateway
+one context holds the call and, after it, a turn whose prompt — what the model was given — has the
+client's system prompt, the tool's schema, the question, the call and its result.
+
 Clients live in RLONCE_AGENT_CLIENTS (default `.agents` in the repository root), laid out as
 `scripts/install_agent_clients.sh` makes it: `node_modules/.bin/{claude,codex,opencode,qwen}` and
 `venv/bin/{llm,python}` (the venv with openai-agents). A client that is not there is skipped with
@@ -28,6 +36,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from rlonce.core.records import Role
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +297,146 @@ def test_openai_agents(request, tmp_path, kind):
     assert rc == 0, _explain(rc, out)
     for stream in (False, True):
         assert re.search(rf"\[{kind} stream={stream}\] final: '.+'", out), _explain(rc, out)
+
+
+# --- full round trips: a model whose turns are tool calls (ToolCaller, tests/conftest.py) ---
+
+ANSWERED = "The tool answered:"
+"""How the scripted model's turn after a tool result begins (``ToolCaller.answer``)."""
+
+
+def check_round_trip(gw, engine, decode, key: str, tool: str, result: str) -> None:
+    """In the session of ``key``, one context holds a turn calling ``tool`` and, after the call's
+    result, a turn quoting it, sampled on the whole conversation: the recorded prompt of that turn is
+    one the model was given, and it has a system prompt, ``tool``'s schema among the tools, the
+    question, the call, and a tool response holding ``result``."""
+    s = gw.sessions[key]
+    seen = []
+    for ctx in s.contexts:
+        ids, turns = [], []
+        for seg in ctx.segments:
+            if seg.role is Role.MODEL:
+                turns.append((list(ids), decode(seg.token_ids)))
+            ids += seg.token_ids
+        seen.append([text[:60] for _, text in turns])
+        for (_, called), (prompt_ids, answered) in zip(turns, turns[1:]):
+            if not (answered.startswith(ANSWERED) and f'"name": "{tool}"' in called):
+                continue
+            prompt = decode(prompt_ids)
+            assert prompt_ids in engine.prompts  # the model was given exactly this
+            head, _, tail = prompt.partition("</tools>")
+            assert head.startswith("<|im_start|>system\n") and f'"name": "{tool}"' in head, prompt[:3000]
+            assert PROMPT in tail and "<tool_call>" in tail, tail[:3000]
+            response = tail.rsplit("<tool_response>", 1)[-1]
+            assert result in response and result in answered, (response[:2000], answered)
+            return
+    raise AssertionError(f"no context of session {key!r} holds a {tool} call and a turn quoting its result: "
+                         f"{seen}; events {s.events}")
+
+
+def test_claude_code_round_trip(request, tmp_path):
+    exe = _node_client("claude")
+    serve = request.getfixturevalue("tool_served")
+    gw, engine, srv = serve({"Bash": {"command": "ls", "description": "List the files"}})
+    work, home = _scratch(tmp_path)
+    key = _key("claude")
+    env = _env(home, ANTHROPIC_BASE_URL=srv.base_url, ANTHROPIC_API_KEY=key, ANTHROPIC_MODEL="embedded",
+               DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    rc, out = _run([str(exe), "-p", PROMPT], work, env, tmp_path / "client.log")
+    assert rc == 0 and ANSWERED in out and "b.py" in out, _explain(rc, out)
+    check_round_trip(gw, engine, request.getfixturevalue("lm").decode, key, "Bash", "b.py")
+
+
+def test_codex_round_trip(request, tmp_path):
+    exe = _node_client("codex")
+    serve = request.getfixturevalue("tool_served")
+    gw, engine, srv = serve({"exec_command": {"cmd": "ls"}})
+    work, home = _scratch(tmp_path)
+    codex_home = home / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(
+        'model = "embedded"\nmodel_provider = "rlonce"\n\n[model_providers.rlonce]\nname = "rlonce"\n'
+        f'base_url = "{srv.base_url}/v1"\nwire_api = "responses"\nenv_key = "RLONCE_KEY"\n')
+    key = _key("codex")
+    env = _env(home, CODEX_HOME=str(codex_home), RLONCE_KEY=key)
+    rc, out = _run([str(exe), "exec", "--skip-git-repo-check", PROMPT], work, env, tmp_path / "client.log")
+    assert rc == 0 and ANSWERED in out and "b.py" in out, _explain(rc, out)
+    check_round_trip(gw, engine, request.getfixturevalue("lm").decode, key, "exec_command", "b.py")
+
+
+def test_opencode_round_trip(request, tmp_path):
+    exe = _node_client("opencode")
+    serve = request.getfixturevalue("tool_served")
+    gw, engine, srv = serve({"bash": {"command": "ls", "description": "List the files"}})
+    work, home = _scratch(tmp_path)
+    key = _key("opencode")
+    cfg = home / ".config" / "opencode"
+    cfg.mkdir(parents=True)
+    (cfg / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"rlonce": {"npm": "@ai-sdk/openai-compatible", "name": "rlonce",
+                                "options": {"baseURL": f"{srv.base_url}/v1", "apiKey": key},
+                                "models": {"embedded": {"name": "embedded"}}}},
+        "model": "rlonce/embedded", "autoupdate": False, "share": "disabled"}, indent=2))
+    env = _env(home, OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1",
+               OPENCODE_DISABLE_LSP_DOWNLOAD="1", OPENCODE_DISABLE_SHARE="1")
+    rc, out = _run([str(exe), "run", PROMPT], work, env, tmp_path / "client.log")
+    assert rc == 0 and ANSWERED in out and "b.py" in out, _explain(rc, out)
+    check_round_trip(gw, engine, request.getfixturevalue("lm").decode, key, "bash", "b.py")
+
+
+def test_qwen_code_round_trip(request, tmp_path):
+    exe = _node_client("qwen")
+    serve = request.getfixturevalue("tool_served")
+    work, home = _scratch(tmp_path)
+    gw, engine, srv = serve({"list_directory": {"path": str(work)}})
+    (home / ".qwen").mkdir()
+    (home / ".qwen" / "settings.json").write_text(json.dumps({
+        "security": {"auth": {"selectedType": "openai"}}, "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False}, "general": {"disableAutoUpdate": True}, "$version": 4}, indent=2))
+    key = _key("qwen")
+    env = _env(home, OPENAI_API_KEY=key, OPENAI_BASE_URL=f"{srv.base_url}/v1", OPENAI_MODEL="embedded")
+    rc, out = _run([str(exe), "-p", PROMPT], work, env, tmp_path / "client.log")
+    assert rc == 0 and ANSWERED in out and "b.py" in out, _explain(rc, out)
+    check_round_trip(gw, engine, request.getfixturevalue("lm").decode, key, "list_directory", "b.py")
+
+
+def test_llm_round_trip(request, tmp_path):
+    exe = _venv_client("llm")
+    serve = request.getfixturevalue("tool_served")
+    gw, engine, srv = serve({"list_files": {}})
+    work, home = _scratch(tmp_path)
+    user_dir = home / "llm"
+    user_dir.mkdir()
+    (user_dir / "extra-openai-models.yaml").write_text(
+        f'- model_id: rlonce\n  model_name: embedded\n  api_base: "{srv.base_url}/v1"\n'
+        "  api_key_name: rlonce\n  supports_tools: true\n")
+    key = _key("llm")
+    functions = REPO / "tests" / "compat" / "llm_functions.py"
+    rc, out = _run([str(exe), "-m", "rlonce", "--key", key, "--functions", str(functions), "--chain-limit", "3",
+                    "-s", "You list files. Use the tools.", PROMPT], work, _env(home, LLM_USER_PATH=str(user_dir)),
+                   tmp_path / "client.log")
+    assert rc == 0 and ANSWERED in out and "b.py" in out, _explain(rc, out)
+    check_round_trip(gw, engine, request.getfixturevalue("lm").decode, key, "list_files", "b.py")
+
+
+@pytest.mark.parametrize("kind", ["chat", "responses"])
+def test_openai_agents_round_trip(request, tmp_path, kind):
+    python = _venv_client("python", "openai-agents")
+    probe = subprocess.run([str(python), "-c", "import agents"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"openai-agents is not installed in {python.parent.parent}; {INSTALL_HINT}")
+    serve = request.getfixturevalue("tool_served")
+    gw, engine, srv = serve({"list_files": {"directory": "."}})
+    work, home = _scratch(tmp_path)
+    script = tmp_path / "agents_run.py"
+    script.write_text(AGENTS_SCRIPT)
+    key = _key(f"agents-{kind}")
+    rc, out = _run([str(python), str(script), kind, f"{srv.base_url}/v1", key], work, _env(home),
+                   tmp_path / "client.log")
+    assert rc == 0, _explain(rc, out)
+    decode = request.getfixturevalue("lm").decode
+    for stream in (False, True):
+        assert re.search(rf"\[{kind} stream={stream}\] final: '{ANSWERED} .*b\.py", out), _explain(rc, out)
+        check_round_trip(gw, engine, decode, f"{key}-{int(stream)}", "list_files", "b.py")
+
