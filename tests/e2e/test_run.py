@@ -41,7 +41,7 @@ def test_run_directory_is_complete(tiny_run):
     assert set(summary["final_success_per_arm"]) == {"toolfind/mini-bash", "arith/single-turn"}
     assert json.loads((out / "summary.json").read_text()) == summary
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 11  # 9 curves + retained share and success per source
+    assert html.count("data:image/png;base64,") == 12  # 9 curves + retained share, groups and success per source
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("entropy" in r or r["retained_rows"] == 0 for r in steps)

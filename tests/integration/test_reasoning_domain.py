@@ -93,3 +93,30 @@ def test_a_reasoning_run_logs_the_train_inference_mismatch(tmp_path):
     for e in read_jsonl(out / "ledger.jsonl"):
         assert e["dispatched"] == 4 and e["retained"] == 4 and e["source"] == "reasoning"
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 9
+
+
+def test_a_run_that_trains_nothing_says_so_each_step_and_fails_its_audit(tmp_path, capsys, caplog):
+    """The embedded model never solves arithmetic: every group fails, is filtered for lack of
+    contrast, and no token trains. Each step warns with why, the end says so, the audit fails."""
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="rlonce.recipes.rl"):
+        assert cli.main(["train", "--out", str(out), "--quiet", *REASONING, "rl.steps=2", "rl.tasks_per_step=2",
+                         "rl.group_size=2", "eval.heldout_tasks=2", "eval.every=0",
+                         "harness.max_tokens_per_turn=16"]) == 0
+    ledger = read_jsonl(out / "ledger.jsonl")
+    assert [e["step"] for e in ledger] == [1, 2] and all(e["retained"] == 0 for e in ledger)
+    for e in ledger:  # every dispatched sequence was in a group that all failed
+        assert e["no_contrast_filtered"] == e["dispatched"] > 0 and e["no_contrast_all_passed"] == 0
+        assert f"step {e['step']} trained nothing: reasoning: {e['dispatched']} in groups that all failed " \
+               "(sequences)" in caplog.text
+    said = capsys.readouterr().out
+    assert "WARNING: steps that trained nothing: 2/2 — this run did not train the model" in said
+    n = sum(e["dispatched"] for e in ledger)
+    assert f"WARNING: source reasoning trained no group in 2 steps: {n} of {n} sequences in groups that all failed" \
+        in said
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_trained_nothing"] == 2 and summary["sources"]["reasoning"]["groups_retained"] == 0
+    assert cli.main(["audit", str(out)]) == 1
+    audit = capsys.readouterr().out
+    assert f"[FAIL] trained          2 checked; 1 violation(s): the run trained on 0 tokens in 2 RL step(s): of {n} " \
+           f"sequences, {n} were in groups that all failed, 0 in groups that all passed" in audit

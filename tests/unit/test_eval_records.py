@@ -63,15 +63,19 @@ def test_trained_share_is_each_sources_part_of_the_retained_sequences():
               {"step": 2, "source": "a", "dispatched": 6, "retained": 6},
               {"step": 2, "source": "b", "dispatched": 6, "retained": 6}]
     metrics = [{"step": 0, "heldout_success": 0.5},
-               {"step": 1, "src/a/retained_groups": 2.0, "src/b/retained_groups": 0.0},
-               {"step": 2, "src/a/retained_groups": 1.0, "src/b/retained_groups": 1.0}]
+               {"step": 1, "reward_mean": 0.5, "src/a/retained_groups": 2.0, "src/b/retained_groups": 0.0},
+               {"step": 2, "reward_mean": 0.5, "src/a/retained_groups": 1.0, "src/b/retained_groups": 1.0},
+               {"step": 2, "final": True, "heldout_success": 0.5, "src/a/retained_groups": 9.0}]  # not a step
     t = trained_by_source(ledger, metrics, ["a", "b", "c"])
     assert t["a"] == {"sequences_dispatched": 18, "sequences_retained": 14, "sequences_no_contrast": 4,
-                      "groups_short": 0, "groups_retained": 3, "trained_share": 0.7}  # 14 of 20
+                      "sequences_all_passed": 0, "groups_short": 0, "groups_retained": 3,
+                      "trained_share": 0.7}  # 14 of 20
     assert t["b"]["trained_share"] == 0.3 and t["b"]["groups_short"] == 1 and t["b"]["sequences_no_contrast"] == 6
     assert t["b"]["groups_retained"] == 1
     assert t["c"] == {"sequences_dispatched": 0, "sequences_retained": 0, "sequences_no_contrast": 0,
-                      "groups_short": 0, "groups_retained": 0, "trained_share": 0.0}
+                      "sequences_all_passed": 0, "groups_short": 0, "groups_retained": 0, "trained_share": 0.0}
+    one = trained_by_source(ledger[:1], [{"step": 1, "reward_mean": 0.2, "groups_taken": 2.0}], ["a"])
+    assert one["a"]["groups_retained"] == 2  # a one-source run counts its groups_taken
 
 
 def test_keep_rows_moves_each_sources_rows_into_one_file(tmp_path):

@@ -24,6 +24,11 @@ def test_advantages_filter_and_ledger():
     rows, ledger, _ = learning_signal([a, b], 1, SignalSettings())
     e = ledger["toolfind"]
     assert (e.dispatched, e.finished, e.infra_failed, e.no_contrast_filtered, e.retained) == (6, 5, 1, 2, 3)
+    assert e.no_contrast_all_passed == 2  # b was filtered because both passed
+    c = Sample("c", "toolfind", 1, [_seq(0.0), _seq(0.0)])  # no contrast the other way
+    assert learning_signal([c], 1, SignalSettings())[1]["toolfind"].no_contrast_all_passed == 0
+    with pytest.raises(LedgerImbalance, match="no_contrast_all_passed 3 > filtered 2"):
+        LedgerEntry(1, "x", dispatched=2, finished=2, no_contrast_filtered=2, no_contrast_all_passed=3).check()
     assert [r.advantages[3] for r in rows] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
     assert all(r.advantages[:2] == [0.0, 0.0] and r.advantages[4] == 0.0 for r in rows)  # prompt tokens carry no signal
     with pytest.raises(LedgerImbalance):

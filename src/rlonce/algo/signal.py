@@ -260,6 +260,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         scores, passed = _scores(seqs, settings, entry, stats)
         if settings.filter_no_contrast and not keep_groups(scores, gid, torch.zeros(len(seqs), dtype=torch.bool)).any():
             entry.no_contrast_filtered += len(seqs)
+            entry.no_contrast_all_passed += len(seqs) if bool(passed.all()) else 0
             continue
         adv = group_advantages(scores, gid, norm_by_std=settings.norm_by_std)
         grouped = adv.tolist()

@@ -72,12 +72,26 @@ def _run(cfg, resume: bool, args) -> int:
             print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
                   f"held-out tasks{paired}{reward} (share {src['share']:.2f}, trained {src['trained_share']:.2f} "
                   f"of the retained sequences, {src.get('groups_retained', 0)} groups)")
-        idle = [k for k, v in summary["sources"].items() if not v.get("groups_retained")]
-        if idle:
-            print(f"WARNING: {', '.join(idle)} trained no group (every group was filtered for lack of contrast or "
-                  f"cut short): {'their' if len(idle) > 1 else 'its'} held-out change is not RL's; "
-                  f"see src/<label>/success_rate in metrics.jsonl")
+    _say_untrained(summary)
     return 0
+
+
+def _say_untrained(summary: dict) -> None:
+    """Loud lines when RL steps trained nothing, or a source trained no group: the held-out change
+    is then not RL's, and the reason (from the ledger) is on the line."""
+    steps, nothing = summary.get("rl_steps", 0), summary.get("steps_trained_nothing", 0)
+    if steps and nothing:
+        print(f"WARNING: steps that trained nothing: {nothing}/{steps}"
+              + (" — this run did not train the model" if nothing == steps else ""))
+    for label, src in summary["sources"].items() if steps else ():
+        if src.get("groups_retained"):
+            continue
+        passed, no_contrast = src.get("sequences_all_passed", 0), src.get("sequences_no_contrast", 0)
+        why = [f"{no_contrast - passed} of {src['sequences_dispatched']} sequences in groups that all failed"
+               if no_contrast - passed else "", f"{passed} in groups that all passed" if passed else "",
+               f"{src['groups_short']} groups short of the target" if src.get("groups_short") else ""]
+        print(f"WARNING: source {label} trained no group in {steps} steps: "
+              + (", ".join(w for w in why if w) or "nothing dispatched"))
 
 
 def _quickstart(args) -> int:

@@ -19,7 +19,9 @@ module dropped), ``contexts_dropped`` and ``unfinished_masked`` (a sequence cut 
 without a pass, given no rows under ``algo.mask_unfinished``; at most ``finished``), and
 ``policy_input_errors`` (a finished sequence in which the policy's own input — a command, path,
 argument or answer no tool or grader could take — was booked as its failed attempt, never as
-infrastructure; at most ``finished``).
+infrastructure; at most ``finished``), and ``no_contrast_all_passed`` (of
+``no_contrast_filtered``, the sequences of groups filtered because every one passed: too easy,
+where the rest were filtered because every one failed).
 ``groups_short`` counts groups, not sequences: how many
 the step's batch lacks of its target after a sync step spent its dispatch cap (seed 001: "The
 mixer has to buy the batch it promised"). Also in groups, beside the partition: ``stale_reissued``
@@ -45,6 +47,7 @@ class LedgerEntry:
     finished: int = 0
     infra_failed: int = 0
     no_contrast_filtered: int = 0
+    no_contrast_all_passed: int = 0
     penalty_rejected: int = 0
     unfinished_dropped: int = 0
     retained: int = 0
@@ -71,6 +74,9 @@ class LedgerEntry:
                 f"infra_failed {self.infra_failed} + filtered {self.no_contrast_filtered} + rejected "
                 f"{self.penalty_rejected} + unfinished {self.unfinished_dropped} + stale {self.stale_dropped} "
                 f"+ retained {self.retained} + carried_over {self.carried_over}")
+        if self.no_contrast_all_passed > self.no_contrast_filtered:
+            raise LedgerImbalance(f"step {self.step} {self.source}: no_contrast_all_passed "
+                                  f"{self.no_contrast_all_passed} > filtered {self.no_contrast_filtered}")
         for k in ("unfinished_masked", "policy_input_errors"):
             if getattr(self, k) > self.finished:
                 raise LedgerImbalance(f"step {self.step} {self.source}: {k} {getattr(self, k)} > "

@@ -10,6 +10,7 @@ Each check reads what the run wrote — ``rollouts/`` (every trained row, ``rlon
 - **ledger chain**: what a step carries over is what the next carries in, per source.
 - **retained**: each step's stored groups hold as many sequences as its ledger retained.
 - **no group twice**: no group was trained in two steps.
+- **trained**: the RL steps retained at least one sequence (a run that trained on zero tokens fails).
 - **advantages**: recomputed from the stored scores with the run's rule (group mean, ``norm_by_std``)
   they equal the stored group advantages, and every trained token of a row carries its sequence's
   final advantage (unless a penalty strategy reshaped tokens, which is then said).
@@ -80,7 +81,7 @@ def audit(run_dir: Path) -> list[Verdict]:
     if tokens.checked:  # what complete storage costs
         tokens.note = "; ".join(filter(None, [f"storage {size / 1e6:.2f} MB, {size / tokens.checked:.1f} B per "
                                               "trained token", tokens.note]))
-    return [tokens, check_dispatch_age(stored), check_ledger_balance(ledger),
+    return [tokens, check_trained(ledger), check_dispatch_age(stored), check_ledger_balance(ledger),
             check_ledger_chain(ledger), check_retained(stored, ledger), check_groups_once(stored),
             check_advantages(stored, config), check_checkpoints(run_dir), check_mismatch(run_dir)]
 
@@ -108,6 +109,24 @@ def check_tokens(stored: dict) -> Verdict:
                                         f"with a bad {kind}, first {what}")
         if meta.get("rows_remote"):
             v.note = "rows an executor kept remote are not stored"
+    return v
+
+
+def check_trained(ledger: list[dict]) -> Verdict:
+    """A run whose RL steps retained no sequence trained nothing: that is a failure, however clean
+    its records are (every other check passes vacuously on zero tokens)."""
+    steps = sorted({row["step"] for row in ledger})
+    v = Verdict("trained", checked=len(steps))
+    retained = sum(row.get("retained", 0) for row in ledger)
+    if steps and not retained:
+        dispatched = sum(row.get("dispatched", 0) for row in ledger)
+        passed = sum(row.get("no_contrast_all_passed", 0) for row in ledger)
+        failed = sum(row.get("no_contrast_filtered", 0) for row in ledger) - passed
+        v.violations.append(f"the run trained on 0 tokens in {len(steps)} RL step(s): of {dispatched} sequences, "
+                            f"{failed} were in groups that all failed, {passed} in groups that all passed, "
+                            f"{sum(row.get('infra_failed', 0) for row in ledger)} failed in the infrastructure")
+    elif not steps:
+        v.note = "no RL step"
     return v
 
 

@@ -322,8 +322,8 @@ class Job:
                             "heldout_reward": final.get("reward"), "version": st.version, "final": True,
                             **per_source_success(final)})
         wall = self._elapsed()
-        trained = trained_by_source(read_jsonl(self.out / "ledger.jsonl"), read_jsonl(self.out / "metrics.jsonl"),
-                                    list(self.sources))
+        ledger = read_jsonl(self.out / "ledger.jsonl")
+        trained = trained_by_source(ledger, read_jsonl(self.out / "metrics.jsonl"), list(self.sources))
         summary = {
             "baseline_success": st.baseline_success,
             "final_success": final["success"],
@@ -333,6 +333,7 @@ class Job:
             "heldout_tasks": final["tasks"],
             "heldout_infra_failed": final["infra_failed"],
             "rl_steps": st.rl_step,
+            "steps_trained_nothing": steps_trained_nothing(ledger),
             "policy_version": st.version,
             "wall_seconds": wall,
             "model": cfg.model.name,
@@ -392,20 +393,33 @@ def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True, accept_c
 
 def trained_by_source(ledger: list[dict], metrics: list[dict], labels: list[str]) -> dict[str, dict]:
     """Per source, the run's ledger summed (sequences: dispatched, retained, filtered for no
-    contrast, short groups), the groups it trained (``metrics.jsonl``'s ``src/<label>/retained_groups``)
-    and its share of every retained sequence: what a mixture was owed (``share``) beside what it
+    contrast — of those, in groups that all passed —, short groups), the groups it trained
+    (``metrics.jsonl``'s ``src/<label>/retained_groups``; a one-source run's ``groups_taken``) and
+    its share of every retained sequence: what a mixture was owed (``share``) beside what it
     trained (``trained_share``)."""
     keys = {"dispatched": "sequences_dispatched", "retained": "sequences_retained",
-            "no_contrast_filtered": "sequences_no_contrast", "groups_short": "groups_short"}
+            "no_contrast_filtered": "sequences_no_contrast", "no_contrast_all_passed": "sequences_all_passed",
+            "groups_short": "groups_short"}
     out = {k: dict.fromkeys(keys.values(), 0) | {"groups_retained": 0} for k in labels}
     for row in ledger:
         if row.get("source") in out:
             for k, name in keys.items():
                 out[row["source"]][name] += row.get(k, 0)
     for rec in metrics:
+        if "final" in rec or "reward_mean" not in rec:  # evaluation records
+            continue
         for label, v in out.items():
-            v["groups_retained"] += int(rec.get(f"src/{label}/retained_groups", 0))
+            v["groups_retained"] += int(rec.get(f"src/{label}/retained_groups",
+                                                rec.get("groups_taken", 0) if len(out) == 1 else 0))
     total = sum(v["sequences_retained"] for v in out.values())
     for v in out.values():
         v["trained_share"] = v["sequences_retained"] / total if total else 0.0
     return out
+
+
+def steps_trained_nothing(ledger: list[dict]) -> int:
+    """RL steps whose every source retained no sequence."""
+    retained: dict[int, int] = {}
+    for row in ledger:
+        retained[row["step"]] = retained.get(row["step"], 0) + row.get("retained", 0)
+    return sum(1 for n in retained.values() if n == 0)

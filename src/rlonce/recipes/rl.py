@@ -29,7 +29,7 @@ from rlonce.model import omp
 from rlonce.rollout.orchestrator import Orchestrator, StepResult
 from rlonce.telemetry.metrics import infra_causes
 from rlonce.telemetry.rollouts import write_step
-from rlonce.telemetry.step import StepInputs, per_source_success, step_record, write_trajectories
+from rlonce.telemetry.step import StepInputs, per_source_success, step_record, untrained_line, write_trajectories
 from rlonce.train.builders import rl_request
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         log.warning("step %d: %d sequence(s) failed as %s; first cause: %s", step, n, category, cause)
     arms = sorted({a for x in job.sources.values() for a in x.plan.arms})
     shares = {n: x.plan.share for n, x in job.sources.items()}
+    if line := untrained_line(step, res.ledger, Counter(x.source for x in samples), shares):
+        log.warning("%s", line)  # a run that trains nothing says so at every step it does
     remote = bool(res.payloads and cfg.storage.remote_rows)  # the Ray executor's rows: in the object store
     rows = res.rows + ([r for p in res.payloads for r in p.fetch()[1]] if remote else [])
     violations = orch.staleness_violations(samples, rows, trained_version)

@@ -203,8 +203,9 @@ class Orchestrator:
         w.infra_failed += ev.infra_failed
         for k, v in ev.infra_by_category.items():
             w.infra_by_category[k] = w.infra_by_category.get(k, 0) + v
-        for k in ("no_contrast_filtered", "penalty_rejected", "unfinished_dropped", "hack_zeroed", "length_penalized",
-                  "zero_advantage", "contexts_dropped", "unfinished_masked", "policy_input_errors"):
+        for k in ("no_contrast_filtered", "no_contrast_all_passed", "penalty_rejected", "unfinished_dropped",
+                  "hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked",
+                  "policy_input_errors"):
             setattr(w, k, getattr(w, k) + getattr(ev, k))
         self.signal_stats.update(stats)
         g.rows, g.accepted, g.retained = rows, ev.retained > 0, ev.retained

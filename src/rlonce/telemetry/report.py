@@ -35,12 +35,14 @@ PLOTS = [
 
 def source_plots(rows: list[dict]) -> list[tuple]:
     """A mixed run's per-source plots: retained share of the trained groups against the target
-    share, and training success, one line per source."""
+    share, groups trained, and training success, one line per source."""
     labels = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("src/") and k.endswith("/target_share")})
     if not labels:
         return []
     shares = tuple(f"src/{n}/{k}" for n in labels for k in ("retained_share", "target_share"))
     return [("source_share", "Retained share of the batch per source vs its target", shares),
+            ("source_groups", "Groups trained per step per source (0: the source taught nothing that step)",
+             tuple(f"src/{n}/retained_groups" for n in labels)),
             ("source_success", "Training success per source", tuple(f"src/{n}/success_rate" for n in labels))]
 
 
@@ -190,10 +192,9 @@ def write_report(run_dir: Path) -> Path:
 
 
 LEDGER_COLUMNS = ["step", "source", "dispatched", "finished", "infra_failed", "no_contrast_filtered",
-                  "penalty_rejected", "unfinished_dropped", "stale_dropped", "retained", "hack_zeroed",
-                  "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked", "policy_input_errors",
-                  "groups_short",
-                  "difficulty_skipped"]
+                  "no_contrast_all_passed", "penalty_rejected", "unfinished_dropped", "stale_dropped", "retained",
+                  "hack_zeroed", "length_penalized", "zero_advantage", "contexts_dropped", "unfinished_masked",
+                  "policy_input_errors", "groups_short", "difficulty_skipped"]
 
 
 def summary_table(summary: dict) -> str:

@@ -117,6 +117,7 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         "turns_mean": _mean([s.turns for s in seqs], len(seqs)),
         "contexts_per_sequence": _mean([len(s.contexts) for s in seqs], len(seqs)),
         "gateway_rollbacks": sum(s.metrics.get("rollbacks", 0.0) for s in seqs),
+        "context_lost_turns": sum(s.metrics.get("context_lost_turns", 0.0) for s in seqs),
         **{f"status_{k.value}": _mean([s.status is k for s in seqs], len(seqs)) for k in Status},
         "format_retries": sum(s.metrics.get("format_retries", 0.0) for s in seqs),
         "rollout_seconds": x.rollout_seconds,
@@ -145,6 +146,36 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         **signal_metrics,
         **train_metrics,
     }
+
+
+def why_untrained(e) -> str:
+    """Why a source's ledger entry (``LedgerEntry`` or its dict) for a step trained nothing, from
+    where its sequences went: groups whose every sequence failed or passed (no contrast), rejected
+    by penalties, cut unfinished, stale, failed in the infrastructure, or never dispatched."""
+    g = e if isinstance(e, dict) else e.to_dict()
+    if not g.get("dispatched") and not g.get("carried_in"):
+        return "nothing dispatched"
+    passed = g.get("no_contrast_all_passed", 0)
+    parts = [(g.get("no_contrast_filtered", 0) - passed, "in groups that all failed"),
+             (passed, "in groups that all passed"), (g.get("penalty_rejected", 0), "rejected by penalties"),
+             (g.get("unfinished_dropped", 0), "cut unfinished"), (g.get("stale_dropped", 0), "stale"),
+             (g.get("infra_failed", 0), "failed in the infrastructure"),
+             (g.get("carried_over", 0), "still running")]
+    said = [f"{n} {what}" for n, what in parts if n]
+    return ", ".join(said) + " (sequences)" if said else "no group finished"
+
+
+def untrained_line(step: int, ledger: dict, taken: dict, shares: dict) -> str | None:
+    """One warning line when step ``step`` trained nothing, or when a source owed a share of the
+    batch trained no group: each such source with why (``why_untrained``). None when every source
+    trained."""
+    idle = [n for n in ledger if not taken.get(n) and shares.get(n, 1.0) > 0]
+    if not idle:
+        return None
+    why = "; ".join(f"{n}: {why_untrained(ledger[n])}" for n in idle)
+    if not any(taken.get(n) for n in ledger):
+        return f"step {step} trained nothing: {why}"
+    return f"step {step}: {', '.join(idle)} trained no group ({why})"
 
 
 def per_source_success(ev: dict) -> dict:
