@@ -4,6 +4,8 @@ import shutil
 
 import pytest
 
+from rlonce.engine.scripted import ScriptedEngine
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -155,7 +157,7 @@ def slack(seconds: float) -> float:
     return seconds * min(max(load, 1.0), 4.0)
 
 
-class ToolCaller:
+class ToolCaller(ScriptedEngine):
     """The scripted model of the client tests, whose turns are real tool calls. It reads the prompt
     it is given (ChatML with ``<tools>`` and ``<tool_response>`` blocks, as ``hermes`` renders them):
     when the prompt's last turn holds tool results it answers in text quoting the last one
@@ -164,9 +166,8 @@ class ToolCaller:
     given (``prompts``). Log-probs 0.0, version 0, like the scripted engine."""
 
     def __init__(self, calls: dict[str, dict], encode, decode, fmt):
+        super().__init__([], encode)
         self.calls, self.encode, self.decode, self.fmt = calls, encode, decode, fmt
-        self.version = 0
-        self.prompts: list[list[int]] = []
 
     @staticmethod
     def answer(result: str) -> str:
@@ -197,23 +198,8 @@ class ToolCaller:
         return self.fmt.assistant_text("", [ToolCall(name, self.calls[name])])
 
     async def generate(self, prompt_ids, sampling, watch=None):
-        from rlonce.engine.base import Generation, watch_after
-
-        self.prompts.append(list(prompt_ids))
-        ids = self.encode(self.turn(self.decode(prompt_ids)))
-        reason = "stop"
-        if len(ids) > sampling.max_tokens:
-            ids, reason = ids[:sampling.max_tokens], "length"
-        return watch_after(Generation(ids, [0.0] * len(ids), [0] * len(ids), reason), watch)
-
-    def load_weights(self, state: dict, version: int) -> None:
-        self.version = version
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
+        self._turns.append(self.turn(self.decode(prompt_ids)))  # the scripted engine replays it
+        return await super().generate(prompt_ids, sampling, watch)
 
 
 @pytest.fixture()
