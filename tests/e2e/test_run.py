@@ -440,7 +440,7 @@ def test_view_api_shows_a_sequence_as_its_stored_columns(tiny_run):
         spare = http.get(f"/api/steps/1/untrained/{untrained[0][1]['rows'][0]}").json()
         png = http.get("/api/plots/0.png")
         missing = [http.get(p).status_code for p in ("/api/steps/99", f"/api/steps/1/rows/{len(meta['rows'])}")]
-    assert [s["step"] for s in run["steps"]] == stored_steps(out) == [1, 2] and len(run["plots"]) == 11
+    assert [s["step"] for s in run["steps"]] == stored_steps(out) == [1, 2] and len(run["plots"]) == 12
     assert [g["group_id"] for g in trained] == [g["group_id"] for g in meta["groups"]]
     a, b = int(cols["row_offsets"][row]), int(cols["row_offsets"][row + 1])
     mask = cols["loss_mask"][a:b].astype(bool)
