@@ -85,8 +85,8 @@ def test_the_audit_fails_a_run_that_trained_on_zero_tokens():
             {"step": 2, "source": "a", "dispatched": 4, "infra_failed": 1, "no_contrast_filtered": 3}]
     v = check_trained(idle)
     assert not v.ok and v.checked == 2 and v.violations == [
-        "the run trained on 0 tokens in 2 RL step(s): of 8 sequences, 5 were in groups that all failed, "
-        "2 in groups that all passed, 1 failed in the infrastructure"]
+        "the run trained on 0 tokens in 2 RL step(s): of 8 dispatched, 5 in groups that all failed, "
+        "2 in groups that all passed, 1 failed in the infrastructure (sequences)"]
     assert check_trained([*idle, {"step": 3, "source": "a", "dispatched": 4, "retained": 4}]).ok
     none = check_trained([])
     assert none.ok and none.note == "no RL step"

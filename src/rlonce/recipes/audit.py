@@ -35,6 +35,7 @@ from rlonce.core.ledger import LedgerEntry, LedgerImbalance
 from rlonce.errors import UsageError
 from rlonce.telemetry.metrics import read_jsonl
 from rlonce.telemetry.rollouts import read_step, stored_steps
+from rlonce.telemetry.step import why_untrained
 
 MISMATCH_OUTLIER = 10.0
 """A step's mismatch KL above this many times the run's median is listed."""
@@ -119,12 +120,13 @@ def check_trained(ledger: list[dict]) -> Verdict:
     v = Verdict("trained", checked=len(steps))
     retained = sum(row.get("retained", 0) for row in ledger)
     if steps and not retained:
-        dispatched = sum(row.get("dispatched", 0) for row in ledger)
-        passed = sum(row.get("no_contrast_all_passed", 0) for row in ledger)
-        failed = sum(row.get("no_contrast_filtered", 0) for row in ledger) - passed
-        v.violations.append(f"the run trained on 0 tokens in {len(steps)} RL step(s): of {dispatched} sequences, "
-                            f"{failed} were in groups that all failed, {passed} in groups that all passed, "
-                            f"{sum(row.get('infra_failed', 0) for row in ledger)} failed in the infrastructure")
+        total: dict[str, int] = {}
+        for row in ledger:
+            for k, n in row.items():
+                if isinstance(n, int) and k != "step":
+                    total[k] = total.get(k, 0) + n
+        v.violations.append(f"the run trained on 0 tokens in {len(steps)} RL step(s): of {total.get('dispatched', 0)} "
+                            f"dispatched, {why_untrained(total)}")
     elif not steps:
         v.note = "no RL step"
     return v
