@@ -66,7 +66,7 @@ def test_the_registry_owns_the_per_domain_rules():
     assert {n: (load_domain(n).has_expert, load_domain(n).single_turn, load_domain(n).tools) for n in BUILTIN} == {
         "toolfind": (True, False, True), "reasoning": (True, True, False), "code": (True, False, True),
         "music": (True, True, True), "cyber": (True, False, True), "general": (True, False, True),
-        "visual": (True, True, True)}
+        "visual": (True, True, True), "context": (True, True, False)}
     # the rules these flags drive are checked in tests/unit/test_config.py (one-line ConfigErrors)
     check_sources(load_config(None, ["task.name=reasoning", "harness.arms=[single-turn]", "sft.demos=0"]))
 

@@ -40,6 +40,7 @@ BUILTIN: dict[str, str] = {
     "cyber": "rlonce.envs.cyber:DOMAIN",
     "general": "rlonce.envs.general:DOMAIN",
     "visual": "rlonce.envs.visual:DOMAIN",
+    "context": "rlonce.envs.context:DOMAIN",
 }
 """The package's own domains, by name: the only list of them in the package."""
 DEFAULT_DOMAIN = "toolfind"
