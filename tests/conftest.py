@@ -1,6 +1,7 @@
 import asyncio
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,26 @@ def tool_served(lm):
     yield serve
     for srv in started:
         srv.stop()
+
+
+def hub_cache(root: Path, repo_id: str, folder: Path) -> Path:
+    """``folder``'s files as the cached main revision of ``repo_id`` under the Hugging Face cache
+    ``root``; the snapshot folder. The layout is the one huggingface_hub documents
+    (huggingface.co/docs/huggingface_hub/guides/manage-cache: ``models--org--name/{blobs,refs,
+    snapshots}``, snapshot files linking to blobs by their sha256): the library has no call that
+    writes a cache without the network."""
+    import hashlib
+
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for f in sorted(folder.iterdir()):
+        data = f.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

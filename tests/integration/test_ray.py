@@ -82,7 +82,9 @@ def test_published_weights_reach_every_engine_by_version(job):
             p.mul_(1.05)
     # the trainer actor holds the weights; put perturbed ones there and publish them as version 7
     ray.get(j.backend.trainer.__ray_call__.remote(lambda self: self.model.load_state_dict(trained.state_dict())))
-    asyncio.run(j.backend.publish(7))
+    from rlonce.train.checkpoint import tensor_bytes
+
+    assert asyncio.run(j.backend.publish(7)) == tensor_bytes(trained.state_dict())  # publish_bytes: the whole model
     assert j.engine.version == 7
     prompt = j.ctx.lm.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
     sp = SamplingParams(max_tokens=24, temperature=1.0, seed=123)

@@ -62,7 +62,9 @@ def test_local_backend_trains_publishes_the_version_and_pulls(backend, lm):
     assert moved, "the step changed no weight"
     engine_w = b.engine.model.state_dict()
     assert all(torch.equal(engine_w[k], before[k]) for k in moved)  # the engine has its own copy until publish
-    asyncio.run(b.publish(1))
+    from rlonce.train.checkpoint import tensor_bytes
+
+    assert asyncio.run(b.publish(1)) == tensor_bytes(own.model.state_dict())  # publish_bytes: every tensor, once
     assert b.engine.version == 1
     engine_w = b.engine.model.state_dict()
     assert all(torch.equal(engine_w[k], v) for k, v in own.model.state_dict().items())

@@ -160,7 +160,9 @@ def _add_train(sub) -> None:
 
 def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="held-out success of a model on a config's domain (default: the embedded one)")
-    e.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
+    e.add_argument("--model", required=True,
+                   help="'embedded', 'smollm2', a model folder or adapter checkpoint (e.g. "
+                   "RUN/checkpoints/step-N) or a hub id in the local Hugging Face cache (docs/models.md)")
     e.add_argument("--tasks", type=_int(1, 1_000_000), default=200, help="number of held-out tasks (default 200)")
     e.add_argument("--out", default="runs/eval",
                    help="output folder (default runs/eval): eval/eval.jsonl with every attempt (and the outside "
@@ -184,7 +186,9 @@ def _add_eval(sub) -> None:
 
 def _add_serve(sub) -> None:
     sv = sub.add_parser("serve", help="serve a model through the gateway (OpenAI and Anthropic protocols)")
-    sv.add_argument("--model", required=True, help="'embedded' or a model folder (e.g. RUN/checkpoints/step-N)")
+    sv.add_argument("--model", required=True,
+                    help="'embedded', 'smollm2', a model folder or adapter checkpoint (e.g. "
+                    "RUN/checkpoints/step-N) or a hub id in the local Hugging Face cache (docs/models.md)")
     sv.add_argument("--port", type=_int(0, 65535), default=8000,
                     help="port, 0..65535 (default 8000; 0 picks a free one)")
     sv.add_argument("--host", type=_host, default="127.0.0.1",

@@ -56,6 +56,7 @@ from rlonce.config.sections import (
     ConfigError,
     EngineConfig,
     HarnessConfig,
+    LoraConfig,
     ModelConfig,
     RLConfig,
     RolloutConfig,
@@ -69,7 +70,7 @@ from rlonce.config.sources import SourceConfig, TaskConfig
 __all__ = [
     "MAX_PARALLEL", "MAX_STEPS", "MAX_TOKENS", "OPTIMIZERS", "PENALTY_PARAMS", "_VARIANTS", "AlgoConfig", "ArmName",
     "CISPOObjective", "CheckpointConfig", "ConfigError", "EngineConfig", "EvalConfig", "FourBoundObjective",
-    "GradingConfig", "HarnessConfig", "JudgeConfig", "LengthConfig",
+    "GradingConfig", "HarnessConfig", "JudgeConfig", "LengthConfig", "LoraConfig",
     "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
     "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "SourceConfig",
     "StorageConfig", "TaskConfig", "TimeoutsConfig", "TrackerConfig", "UnifiedObjective", "_explain", "_field_at",

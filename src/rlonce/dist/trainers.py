@@ -83,13 +83,16 @@ class TrainerActor:
             return full_state_dict(self.model)  # every rank takes part; rank 0 gets the weights
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
-    def publish(self, version: int) -> list | None:
-        """Put the weights into the object store once (rank 0); engines fetch them by reference."""
+    def publish(self, version: int) -> tuple[list | None, int]:
+        """Put the weights into the object store once (rank 0); engines fetch them by reference.
+        The references and the bytes of the tensors put."""
+        from rlonce.train.checkpoint import tensor_bytes
+
         state = self._full_state()
         self.version = version
         if self.rank == 0:
             self._published = [ray_module().put(state)]  # serialised (copied) now
-        return self._published
+        return self._published, tensor_bytes(state) if self.rank == 0 else 0
 
     def latest(self) -> tuple[int, list | None]:
         return self.version, self._published

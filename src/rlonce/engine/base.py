@@ -137,7 +137,9 @@ class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
         ...
 
-    def load_weights(self, state: dict, version: int) -> None: ...
+    def load_weights(self, state, version: int) -> None:
+        """New weights, every later token stamped ``version``: a whole state dict, or (the torch
+        engine, under LoRA) an adapter to merge in (``rlonce.model.lora.AdapterWeights``)."""
 
     def pause(self) -> None: ...
 

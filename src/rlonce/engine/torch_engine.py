@@ -38,7 +38,7 @@ from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, c
 from rlonce.engine.rows import Batch, Part, Request, Row, draw, left_pad
 from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
-from rlonce.model import omp, precision
+from rlonce.model import lora, omp, precision
 
 
 def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
@@ -126,13 +126,17 @@ class TorchEngine:
         self._queue.put([r for r in reqs if not r.future.done()])
         return list(await asyncio.gather(*(r.future for r in reqs), return_exceptions=True))
 
-    def load_weights(self, state: dict, version: int) -> None:
+    def load_weights(self, state: dict | lora.AdapterWeights, version: int) -> None:
         """Swap in new weights once the running batch ends; every later token is stamped
-        ``version``, and no cache of the old weights is reused."""
+        ``version``, and no cache of the old weights is reused. ``state``: a whole state dict, or
+        a LoRA adapter merged into the weights (``rlonce.model.lora.merge_into``)."""
         self._draining.set()
         try:
             with self._lock:
-                self.model.load_state_dict(state)
+                if isinstance(state, lora.AdapterWeights):
+                    lora.merge_into(self.model, state)
+                else:
+                    self.model.load_state_dict(state)
                 self.version = version
                 if self.prefixes is not None:
                     self.prefixes.clear()

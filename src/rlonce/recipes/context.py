@@ -3,7 +3,7 @@
 ``build_context`` is the one place a run's parts come into being from its resolved plans and its
 model folder (a fresh run's model, a resumed run's checkpoint, or an evaluated model):
 
-    model_dir ─► LoadedModel, chat format
+    model_dir ─► LoadedModel (with LoRA adapters where model.lora asks), chat format
     plans     ─► sources (domain + rollout spec per source, with its own sampling and budgets)
     cfg.algo  ─► learning-signal settings, entropy-bound controller (restored from ``bounds``)
     cfg.rl    ─► optimizer settings
@@ -61,7 +61,7 @@ def build_context(cfg: RunConfig, plans: list[SourcePlan], model_dir: Path, out:
     run's entropy-bound controller state)."""
     lm = loader.load(model_dir, chat_format=cfg.model.chat_format, dtype=cfg.model.dtype,
                      lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast),
-                     packing=cfg.model.packing, share_prefix=cfg.model.share_prefix)
+                     packing=cfg.model.packing, share_prefix=cfg.model.share_prefix, lora_settings=cfg.model.lora)
     check_backend(cfg, model_dir)
     sources = build_sources(plans, rollout_spec(cfg, lm), run_dir=out, grading=cfg.grading)
     controller = bound_controller(cfg.algo)

@@ -46,7 +46,7 @@ async def train_step(job, res: StepResult, step: int) -> dict:
         train_m.update({f"bound_{k}": v for k, v in controller.update(train_m["entropy"]).items()})
         st.bounds = controller.state_dict()
     st.version += 1
-    await job.backend.publish(st.version)
+    train_m["publish_bytes"] = float(await job.backend.publish(st.version))
     return train_m
 
 

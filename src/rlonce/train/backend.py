@@ -29,10 +29,11 @@ from rlonce.engine.base import BackendError, Engine
 from rlonce.engine.factory import EngineSpec
 from rlonce.engine.lockstep import Lockstep
 from rlonce.errors import RlonceError
-from rlonce.model import omp
+from rlonce.model import lora, omp
 from rlonce.rollout.builders import deterministic
 from rlonce.rollout.orchestrator import Executor, StepResult
 from rlonce.rollout.runner import LocalExecutor
+from rlonce.train.checkpoint import tensor_bytes
 from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings, Trainer
 
@@ -54,8 +55,9 @@ class TrainerBackend(Protocol):
         """One optimizer step on ``batch``'s rows as ``request`` asks (``Trainer.rl_step``); the
         metrics carry ``lag_counts``: trained rows by version lag."""
 
-    async def publish(self, version: int) -> None:
-        """The trainer's current weights to every engine, as ``version``."""
+    async def publish(self, version: int) -> int:
+        """The trainer's current weights to every engine, as ``version``; the bytes of tensors one
+        engine received (``publish_bytes``: the whole state dict, or under LoRA the adapter)."""
 
     def pull(self, model) -> dict:
         """Load the trainer's current weights into ``model``; return its optimizer state."""
@@ -97,7 +99,7 @@ class LocalBackend:
 
     def __init__(self, cfg, lm, model_dir, *, version: int, optim: OptimSettings, trainer_state: dict | None = None,
                  engine_factory=None):
-        self.trainer = Trainer(lm.model, optim, micro_batch_tokens=cfg.runtime.micro_batch_tokens)
+        self.trainer = Trainer(lm.model, optim, micro_batch_tokens=cfg.runtime.micro_batch_tokens, adapter=lm.peft)
         if trainer_state is not None:
             try:
                 restore_trainer(self.trainer, trainer_state,
@@ -112,8 +114,10 @@ class LocalBackend:
         if engine_factory is not None:
             self.engine = engine_factory(0)
         else:
+            # a plain model: under LoRA the adapters merged in (the engine's decode reads each weight)
+            plain = lora.merged(lm.peft) if lm.peft is not None else copy.deepcopy(lm.model)
             self.engine = EngineSpec.from_config(cfg, model_dir).build(
-                lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)), version=version)
+                lm=dataclasses.replace(lm, model=plain, peft=None), version=version)
         if deterministic(cfg):  # waves of a fixed membership: the run repeats bit for bit
             self.engine = Lockstep(self.engine)
 
@@ -139,13 +143,18 @@ class LocalBackend:
         finally:  # the engine's worker decodes next: this thread's OpenMP team would slow it (rlonce.model.omp)
             omp.release()
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int) -> int:
+        """The whole state dict, or under LoRA the adapter's factors (``rlonce.model.lora.AdapterWeights``:
+        the engine merges them into its own weights)."""
+        adapter = self.trainer.adapter
+        state = lora.adapter_weights(adapter) if adapter is not None else self.trainer.model.state_dict()
         self.engine.pause()  # in-flight turns stop at their next token and continue under the new weights
         try:
             faults.point("publish")
-            self.engine.load_weights(self.trainer.model.state_dict(), version)
+            self.engine.load_weights(state, version)
         finally:
             self.engine.resume()
+        return state.nbytes if adapter is not None else tensor_bytes(state)
 
     def trained_logprobs(self) -> list:
         """Per row of the last ``train``: the trainer's log-probs of its next tokens when its

@@ -1,4 +1,5 @@
-"""Checkpoints: ``checkpoints/step-N/`` holds Hugging Face weights + tokenizer, and
+"""Checkpoints: ``checkpoints/step-N/`` holds Hugging Face weights (under LoRA the adapter alone, in
+peft's format: ``adapter_model.safetensors`` + ``adapter_config.json``, which names its base) + tokenizer, and
 ``trainer_state.pt`` with the optimizer, run state (phase, step, data position, policy
 version) and RNG states — everything ``rlonce train --resume`` needs. Written to a temporary
 folder and renamed, so a crash never leaves a half-written latest checkpoint.
@@ -108,13 +109,15 @@ def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, 
     tmp = root / f".tmp-step-{step:04d}"
     for stale in root.glob(".tmp-step-*"):  # left by a killed process: never a usable checkpoint
         shutil.rmtree(stale, ignore_errors=True)
-    need = tensor_bytes(lm.model.state_dict()) + tensor_bytes(rl_trainer) + MARGIN_BYTES
+    weights = lm.peft if lm.peft is not None else lm.model  # under LoRA the adapter alone
+    state = _adapter_state(lm.peft) if lm.peft is not None else lm.model.state_dict()
+    need = tensor_bytes(state) + tensor_bytes(rl_trainer) + MARGIN_BYTES
     free = shutil.disk_usage(root).free
     if free < need:
         raise CheckpointError(f"not enough disk space for checkpoint {final}: it needs about {_mib(need)}, "
                               f"{_mib(free)} free; free space, lower checkpoint.keep or choose another --out")
     try:
-        lm.model.save_pretrained(tmp)
+        weights.save_pretrained(tmp)
         lm.tokenizer.save_pretrained(tmp)
         faults.point("checkpoint.weights")
         torch.save({"run_state": run_state, "rl_trainer": rl_trainer, "rng": rng_state()}, tmp / STATE_FILE)
@@ -139,6 +142,12 @@ def save(out: Path, step: int, lm, *, run_state: dict, rl_trainer: dict | None, 
     for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _adapter_state(peft) -> dict:
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(peft)
 
 
 def exists(out: Path) -> bool:
