@@ -25,9 +25,8 @@ class TaskConfig(Section):
 
     model_config = ConfigDict(extra="allow")
     name: str = Field(DEFAULT_DOMAIN, min_length=1, max_length=256)
-    """The domain: a built-in one ('toolfind', 'reasoning', 'code', 'music', 'cyber', 'general',
-    'visual'; ``rlonce domains`` lists them with what each needs), one an installed package
-    registers, or a plugin given as ``'package.module:DOMAIN'`` (docs/domains.md)."""
+    """The domain: a built-in one (``rlonce domains`` lists them with what each needs), one an
+    installed package registers, or a plugin given as ``'package.module:DOMAIN'`` (docs/domains.md)."""
     _where: ClassVar[str] = "task"
 
     @model_validator(mode="after")
