@@ -1,0 +1,96 @@
+"""A LoRA run of the embedded model (after a full SFT), named by a hub id from a Hugging Face cache the
+test builds: two RL steps train the adapter alone, every publish sends the adapter's bytes, the engine
+samples the trainer's policy (``mismatch_kl`` < 1e-6), the run audits clean, and ``rlonce eval``
+loads an adapter checkpoint on its base."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from rlonce.config import load_config
+from rlonce.telemetry.metrics import read_jsonl
+
+REPO_ID = "rlonce-tests/embedded-instruct"
+RANK = 8
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A full SFT of the embedded model (so that RL groups have contrast: LoRA SFT of this tiny model
+    from scratch left held-out success at 0 in 2 epochs of 256 demonstrations), cached as
+    ``REPO_ID``; then the LoRA run on it, named by the hub id, two RL steps."""
+    from conftest import hub_cache
+    from huggingface_hub import constants
+
+    from rlonce.recipes.grpo import run
+
+    root = tmp_path_factory.mktemp("lora")
+    run(load_config(None, [f"out={root / 'sft'}", "sft.demos=256", "sft.epochs=2", "rl.steps=0",
+                           "eval.heldout_tasks=4"]), progress=False)
+    base = root / "base"
+    shutil.copytree(root / "sft" / "checkpoints" / "step-0000", base,
+                    ignore=shutil.ignore_patterns("trainer_state.pt", "provenance.json"))
+    cache = root / "hf" / "hub"
+    snapshot = hub_cache(cache, REPO_ID, base)
+    out = root / "run"
+    cfg = load_config(None, [f"out={out}", f"model.name={REPO_ID}", f"model.lora.rank={RANK}", "model.lora.alpha=16",
+                             "sft.demos=0", "rl.steps=2", "rl.tasks_per_step=6", "rl.group_size=4", "rl.lr=1e-3",
+                             "eval.heldout_tasks=8", "eval.every=0", "checkpoint.every=1", "checkpoint.keep=0"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(constants, "HF_HUB_CACHE", str(cache))
+        summary = run(cfg, progress=False)
+    return out, snapshot, base, summary, {"HF_HUB_CACHE": str(cache)}
+
+
+def _adapter(ckpt) -> dict:
+    return load_file(ckpt / "adapter_model.safetensors")
+
+
+@pytest.mark.timeout(3600)
+def test_a_lora_run_trains_the_adapter_and_publishes_its_bytes(lora_run):
+    out, snapshot, base, summary, _ = lora_run
+    assert summary["rl_steps"] == 2
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    adapter = _adapter(out / "checkpoints" / "step-0002")
+    sent = sum(t.numel() * 4 for t in adapter.values())  # float32 A and B of every adapted layer
+    assert {r["publish_bytes"] for r in steps} == {float(sent)}
+    assert all(r["trained_tokens"] > 0 and r["mismatch_tokens"] > 0 for r in steps)
+    assert all(0 <= r["mismatch_kl"] < 1e-6 for r in steps), [r["mismatch_kl"] for r in steps]
+    # the checkpoints hold the adapter alone, on the hub snapshot as base
+    ckpts = sorted((out / "checkpoints").glob("step-*"))
+    for ck in ckpts:
+        assert not (ck / "model.safetensors").exists() and (ck / "adapter_config.json").is_file()
+        assert json.loads((ck / "adapter_config.json").read_text())["base_model_name_or_path"] == str(snapshot)
+    # peft starts every B at zero (the adapted model is the base); RL moved every one of them, and
+    # the base files are the cached ones, untouched
+    first, last = _adapter(ckpts[0]), _adapter(ckpts[-1])
+    assert [c.name for c in ckpts] == ["step-0000", "step-0001", "step-0002"]
+    assert all(not bool(v.any()) for k, v in first.items() if "lora_B" in k)
+    assert all(bool(v.any()) for k, v in last.items() if "lora_B" in k)
+    assert (snapshot / "model.safetensors").read_bytes() == (base / "model.safetensors").read_bytes()
+
+
+@pytest.mark.timeout(900)
+def test_a_lora_run_audits_clean(lora_run):
+    out, *_ = lora_run
+    r = subprocess.run([sys.executable, "-m", "rlonce.cli", "audit", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every check passed" in r.stdout
+
+
+@pytest.mark.timeout(900)
+def test_rlonce_eval_loads_an_adapter_checkpoint_on_its_base(lora_run, tmp_path):
+    out, _, _, _, env = lora_run
+    import os
+
+    ckpt = out / "checkpoints" / "step-0002"
+    r = subprocess.run([sys.executable, "-m", "rlonce.cli", "eval", "--model", str(ckpt), "--tasks", "2",
+                        "--out", str(tmp_path / "eval"), "--quiet"], capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
