@@ -286,6 +286,25 @@ def adapter_base_dir(path: Path) -> Path:
                          "to a copy of it")
 
 
+def _folders(path: Path, weights: bool) -> tuple[bool, Path, Path]:
+    """(whether ``path`` is an adapter checkpoint, the folder of the weights to load, the folder of
+    the tokenizer): an adapter's weights are its base's, its tokenizer its own when it has one.
+    What a folder lacks is a one-line ``ModelLoadError``."""
+    adapter = lora.is_adapter(path)
+    model_dir = adapter_base_dir(path) if adapter and weights else path
+    tok_dir = path if (path / "tokenizer_config.json").is_file() or not adapter else adapter_base_dir(path)
+    if adapter and weights and not (path / lora.ADAPTER_WEIGHTS).is_file():
+        raise ModelLoadError(f"the adapter checkpoint {path} has an {lora.ADAPTER_CONFIG} but no "
+                             f"{lora.ADAPTER_WEIGHTS}")
+    if not adapter and not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder (nor an adapter "
+                             f"checkpoint: no {lora.ADAPTER_CONFIG})")
+    if weights and not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
+        raise ModelLoadError(f"{model_dir} has a config.json but no weights (*.safetensors or pytorch_model*.bin); "
+                             "copy the model's weight files into it")
+    return adapter, model_dir, tok_dir
+
+
 def _with_lora(model, path: Path, model_dir: Path, settings) -> tuple[object, object]:
     """(model, PeftModel): the adapter checkpoint ``path`` loaded on ``model`` — trainable with
     ``settings``, else merged into a plain model (PeftModel None) — or, ``path`` being a model
@@ -323,25 +342,15 @@ def load(path: str | Path, *, chat_format: str | None = None, dtype: str = "floa
 
     path = Path(path)
     trains_lora = lora_settings is not None and lora_settings.rank > 0
-    adapter = lora.is_adapter(path)
-    model_dir = adapter_base_dir(path) if adapter and weights else path
-    tok_dir = path if (path / "tokenizer_config.json").is_file() or not adapter else adapter_base_dir(path)
-    if adapter and weights and not (path / lora.ADAPTER_WEIGHTS).is_file():
-        raise ModelLoadError(f"the adapter checkpoint {path} has an {lora.ADAPTER_CONFIG} but no "
-                             f"{lora.ADAPTER_WEIGHTS}")
-    if not adapter and not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} has no config.json; it is not a Hugging Face model folder (nor an adapter "
-                             f"checkpoint: no {lora.ADAPTER_CONFIG})")
-    if weights and not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("pytorch_model*.bin")):
-        raise ModelLoadError(f"{model_dir} has a config.json but no weights (*.safetensors or pytorch_model*.bin); "
-                             "copy the model's weight files into it")
+    adapter, model_dir, tok_dir = _folders(path, weights)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     model = None
     try:
-        if weights:
+        if weights or not adapter:
             AutoConfig.from_pretrained(model_dir)
+        if weights:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     except Exception as e:  # noqa: BLE001 - every loader failure becomes one clear line
