@@ -221,7 +221,7 @@ def _serve(args) -> int:
     lm = loader.load(loader.resolve(args.model, _writable_dir(args.out) / "cache"))
     pad = lm.tokenizer.pad_token_id
     engine = TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
-                         prefix_cache_mb=args.prefix_cache_mb, compile_solo=args.compile)
+                         prefix_cache_mb=args.prefix_cache_mb, compile_solo=args.compile, tokenizer=lm.tokenizer)
     limit = args.max_context or getattr(lm.model.config, "max_position_embeddings", 4096)
     name = "embedded" if args.model == "embedded" else Path(args.model).name
     gw = Gateway(GatewaySettings.serving(

@@ -16,6 +16,26 @@ from typing import Protocol
 from rlonce.errors import RlonceError
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What a reply must match, enforced while it is sampled (``rlonce.engine.constrain`` builds
+    these and turns them into grammars): ``kind`` is ``json_schema`` (``spec``: the schema as JSON
+    text), ``regex``, ``choice`` (``spec``: a JSON list of the allowed strings) or ``lark`` (a Lark
+    grammar, which may embed JSON schemas as ``%json {...}``: a tool call of given tools).
+    ``prefix``: tokens already sampled under it (a paused turn that resumes), consumed before the
+    first new token is masked."""
+
+    kind: str
+    spec: str
+    prefix: tuple[int, ...] = ()
+
+    KINDS = ("json_schema", "regex", "choice", "lark")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"constraint kind {self.kind!r} is not one of {', '.join(self.KINDS)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     max_tokens: int = 64
@@ -36,6 +56,11 @@ class SamplingParams:
     """Also record, per token, up to this many most likely tokens of the distribution it was drawn
     from, with their log-probs (``Generation.top_logprobs``; what a gateway client asks for with
     ``top_logprobs``). Read after the draw: it never changes what is sampled. 0: off."""
+    constraint: Constraint | None = None
+    """A grammar the reply must match (JSON schema, regular expression, choice, tool call): tokens
+    it does not allow get probability 0 before temperature, top-k and top-p, and the recorded
+    log-probs are of that constrained distribution. A training run refuses it (docs/gateway.md,
+    "Structured output"): the trainer normalises over the whole vocabulary."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -75,7 +75,7 @@ class EngineSpec:
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
                            version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
                            threads=self.threads, compile_solo=self.compile_solo,
-                           fast_decode=self.fast_decode, native_kernels=self.native_kernels)
+                           fast_decode=self.fast_decode, native_kernels=self.native_kernels, tokenizer=lm.tokenizer)
 
     def __call__(self, index: int):
         return self.build(index)

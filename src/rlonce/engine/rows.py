@@ -23,6 +23,9 @@ class Request:
     loop: asyncio.AbstractEventLoop
     watch: Watch | None = None
     t_arrive: float = field(default_factory=time.monotonic)
+    matcher: object = None
+    """The grammar matcher of a constrained request (``rlonce.engine.constrain``), made on the
+    engine's thread when the request is admitted."""
 
     @property
     def gone(self) -> bool:
@@ -120,6 +123,7 @@ class Row:
         self.t0, self.prefill_s, self.batch_size = time.perf_counter(), 0.0, 0
         self.compiled = 0
         """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.solo``)."""
+        self.matcher = req.matcher
 
     def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event,
                top: list[tuple[int, float]] | None = None) -> bool:
@@ -151,7 +155,8 @@ class Row:
         return Generation(self.tokens, self.logps, [version] * len(self.tokens), self.reason or "length",
                           metrics={"wave_size": self.batch_size, "wave_seconds": time.perf_counter() - self.t0,
                                    "prefill_seconds": self.prefill_s, "prompt_tokens": len(self.req.prompt_ids),
-                                   "cached_prompt_tokens": self.reused, "compiled_tokens": self.compiled},
+                                   "cached_prompt_tokens": self.reused, "compiled_tokens": self.compiled,
+                                   "constrained_tokens": len(self.tokens) if self.matcher is not None else 0},
                           candidates=self.sizes, top_logprobs=self.tops)
 
 

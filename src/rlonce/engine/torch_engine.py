@@ -33,7 +33,7 @@ import time
 import torch
 
 from rlonce.core import faults
-from rlonce.engine import decode, kvcache, prefill
+from rlonce.engine import constrain, decode, kvcache, prefill
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
 from rlonce.engine.rows import Batch, Part, Request, Row, draw, left_pad
 from rlonce.engine.solo import Solo
@@ -69,7 +69,7 @@ class TorchEngine:
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
                  compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
                  threads: int | None = None, compile_solo: bool = False, fast_decode: bool = True,
-                 native_kernels: bool = True):
+                 native_kernels: bool = True, tokenizer=None):
         self.model = model.eval()
         self.eos = set(eos_token_ids)
         self.pad = pad_token_id
@@ -91,6 +91,8 @@ class TorchEngine:
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._kv_bytes = prefill.kv_bytes_per_token(model)
+        self._masks = constrain.Masks(tokenizer, model.config.vocab_size, eos_token_ids)
+        """Constrained decoding (``SamplingParams.constraint``); ``tokenizer`` None: refused."""
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # held while a batch runs, and for a weight load
         self._draining = threading.Event()  # a weight load waits: admit no one until the batch ends
@@ -104,7 +106,7 @@ class TorchEngine:
 
     # ---- contract ------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:
-        check_prompt(prompt_ids, sampling, self.max_context)
+        self._check(prompt_ids, sampling)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._queue.put(Request(list(prompt_ids), sampling, fut, loop, watch))
@@ -119,12 +121,23 @@ class TorchEngine:
         for prompt_ids, sampling, watch in batch:
             fut = loop.create_future()
             try:
-                check_prompt(prompt_ids, sampling, self.max_context)
+                self._check(prompt_ids, sampling)
             except ValueError as e:
                 fut.set_exception(e)
             reqs.append(Request(list(prompt_ids), sampling, fut, loop, watch))
         self._queue.put([r for r in reqs if not r.future.done()])
         return list(await asyncio.gather(*(r.future for r in reqs), return_exceptions=True))
+
+    def _check(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        """Refuse, before it queues, a request the engine cannot serve (``ValueError``)."""
+        check_prompt(prompt_ids, sampling, self.max_context)
+        c = sampling.constraint
+        if c is not None:
+            if self._masks.tokenizer is None:
+                raise ValueError("this engine was built without its tokenizer: constrained decoding needs it")
+            problem = constrain.check(c)
+            if problem:
+                raise ValueError(f"the constraint cannot be enforced: {problem}")
 
     def load_weights(self, state: dict | lora.AdapterWeights, version: int) -> None:
         """Swap in new weights once the running batch ends; every later token is stamped
@@ -263,6 +276,9 @@ class TorchEngine:
     def _admit(self, batch: Batch | None, reqs: list[Request], lane: str) -> Batch | None:
         """Prefill ``reqs`` (from kept caches where their prompts allow) and merge them into
         ``batch``; a failure fails these requests only."""
+        reqs = self._matchers(reqs)
+        if not reqs:
+            return batch
         try:
             faults.point("engine.wave", EngineError)
             parts = self._prefill(reqs, lane)
@@ -272,6 +288,20 @@ class TorchEngine:
         if batch is not None:
             parts.insert(0, batch.part())
         return Batch(parts)
+
+    def _matchers(self, reqs: list[Request]) -> list[Request]:
+        """Give each constrained request its grammar matcher; one that cannot have it fails alone
+        (its constraint was checked when it queued: this is a prefix that does not match it)."""
+        ok = []
+        for r in reqs:
+            if r.sampling.constraint is not None and r.matcher is None:
+                try:
+                    r.matcher = self._masks.matcher(r.sampling.constraint)
+                except ValueError as e:
+                    r.fail(e)
+                    continue
+            ok.append(r)
+        return ok
 
     def _prefill(self, reqs: list[Request], lane: str) -> list[Part]:
         """Run the model on the requests' prompts: those without a kept prefix together,
@@ -337,11 +367,17 @@ class TorchEngine:
         live = [r for r, row in enumerate(b.rows) if row.reason is None]
         rows = [b.rows[r] for r in live]
         logits_AV = b.logits_BV if len(live) == len(b.rows) else b.logits_BV[torch.tensor(live)]
+        matchers = [x.matcher for x in rows]
+        constrained = any(m is not None for m in matchers)
+        if constrained:  # the grammar's disallowed tokens out before temperature, top-k and top-p
+            logits_AV = self._masks.apply(logits_AV, matchers)
         logp_AV = process_logits(logits_AV, *b.sampling(live))
         tok_A = draw(logp_AV, [x.uniforms for x in rows], self._gen)
         lp_A = logp_AV.gather(-1, tok_A[:, None])[:, 0].tolist()
         size_A = logp_AV.isfinite().sum(-1).tolist() if any(x.sizes is not None for x in rows) else [0] * len(rows)
         toks = tok_A.tolist()
+        if constrained:
+            self._masks.advance(matchers, toks)
         top_A = _top(logp_AV, rows)
         done = [(r, row) for j, (r, row) in enumerate(zip(live, rows))
                 if row.record(toks[j], lp_A[j], size_A[j], toks[j] in self.eos, self._paused, top_A[j])]
