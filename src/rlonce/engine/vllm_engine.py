@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import json
 import math
 import os
 import threading
@@ -65,6 +66,7 @@ import torch
 
 from rlonce.engine.base import (
     BackendMissing,
+    Constraint,
     EngineError,
     Generation,
     SamplingParams,
@@ -182,6 +184,7 @@ class VLLMEngine:
             max_model_len=max_model_len, seed=seed, tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
+            structured_outputs_config={"backend": "guidance"},  # llguidance, the torch engine's grammars
             worker_extension_cls=f"{WeightSync.__module__}.{WeightSync.__qualname__}",
             disable_log_stats=True,
             hf_overrides=head_overrides(dtype, lm_head_fp32, engine_kwargs.pop("hf_overrides", None)), **engine_kwargs)
@@ -284,7 +287,7 @@ class VLLMEngine:
         return VSamplingParams(n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
                                max_tokens=s.max_tokens, logprobs=CANDIDATE_LOGPROBS if s.records_candidates else 0,
                                stop_token_ids=self.eos_token_ids, detokenize=False,
-                               output_kind=RequestOutputKind.DELTA)
+                               output_kind=RequestOutputKind.DELTA, **structured(s.constraint))
 
     async def _stream(self, rid: str, prompt_ids: list[int], s: SamplingParams, version: int,
                       watch: Watch | None = None) -> Generation:
@@ -389,3 +392,19 @@ class VLLMEngine:
         finally:
             self._loading = False
             self._gate()
+
+
+def structured(c: Constraint | None) -> dict:
+    """vLLM's structured-output request for ``c`` (its ``guidance`` backend is llguidance, so a
+    Lark grammar reads as it does in the torch engine). Written to vLLM's ``StructuredOutputsParams``
+    (0.12 and later); not run here without a GPU. A ``prefix`` (a resumed turn) is refused: vLLM
+    cannot start a grammar part-way."""
+    if c is None:
+        return {}
+    if c.prefix:
+        raise ValueError("the vLLM engine cannot resume a constrained turn part-way")
+    from vllm.sampling_params import StructuredOutputsParams
+
+    key = {"json_schema": "json", "regex": "regex", "choice": "choice", "lark": "grammar"}[c.kind]
+    value = json.loads(c.spec) if c.kind in ("json_schema", "choice") else c.spec
+    return {"structured_outputs": StructuredOutputsParams(**{key: value})}
