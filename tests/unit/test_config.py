@@ -307,7 +307,7 @@ def test_an_override_reaches_one_source_by_index_or_label():
     by = {s.label or s.name: s for s in cfg.sources}
     assert (by["code"].sft_demos, by["arith"].share, by["arith"].temperature) == (0, 3.0, 0.5)
     assert by["toolfind"].share == 2.0 and by["cyber"].temperature == 0.7  # the others as the file says
-    for bad, says in ((["sources.nope.share=2"], "no single table 'nope' among 7 (toolfind, arith, code"),
+    for bad, says in ((["sources.nope.share=2"], "no single table 'nope' among 8 (toolfind, arith, code"),
                       (["sources.9.share=2"], "no single table '9'"),
                       (["sources.share=2"], "'sources' is a list of tables; name one of them, e.g. sources.0.share")):
         with pytest.raises(ConfigError, match=re.escape(says)):
