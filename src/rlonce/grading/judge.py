@@ -16,8 +16,12 @@ keeps each image's label, sha256 and size, never its bytes.
 the OpenAI SDK's convention: ``base_url`` ends in ``/v1``) or Anthropic's Messages protocol
 (``{base_url}/v1/messages``, the Anthropic SDK's); the key is read from an environment variable
 named in the config. ``{call}`` in ``base_url`` becomes a fresh id per call — ``rlonce serve``
-names a session by its path, so concurrent calls need one each. ``ScriptedJudge`` answers from a
-Python function: the deterministic judge of tests and CPU runs.
+names a session by its path, so concurrent calls need one each. Every request asks for the
+question's schema in the protocol's own shape (``rlonce.grading.structure``: OpenAI
+``response_format``, an Anthropic forced tool whose input is the verdict); an endpoint that refuses
+structured output is asked once more without it, and the call is counted ``unstructured`` (a mode,
+not a failure: its verdict is used when it parses). ``ScriptedJudge`` answers from a Python
+function: the deterministic judge of tests and CPU runs.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from rlonce.errors import RlonceError
+from rlonce.grading.structure import answer_tool, refuses_structure, response_format
 
 FAILURES = ("down", "timeout", "http_error", "non_json", "invalid")
 """Why a call gave no verdict: the endpoint refused connections, did not answer in time, answered
@@ -69,11 +74,24 @@ def media_type(data: bytes) -> str:
 
 
 class JudgeFailed(RlonceError):
-    """A call gave no usable reply; ``category`` is one of ``FAILURES``."""
+    """A call gave no usable reply; ``category`` is one of ``FAILURES``; an error status's ``status``
+    and body (``detail``) when the endpoint answered with one."""
 
-    def __init__(self, category: str, message: str):
+    def __init__(self, category: str, message: str, *, status: int = 0, detail: str = ""):
         super().__init__(message)
-        self.category = category
+        self.category, self.status, self.detail = category, status, detail
+
+
+@dataclass
+class Completion:
+    """A judge's reply to one request: its text and token counts."""
+
+    text: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    structured: bool | None = None
+    """Asked for the schema and not refused (True), asked again without it after a refusal (False);
+    None where no endpoint was asked (a script)."""
 
 
 @dataclass
@@ -85,6 +103,8 @@ class Verdict:
     tokens_in: int = 0
     tokens_out: int = 0
     cached: bool = False
+    structured: bool | None = None
+    """As ``Completion.structured``, for the attempt that gave this verdict or failure."""
 
     @property
     def ok(self) -> bool:
@@ -130,9 +150,10 @@ class Judge(abc.ABC):
         """calls, cached, ok and each failure, tokens_in, tokens_out, seconds (since ``take_counts``)."""
 
     @abc.abstractmethod
-    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
-        """The model's reply text to ``prompt`` (a question of ``kind``, showing ``images``) and its
-        (input, output) token counts; raises ``JudgeFailed`` with the transport's category."""
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = (),
+                       schema: type[BaseModel] | None = None) -> Completion:
+        """The model's reply to ``prompt`` (a question of ``kind``, showing ``images``, answered as
+        ``schema``); raises ``JudgeFailed`` with the transport's category."""
 
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
                   files: dict[str, str] | None = None, images: Sequence[Image] = ()) -> Verdict:
@@ -152,6 +173,8 @@ class Judge(abc.ABC):
             v, text = await self._attempts(prompt, schema, sample, kind, images)
         self.counts.update({"calls": 1, v.outcome: 1, "tokens_in": v.tokens_in, "tokens_out": v.tokens_out})
         self.counts["seconds"] += v.seconds
+        if v.structured is False:
+            self.counts["unstructured"] += 1
         if v.ok:
             self.cache[key] = v
         self._write(kind, prompt, text, v, sample, shown)
@@ -159,21 +182,21 @@ class Judge(abc.ABC):
 
     async def _attempts(self, prompt: str, schema: type[BaseModel], sample: int, kind: str,
                         images: tuple[Image, ...] = ()) -> tuple[Verdict, str]:
-        t0, outcome, text, tin, tout = time.perf_counter(), "down", "", 0, 0
+        t0, outcome, text, tin, tout, structured = time.perf_counter(), "down", "", 0, 0, None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.25 * 2 ** attempt, 4.0))
             try:
-                text, a, b = await asyncio.wait_for(self.complete(prompt, sample * 1000 + attempt, kind, images),
-                                                     self.timeout)
-                tin, tout = tin + a, tout + b
+                c = await asyncio.wait_for(self.complete(prompt, sample * 1000 + attempt, kind, images, schema),
+                                           self.timeout)
+                text, structured, tin, tout = c.text, c.structured, tin + c.tokens_in, tout + c.tokens_out
                 value = parse_verdict(text, schema)
-                return Verdict(value, "ok", time.perf_counter() - t0, tin, tout), text
+                return Verdict(value, "ok", time.perf_counter() - t0, tin, tout, structured=structured), text
             except asyncio.TimeoutError:
                 outcome = "timeout"
             except JudgeFailed as e:
                 outcome, text = e.category, text or str(e)
-        return Verdict(None, outcome, time.perf_counter() - t0, tin, tout), text
+        return Verdict(None, outcome, time.perf_counter() - t0, tin, tout, structured=structured), text
 
     def _write(self, kind: str, prompt: str, text: str, v: Verdict, sample: int, images: list[dict] = ()) -> None:
         if self.record is None:
@@ -183,6 +206,8 @@ class Judge(abc.ABC):
                 "outcome": v.outcome, "seconds": round(v.seconds, 4), "tokens_in": v.tokens_in,
                 "tokens_out": v.tokens_out, "verdict": v.value.model_dump() if v.value is not None else None,
                 "prompt": prompt[:RECORD_CHARS], "reply": text[:RECORD_CHARS]}
+        if v.structured is not None:
+            line["structured"] = v.structured
         if images:
             line["images"] = list(images)
         with self.record.open("a") as f:
@@ -195,29 +220,32 @@ class Judge(abc.ABC):
         return out
 
 
-def _takes_images(script: Callable) -> bool:
+def _takes(script: Callable, name: str) -> bool:
     try:
         params = inspect.signature(script).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable without a signature
         return False
-    return any(p.name == "images" or p.kind is p.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 class ScriptedJudge(Judge):
     """Answers with ``script(kind, prompt, sample)``: text, parsed like any model's reply; a script
-    that takes an ``images`` keyword also gets the question's (label, bytes) pairs. Deterministic,
-    for tests and for runs that exercise the grading path without a model."""
+    that takes an ``images`` keyword also gets the question's (label, bytes) pairs, one that takes
+    ``schema`` the pydantic schema asked for. Deterministic, for tests and for runs that exercise
+    the grading path without a model."""
 
     def __init__(self, script: Callable[..., str | Awaitable[str]], **kw):
         super().__init__(kw.pop("name", "scripted"), kw.pop("model", "scripted"), **kw)
         self.script = script
-        self.sees_images = _takes_images(script)
+        self.sees_images, self.sees_schema = _takes(script, "images"), _takes(script, "schema")
 
-    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
-        out = (self.script(kind, prompt, sample, images=list(images)) if self.sees_images
-               else self.script(kind, prompt, sample))
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = (),
+                       schema: type[BaseModel] | None = None) -> Completion:
+        extra = {**({"images": list(images)} if self.sees_images else {}),
+                 **({"schema": schema} if self.sees_schema else {})}
+        out = self.script(kind, prompt, sample, **extra)
         text = await out if asyncio.iscoroutine(out) else out
-        return text, len(prompt.split()), len(text.split())
+        return Completion(text, len(prompt.split()), len(text.split()))
 
 
 def user_content(prompt: str, images: Sequence[Image], protocol: str) -> str | list[dict]:
@@ -274,7 +302,8 @@ class EndpointJudge(Judge):
         except httpx.HTTPError as e:
             raise JudgeFailed("down", f"the judge at {self.base_url} is unreachable: {e!r}") from None
         if r.status_code >= 400:
-            raise JudgeFailed("http_error", f"the judge answered {r.status_code}: {r.text[:200]}")
+            raise JudgeFailed("http_error", f"the judge answered {r.status_code}: {r.text[:200]}",
+                              status=r.status_code, detail=r.text[:4000])
         try:
             out = r.json()
         except ValueError:
@@ -283,24 +312,48 @@ class EndpointJudge(Judge):
             raise JudgeFailed("http_error", "the judge's reply body is not a JSON object")
         return out
 
-    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = ()) -> tuple[str, int, int]:
+    async def complete(self, prompt: str, sample: int, kind: str, images: Sequence[Image] = (),
+                       schema: type[BaseModel] | None = None) -> Completion:
+        """The reply to a request asking for ``schema``; when the endpoint refuses structured
+        output (``refuses_structure``), the reply to the same request without it."""
         content = user_content(prompt, images, self.protocol)
+        if schema is None:
+            return await self._request(content, sample, None)
+        try:
+            return await self._request(content, sample, schema)
+        except JudgeFailed as e:
+            if not refuses_structure(e.status, e.detail):
+                raise
+        plain = await self._request(content, sample, None)
+        plain.structured = False
+        return plain
+
+    async def _request(self, content: str | list[dict], sample: int, schema: type[BaseModel] | None) -> Completion:
+        asked = True if schema is not None else None
         if self.protocol == "anthropic":
             body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "system": SYSTEM,
                     "messages": [{"role": "user", "content": content}]}
+            if schema is not None:
+                body |= {"tools": [answer_tool(schema)], "tool_choice": {"type": "tool", "name": schema.__name__}}
             out = await self.send("anthropic-messages", body)
             try:
-                text = "".join(b.get("text", "") for b in out["content"] if b.get("type") == "text")
+                blocks = out["content"]
+                used = [b["input"] for b in blocks if b.get("type") == "tool_use"]
+                text = (json.dumps(used[0]) if used
+                        else "".join(b.get("text", "") for b in blocks if b.get("type") == "text"))
                 usage = out.get("usage") or {}
-                return text, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+                return Completion(text, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)), asked)
             except (KeyError, TypeError, AttributeError, ValueError):
                 raise JudgeFailed("http_error", "the reply is not an Anthropic message") from None
         body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "seed": sample,
                 "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]}
+        if schema is not None:
+            body["response_format"] = response_format(schema)
         out = await self.send("openai-chat", body)
         try:
-            text = out["choices"][0]["message"].get("content") or ""
+            msg = out["choices"][0]["message"]
+            text = msg.get("content") or msg.get("refusal") or ""
             usage = out.get("usage") or {}
-            return text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+            return Completion(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), asked)
         except (KeyError, IndexError, TypeError, AttributeError, ValueError):
             raise JudgeFailed("http_error", "the reply is not a chat completion") from None
