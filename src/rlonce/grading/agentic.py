@@ -7,7 +7,10 @@ harness's own loop and arms (``rlonce.harness.loop.run_episode``), in a bubblewr
 ``/work`` holding the task's files and every sibling's change side by side (``attempts/<i>.diff``);
 for a task that lays out its own workspace (``rlonce.envs.base.HasCheckout``: the code domain's
 buggy repository, with its testbed mounted so ``python3 -m pytest`` runs inside) the sandbox is
-that workspace. The agent has bash and ``submit``; its submitted answer is parsed like any judge's
+that workspace. The agent has bash and ``submit``, whose ``answer`` is the verdict's schema; an
+endpoint agent is asked for a tool call every turn and for ``submit`` on the last
+(``rlonce.grading.structure``), and one that refuses ``tool_choice`` is asked without it for the
+rest of the episode, counted ``unstructured``. Its submitted answer is parsed like any judge's
 reply. A question without a workspace goes to the wrapped judge as is.
 
 Where it departs from the paper: no grader is trained here. An endpoint judge's model is the
@@ -35,13 +38,15 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 from pydantic import BaseModel
 
 from rlonce.core.records import Grade, Sequence
 from rlonce.envs.base import Checkout, GradingError, HasCheckout
 from rlonce.envs.workspace import BASH_TOOL, BASH_USAGE, SUBMIT_TOOL, bash_command, run_bash
-from rlonce.grading.judge import Judge, JudgeFailed, Verdict, parse_verdict
+from rlonce.grading.judge import Completion, Image, Judge, JudgeFailed, Verdict, parse_verdict
+from rlonce.grading.structure import refuses_structure, submit_tool, tool_choice
 from rlonce.harness.arms import Arm, get_arm
 from rlonce.harness.base import FormatError, LimitsExceeded, Submitted
 from rlonce.harness.clients import CLIENTS, Reply, Send
@@ -51,8 +56,8 @@ from rlonce.sandbox.bwrap import BwrapSandbox
 
 SYSTEM_PROMPT = ("You are a grader working in a sandbox. /work holds the task and the attempts to grade (each "
                  "attempt's change as attempts/<id>.diff){repo}. Inspect them with bash: read files, apply a diff "
-                 "to a copy, run the tests. Change nothing you are grading. Then submit your verdict as one JSON "
-                 "object: the text of submit(answer=...), nothing before or after it.")
+                 "to a copy, run the tests. Change nothing you are grading. Then submit your verdict: "
+                 "submit(answer=...) with the verdict as one JSON object in the requested schema.")
 SCRIPTED_LOOK = "ls -R /work/attempts; cat /work/attempts/*"
 """The scripted agent's first command: list and print every attempt (then the checkout's ``check``)."""
 RETRIED = ("down", "http_error")
@@ -120,17 +125,33 @@ class _Logged:
     """A wire-protocol client around the arm's own: keeps the episode's transcript and token counts,
     takes a submitted verdict object for its JSON text, and turns a reply the harness cannot use
     into the loop's ``FormatError`` (bad tool arguments, an unknown tool) or
-    ``JudgeFailed('http_error')`` (a body that is not the protocol's)."""
+    ``JudgeFailed('http_error')`` (a body that is not the protocol's). With ``last_turn`` (an
+    endpoint's episode) each request asks for a tool call, the last turn's for ``submit``, until
+    the endpoint refuses ``tool_choice`` (``structured`` turns False)."""
 
-    def __init__(self, protocol: str, send: Send):
-        self.protocol, self._send = protocol, send
+    def __init__(self, protocol: str, send: Send, last_turn: int | None = None):
+        self.protocol, self._send, self.last_turn = protocol, send, last_turn
+        self.structured: bool | None = True if last_turn is not None else None
         self.client = None
         self.tools: set[str] = set()
         self.lines: list[str] = []
         self.turns = self.tokens_in = self.tokens_out = 0
 
+    async def _choose(self, protocol: str, body: dict) -> dict:
+        if not self.structured:
+            return await self._send(protocol, body)
+        choice = tool_choice(protocol, "submit" if self.turns >= self.last_turn else None)
+        try:
+            return await self._send(protocol, {**body, "tool_choice": choice})
+        except JudgeFailed as e:
+            if not refuses_structure(e.status, e.detail):
+                raise
+        self.structured = False
+        self.lines.append(f"[turn {self.turns}] the endpoint refused tool_choice: asking without it")
+        return await self._send(protocol, body)
+
     async def send(self, protocol: str, body: dict) -> dict:
-        r = await self._send(protocol, body)
+        r = await self._choose(protocol, body)
         u = r.get("usage") if isinstance(r, dict) else None
         if isinstance(u, dict):
             try:
@@ -241,9 +262,10 @@ class AgenticJudge(Judge):
         self.limit = inner.limit
         self.max_turns, self.max_obs_chars, self.max_context = max_turns, max_obs_chars, max_context
 
-    async def complete(self, prompt: str, sample: int, kind: str) -> tuple[str, int, int]:
+    async def complete(self, prompt: str, sample: int, kind: str, images: Seq[Image] = (),
+                       schema: type[BaseModel] | None = None) -> Completion:
         """A question without a workspace: the wrapped judge's answer."""
-        return await self.inner.complete(prompt, sample, kind)
+        return await self.inner.complete(prompt, sample, kind, images, schema)
 
     async def ask(self, prompt: str, schema: type[BaseModel], *, kind: str, sample: int = 0, task=None,
                   files: dict[str, str] | None = None, images=()) -> Verdict:
@@ -262,6 +284,8 @@ class AgenticJudge(Judge):
         self.counts.update({"calls": 1, v.outcome: 1, "tokens_in": v.tokens_in, "tokens_out": v.tokens_out,
                             "agent_turns": turns})
         self.counts["seconds"] += v.seconds
+        if v.structured is False:
+            self.counts["unstructured"] += 1
         if v.ok:
             self.cache[key] = v
         self._write(kind, prompt, text, v, sample)
@@ -277,7 +301,8 @@ class AgenticJudge(Judge):
             tin, tout, turns = tin + log.tokens_in, tout + log.tokens_out, turns + log.turns
             if outcome not in RETRIED:
                 break
-        return Verdict(value, outcome, time.perf_counter() - t0, tin, tout), log.text(), turns
+        return (Verdict(value, outcome, time.perf_counter() - t0, tin, tout, structured=log.structured),
+                log.text(), turns)
 
     def _transport(self, kind: str, prompt: str, sample: int, checkout: Checkout | None) -> Send:
         send = getattr(self.inner, "send", None)
@@ -296,14 +321,16 @@ class AgenticJudge(Judge):
                        files: dict[str, str]) -> tuple[BaseModel | None, str, _Logged]:
         """One episode: (verdict or None, outcome, the logged client holding the transcript)."""
         env = GraderWorkspace(task, files, prompt)
-        log = _Logged(self.arm.protocol, self._transport(kind, prompt, sample, env.checkout))
+        endpoint = hasattr(self.inner, "send")
+        log = _Logged(self.arm.protocol, self._transport(kind, prompt, sample, env.checkout),
+                      self.max_turns if endpoint else None)
         value, outcome, why = None, "ok", ""
         try:
             await env.setup()
             tools = self.arm.toolset(env)
             log.tools = set(tools)
-            log.client = CLIENTS[self.arm.protocol](log.send, self.arm.system_prompt(env), env.user_prompt(),
-                                                    [t.schema for t in tools.values()])
+            schemas = [submit_tool(schema) if name == "submit" else t.schema for name, t in tools.items()]
+            log.client = CLIENTS[self.arm.protocol](log.send, self.arm.system_prompt(env), env.user_prompt(), schemas)
             limits = HarnessLimits(max_turns=self.max_turns, max_obs_chars=self.max_obs_chars)
             await asyncio.wait_for(run_episode(self.arm, env, log, None, limits, self.max_context),
                                    self.timeout * self.max_turns)
