@@ -41,6 +41,8 @@ async def rubric_task(tools: PackAudit, task, judge: JudgeBinding, sem: asyncio.
     prompt = rubrics_prompt(statement, tools.repository(task), [(a.index, a.outcome, a.body()) for a in attempts])
     v = await judge.ask(prompt, Rubrics, kind="rubrics", task=task,
                         files=task_audit.attempt_files(statement, attempts))
+    if getattr(v, "structured", None) is not None:  # an endpoint judge's: asked for the schema, or refused it
+        entry["structured"] = v.structured  # type: ignore[attr-defined]
     if not v.ok:
         return {**entry, "outcome": v.outcome}
     return {**entry, "rubrics": v.value.model_dump()}  # type: ignore[union-attr]
@@ -63,11 +65,13 @@ def synthesize_rubrics(pack: Path, judge: JudgeBinding, *, limit: int | None = N
     eligible = {i: e for i, e in entries.items() if e["eligible"]}
     return {"pack": str(pack), "judge": judge.model, "tasks": len(entries), "rollouts": rollouts,
             "min_pass_rate": min_pass_rate, "eligible": len(eligible), "written": len(written),
-            "failures": task_audit.failures(eligible), "pass_rates": {i: e["pass_rate"] for i, e in entries.items()}}
+            "failures": task_audit.failures(eligible), "unstructured": task_audit.unstructured(eligible),
+            "pass_rates": {i: e["pass_rate"] for i, e in entries.items()}}
 
 
 def format_rubrics(report: dict) -> str:
     fails = ", ".join(f"{k} {v}" for k, v in report["failures"].items()) or "none"
     return (f"rubrics: {report['tasks']} tasks, {report['rollouts']} rollouts each; {report['eligible']} eligible "
             f"(pass rate >= {report['min_pass_rate']:g}); {report['written']} written to "
-            f"{Path(report['pack']) / RUBRICS_FILE}; judge failures: {fails}")
+            f"{Path(report['pack']) / RUBRICS_FILE}; judge failures: {fails}; asked without structure "
+            f"(refused): {report.get('unstructured', 0)}")

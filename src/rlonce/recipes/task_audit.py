@@ -175,6 +175,8 @@ async def audit_task(tools: PackAudit, task, judge: JudgeBinding, sem: asyncio.S
     files = {**attempt_files(brief.statement, attempts), "REFERENCE.diff": brief.reference,
              **{f"hidden_tests/{path}": text for path, text in brief.test_files.items()}}
     v = await judge.ask(prompt, TaskAudit, kind="audit", task=task, files=files)
+    if getattr(v, "structured", None) is not None:  # an endpoint judge's: asked for the schema, or refused it
+        entry["structured"] = v.structured  # type: ignore[attr-defined]
     if not v.ok:
         return {**entry, "outcome": v.outcome}
     audit: TaskAudit = v.value  # type: ignore[assignment]
@@ -270,6 +272,12 @@ def failures(entries: dict[str, dict]) -> dict[str, int]:
     return dict(sorted(Counter(e["outcome"] for e in entries.values() if e["outcome"] != "ok").items()))
 
 
+def unstructured(entries: dict[str, dict]) -> int:
+    """Tasks whose judge refused the structured request and was asked without it
+    (``rlonce.grading.structure``)."""
+    return sum(e.get("structured") is False for e in entries.values())
+
+
 def audit_pack(pack: Path, judge: JudgeBinding, *, limit: int | None = None, concurrency: int = 2,
                progress: bool = True, agent: ModelAgent | None = None) -> dict:
     """Audit the validated tasks of ``pack`` (the first ``limit``) — the attempts of its domain's
@@ -293,7 +301,7 @@ def audit_pack(pack: Path, judge: JudgeBinding, *, limit: int | None = None, con
             "false_negative": sum("false_negative" in e["flags"] for e in entries.values()),
             "flagged": [i for i, e in entries.items() if e["flags"]],
             "uncleared": sorted(i for i in section["flagged"] if i not in cleared),
-            "failures": failures(entries), "tasks": entries}
+            "failures": failures(entries), "unstructured": unstructured(entries), "tasks": entries}
 
 
 def cleared_ids(pack: Path) -> set[str]:
@@ -314,7 +322,8 @@ def format_audit(report: dict) -> str:
     fails = ", ".join(f"{k} {v}" for k, v in report["failures"].items()) or "none"
     pack = report["pack"]
     lines += ["", f"audited {report['audited']}; flagged false positive {report['false_positive']}, false negative "
-              f"{report['false_negative']}; no verdict: {fails}",
+              f"{report['false_negative']}; no verdict: {fails}; asked without structure (refused): "
+              f"{report.get('unstructured', 0)}",
               f"verdicts in {Path(pack) / AUDIT_FILE} and the audit section of {Path(pack) / 'validation.json'}; "
               f"{len(report['uncleared'])} flagged task(s) left out of training until listed in "
               f"{Path(pack) / CLEARED_FILE}"]
