@@ -14,6 +14,12 @@ instruction text, and one ``<tool_call>[...]</tool_call>`` block holding a JSON 
 
 ``ChatFormat`` is what the gateway and the harnesses ask of a format; both formats here are
 ChatML underneath and share that markup through ``_ChatML``, each adding its own tool markup.
+
+A format also writes the grammars of structured output in its own markup (``call_grammar``: a
+turn that is one call of given tools, exactly as ``parse_tool_calls`` reads it back;
+``no_call_grammar``: a turn without a call). They are Lark grammars in llguidance's dialect, the
+arguments an inline ``%json`` schema; the engine enforces them token by token
+(``rlonce.engine.constrain``).
 """
 
 from __future__ import annotations
@@ -85,6 +91,48 @@ class ChatFormat(Protocol):
 
     def reasoning_length(self, ids: list[int], decode) -> int:
         """How many of a reasoning turn's sampled ``ids`` its reasoning took, markup included."""
+
+    @property
+    def call_markup(self) -> tuple[str, ...]:
+        """The tags of the format's tool-call markup (what a tokenizer may hold as special tokens)."""
+
+    def call_grammar(self, tools: list[dict], *, special: frozenset[str] = frozenset(), lenient: bool = False,
+                     rule: str = "start") -> str:
+        """A grammar for a turn that is exactly one call of one of ``tools`` (``{"name", "parameters"}``)
+        with arguments valid against the tool's parameters schema, in this format's markup; ``rule``
+        names its top rule (another grammar may embed it)."""
+
+    def no_call_grammar(self, *, special: frozenset[str] = frozenset()) -> str:
+        """A grammar for a turn of text that holds no tool call."""
+
+
+CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How a constrained call's JSON is spaced (llguidance's ``x-guidance`` options): as ``tool_json``
+writes it, which is how the formats' examples and the models' tool-calling data write calls."""
+
+
+def _lark_terminal(text: str, special: frozenset[str]) -> str:
+    """``text`` in a grammar: a special-token reference (``<tool_call>``) when the tokenizer holds
+    it as one added token (llguidance matches no text against those), else a string literal."""
+    return text if text in special else json.dumps(text)
+
+
+def _call_schema(tool: dict, at: str) -> dict:
+    """The JSON schema of one call of ``tool``, ``{"name": <its name>, "arguments": <its
+    parameters>}``, its local ``$ref``s pointed at where the parameters now sit (``at``)."""
+    params = _moved_refs(tool.get("parameters") or {"type": "object", "properties": {}}, at + "/properties/arguments")
+    return {"type": "object", "properties": {"name": {"const": tool["name"]}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _moved_refs(value, base: str):
+    """``value`` with every local ``$ref`` (``#/...``) re-rooted under the JSON pointer ``base``."""
+    if isinstance(value, dict):
+        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _moved_refs(v, base))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved_refs(v, base) for v in value]
+    return value
 
 
 class _ChatML:
@@ -202,6 +250,28 @@ class _ChatML:
         content = re.sub(r"<tool_call>.*?</tool_call>", "", body, flags=re.S).strip()
         return content, calls, None
 
+    call_markup = ("<tool_call>", "</tool_call>")
+
+    def call_grammar(self, tools: list[dict], *, special: frozenset[str] = frozenset(), lenient: bool = False,
+                     rule: str = "start") -> str:
+        """One ``<tool_call>`` block holding one call of one of ``tools``, written as
+        ``assistant_text`` writes it (the format's ``call_frame`` around the call's JSON), then the
+        turn's end. ``special``: the tags the tokenizer holds as special tokens; ``lenient``:
+        schema keywords llguidance does not implement are ignored (a tool not marked strict)."""
+        if not tools:
+            raise ValueError("a forced tool call needs at least one tool")
+        opening, closing = self.call_markup
+        head, tail = self.call_frame
+        schema = {"x-guidance": {**CALL_JSON, **({"lenient": True} if lenient else {})},
+                  "anyOf": [_call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)]}
+        return (f"{rule}: {_lark_terminal(opening, special)} {json.dumps(head)} {rule}_json {json.dumps(tail)} "
+                f"{_lark_terminal(closing, special)}\n{rule}_json: %json {json.dumps(schema, ensure_ascii=False)}")
+
+    def no_call_grammar(self, *, special: frozenset[str] = frozenset()) -> str:
+        """Any text without the opening tag (a special token cannot be matched as text: it is out too)."""
+        opening = re.sub(r"([\\.+*?()|\[\]{}^$#&~-])", r"\\\1", self.call_markup[0])
+        return f"start: TEXT\nTEXT: /(?s:.*)/ & ~/(?s:.*){opening}(?s:.*)/"
+
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         """Every ``<tool_call>`` block in ``text``; raises ``ToolCallParseError`` on bad markup."""
         text = text.removesuffix(self.turn_end)
@@ -224,6 +294,8 @@ class HermesFormat(_ChatML):
 
     name: str = "hermes"
     turn_end: str = "<|im_end|>"
+    call_frame: tuple[str, str] = ("\n", "\n")
+    """What ``assistant_text`` writes between the tags and a call's JSON."""
 
     def tools_block(self, tools: list[dict]) -> str:
         lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
@@ -256,6 +328,8 @@ class SmolLM2Format(_ChatML):
 
     name: str = "smollm2"
     turn_end: str = "<|im_end|>"
+    call_frame: tuple[str, str] = ("[", "]")
+    """A forced turn's one call, as the list ``assistant_text`` writes."""
 
     def tools_block(self, tools: list[dict]) -> str:
         return (
