@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from rlonce.core.timeouts import Expired
+from rlonce.gateway import structured
 from rlonce.gateway.messages import Overloaded, ProtocolError
 from rlonce.gateway.protocols import PROTOCOLS
 from rlonce.gateway.session import Budgets, GatewaySettings, Session
@@ -176,7 +177,7 @@ class Gateway:
         cap = self.settings.max_inflight
         if cap is not None and self.inflight >= cap:
             raise Overloaded(self.inflight)
-        req = adapter.parse(body, session.responses if session is not None else None)
+        req = structured.accept(adapter.parse(body, session.responses if session is not None else None), self.settings)
         return req if req.model else replace(req, model=self.settings.model_name)
 
     async def _queue(self, session: Session, session_id: str) -> None:

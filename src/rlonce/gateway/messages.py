@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rlonce.engine.base import Generation
+from rlonce.engine.base import Constraint, Generation
 from rlonce.model.chat import ToolCall
 
 
@@ -93,6 +93,41 @@ class Message:
                                                                                 other.tool_calls))
 
 
+@dataclass(frozen=True)
+class Structure:
+    """What a request asks its reply to be beyond free text, in protocol-neutral terms: a JSON
+    document matching ``schema`` (Chat ``response_format``, Responses ``text.format``, Anthropic
+    ``output_config.format``) and how it may call tools (``tool_choice``). ``rlonce.gateway.structured``
+    parses it and turns it into the engine's ``Constraint``."""
+
+    schema: dict | None = None
+    """The JSON schema the reply must match (``json_object``: any object); None: free text."""
+    schema_field: str = ""
+    """Where the request gave the schema (``response_format.json_schema.schema``), for a refusal."""
+    strict: bool = False
+    """The schema is enforced exactly and a keyword the grammar engine does not implement is a 400;
+    not strict, such keywords are ignored and the rest enforced."""
+    tool_choice: str = "auto"
+    """``auto`` (free text or calls), ``none`` (no call), ``required`` (one call of any offered
+    tool: OpenAI ``required``, Anthropic ``any``) or ``named`` (one call of ``tool``)."""
+    tool: str | None = None
+    """The tool a ``named`` choice names."""
+    allowed: tuple[str, ...] = ()
+    """The tools a forced call may call (all offered ones for ``required``, the named one)."""
+    strict_tools: tuple[tuple[str, str], ...] = ()
+    """(name, where its schema was given) of the tools marked strict, whose schemas a forced call
+    enforces exactly (a keyword it cannot enforce is a 400 naming the field)."""
+
+    @property
+    def forced(self) -> bool:
+        return self.tool_choice in ("required", "named")
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the reply would be sampled under a constraint (``none`` only masks a tool call out)."""
+        return self.schema is not None or self.forced
+
+
 @dataclass
 class ChatRequest:
     messages: list[Message]
@@ -115,6 +150,11 @@ class ChatRequest:
     """The server-side context edit the request asks for that would change its conversation once
     the prompt reaches a size (``rlonce.gateway.stateful``): the gateway applies none, so the
     session refuses such a prompt."""
+    structure: Structure = field(default_factory=Structure)
+    """The reply's required shape (JSON schema, tool choice), as the request asked."""
+    constraint: Constraint | None = None
+    """What the engine enforces for ``structure``, set by the gateway once it accepts the request
+    (``rlonce.gateway.structured.accept``)."""
 
 
 @dataclass(frozen=True)

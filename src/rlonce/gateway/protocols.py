@@ -15,7 +15,7 @@ import hashlib
 import time
 import uuid
 
-from rlonce.gateway import stateful
+from rlonce.gateway import stateful, structured
 from rlonce.gateway.messages import (
     Adapter,
     ChatRequest,
@@ -76,6 +76,12 @@ def _function_tool(name, description, parameters, where: str) -> dict:
             "parameters": parameters or {"type": "object", "properties": {}}}
 
 
+def _tool_name(t: dict) -> str | None:
+    """The name of a tool the model is not offered (hosted, server, custom), if it has one."""
+    name = t.get("name") if isinstance(t, dict) else None
+    return name if isinstance(name, str) else t.get("type") if isinstance(t, dict) else None
+
+
 class OpenAIChat:
     name = "openai-chat"
 
@@ -120,17 +126,24 @@ class OpenAIChat:
             else:
                 raise ProtocolError(f"{where}.role must be system, developer, user, assistant, tool or function",
                                     param=where)
-        tools = []
+        tools, others, strict = [], set(), []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
             if t.get("type", "function") != "function":
+                others.add(_tool_name(t.get(t.get("type")) or t))
                 continue
             fn = _obj(t.get("function"), f"tools[{i}].function")
             tools.append(_function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{i}]"))
+            if fn.get("strict") is True:
+                strict.append((fn["name"], f"tools[{i}].function.parameters"))
         logprobs = _flag(body, "logprobs")
+        shape = structured.structure(structured.openai_format(body.get("response_format"), "response_format", True),
+                                     structured.openai_tool_choice(body.get("tool_choice"), False), tools, others,
+                                     strict)
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
                            stop=stops_of(body, "stop"), logprobs=logprobs,
-                           top_logprobs=top_logprobs_of(body) if logprobs else 0, **request_fields(body))
+                           top_logprobs=top_logprobs_of(body) if logprobs else 0, structure=shape,
+                           **request_fields(body))
 
     def _message(self, turn: Turn) -> dict:
         msg: dict = {"role": "assistant", "content": turn.content or (None if turn.calls else "")}
@@ -150,10 +163,16 @@ class OpenAIChat:
         """``choices[].logprobs``: every sampled token of the turn, when the request asked."""
         return None if turn.logprobs is None else {"content": logprob_entries(turn.logprobs), "refusal": None}
 
+    def finish_reason(self, turn: Turn, req: ChatRequest) -> str:
+        """The turn's finish reason as the real API gives it: a call forced by name ends with
+        "stop" (one forced by ``required`` with "tool_calls", like a call the model chose)."""
+        return "stop" if turn.finish == "tool_calls" and req.structure.tool_choice == "named" else turn.finish
+
     def reply(self, turn: Turn, req: ChatRequest) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
                 "model": req.model, "choices": [{"index": 0, "message": self._message(turn),
-                                                 "logprobs": self.logprobs(turn), "finish_reason": turn.finish}],
+                                                 "logprobs": self.logprobs(turn),
+                                                 "finish_reason": self.finish_reason(turn, req)}],
                 "usage": self.usage(turn), "rlonce": {"session_id": turn.session_id, "turn": turn.turn_index}}
 
     def streamer(self, req: ChatRequest, body: dict, history: dict[str, list[Message]]) -> TurnStream:
@@ -225,15 +244,20 @@ class AnthropicMessages:
                 msgs += results
                 if texts or not results:
                     msgs.append(Message("user", "\n".join(texts)))
-        tools = []
+        tools, others, strict = [], set(), []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
             if "input_schema" not in t and t.get("type") not in (None, "custom"):
+                others.add(_tool_name(t))
                 continue  # server tools (web search, …) are not offered to the model
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("input_schema"), f"tools[{i}]"))
+            if t.get("strict") is True:
+                strict.append((t["name"], f"tools[{i}].input_schema"))
+        shape = structured.structure(structured.anthropic_format(body),
+                                     structured.anthropic_tool_choice(body.get("tool_choice")), tools, others, strict)
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_tokens"), top_k=top_k_of(body),
                            stop=stops_of(body, "stop_sequences"), edit_trigger=stateful.anthropic(body, msgs),
-                           **request_fields(body))
+                           structure=shape, **request_fields(body))
 
     def thinking(self, turn: Turn) -> dict:
         """The turn's reasoning as a thinking block; the signature is its digest (nothing is hidden)."""
@@ -308,17 +332,25 @@ class OpenAIResponses:
         thought = ""  # a reasoning item belongs to the assistant turn after it
         for i, it in enumerate(_list(items, "input")):
             thought = self._item(msgs, _obj(it, f"input[{i}]"), f"input[{i}]", thought)
-        tools = []
+        tools, others, strict = [], set(), []
         for i, t in enumerate(_list(body.get("tools") or [], "tools")):
             t = _obj(t, f"tools[{i}]")
             if t.get("type") != "function":
+                others.add(_tool_name(t))
                 continue
             tools.append(_function_tool(t.get("name"), t.get("description"), t.get("parameters"), f"tools[{i}]"))
+            if t.get("strict") is True:
+                strict.append((t["name"], f"tools[{i}].parameters"))
         include = _list(body.get("include") or [], "include")
         top = top_logprobs_of(body)
         logprobs = "message.output_text.logprobs" in include or top > 0
+        text = body.get("text")
+        fmt = _obj(text, "text").get("format") if text is not None else None
+        shape = structured.structure(structured.openai_format(fmt, "text.format", False),
+                                     structured.openai_tool_choice(body.get("tool_choice"), True), tools, others,
+                                     strict)
         return ChatRequest(msgs, tools, max_tokens=max_tokens_of(body, "max_output_tokens"), logprobs=logprobs,
-                           top_logprobs=top, edit_trigger=trigger, **request_fields(body))
+                           top_logprobs=top, edit_trigger=trigger, structure=shape, **request_fields(body))
 
     def _item(self, msgs: list[Message], it: dict, where: str, thought: str) -> str:
         """Add one input item to ``msgs``; returns the reasoning waiting for the next assistant turn."""

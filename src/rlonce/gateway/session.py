@@ -216,6 +216,8 @@ class Session:
                 s = replace(s, top_p=min(1.0, max(req.top_p, GREEDY_BELOW)))
             if req.top_k and s.top_k != 1:  # Anthropic's top_k (0: off), unless greedy already
                 s = replace(s, top_k=req.top_k)
+        if req.constraint is not None:  # set only where client sampling is honoured (structured.accept)
+            s = replace(s, constraint=req.constraint)
         if req.logprobs:  # read after each draw: what is sampled does not change
             s = replace(s, top_logprobs=req.top_logprobs)
         if self.seed is not None:
@@ -303,6 +305,8 @@ class Session:
             return replace(gen, finish_reason="length")
         more_s = replace(sampling, max_tokens=left,
                          seed=None if sampling.seed is None else sampling.seed + 104729 * self.interrupts)
+        if sampling.constraint is not None:  # the grammar goes on from where the turn was paused
+            more_s = replace(more_s, constraint=replace(sampling.constraint, prefix=tuple(gen.token_ids)))
         more = await self.settings.engine.generate(prompt + gen.token_ids, more_s, **(kw or {}))
         sizes = None if gen.candidates is None and more.candidates is None else (
             (gen.candidates or [0] * len(gen.token_ids)) + (more.candidates or [0] * len(more.token_ids)))
@@ -356,7 +360,7 @@ class Session:
         if found:  # the content ends before the first stop sequence
             at, stopped = min(found)
             text = text[:at]
-        known = {t["name"] for t in req.tools} if req.tools else None
+        known = {t["name"] for t in req.tools} if req.tools and req.structure.tool_choice != "none" else None
         reasoning, text = self.settings.fmt.split_reasoning(text)
         content, calls, flag = self.settings.fmt.split_turn(text, known)
         if flag:

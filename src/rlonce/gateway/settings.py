@@ -41,9 +41,11 @@ class GatewaySettings:
     """Open a session on first use of an unknown id (``rlonce serve``); otherwise unknown
     ids are refused with 404 and sessions are opened by whoever runs the rollout."""
     honor_client_sampling: bool = False
-    """Use a request's temperature/top_p. Off in training: the run plan sets each source's sampling,
-    and a training row holds one temperature (``TrainingRow.temperature``), so a client must not
-    change the sampling distribution."""
+    """Use a request's temperature/top_p and enforce the structured output it asks for (a JSON schema,
+    a forced tool call: ``rlonce.gateway.structured``). Off in training: the run plan sets each
+    source's sampling, and a training row holds one temperature (``TrainingRow.temperature``), so a
+    client must not change the sampling distribution; a request that asks for a constraint is
+    refused (the trainer's log-probs are over the whole vocabulary, a masked sample's are not)."""
     render_tools: bool = True
     """Render a request's tool schemas into a new context's system prompt."""
     max_sessions: int = 100_000

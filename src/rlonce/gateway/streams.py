@@ -209,7 +209,8 @@ class ChatStream(TurnStream):
                                                     "function": {"name": c.name, "arguments": ""}}]}))
             out += [self._chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
                     for p in chunks(c.arguments_json)]
-        out.append(self._chunk({}, turn.finish, self.adapter.logprobs(turn)))  # known once the turn is sampled
+        out.append(self._chunk({}, self.adapter.finish_reason(turn, self.req),  # known once the turn is sampled
+                               self.adapter.logprobs(turn)))
         opts = self.body.get("stream_options")
         if isinstance(opts, dict) and opts.get("include_usage"):
             out.append(sse({**self.base, "choices": [], "usage": self.adapter.usage(turn)}))
