@@ -3,6 +3,7 @@ every constrained reply matches its grammar, rows without a constraint in the sa
 untouched, the recorded log-probs are those of the masked distribution, and what cannot be
 enforced is refused in one line before it queues."""
 
+import asyncio
 import copy
 import json
 import re
@@ -120,3 +121,21 @@ def test_an_engine_without_its_tokenizer_refuses_a_constraint(lm):
             gen_many(eng, [[1, 2, 3]], [SamplingParams(max_tokens=8, constraint=constrain.json_object())])
     finally:
         eng.close()
+
+
+def test_a_matcher_in_error_fails_its_row_alone(engine, lm):
+    """A grammar that quotes the embedded model's added token as text: llguidance's mask lets the
+    token through, then refuses it, and the matcher is in error. That is a grammar bug (ours), so
+    the row fails as an engine error — it does not quietly end its turn — and its batch company
+    goes on (``lark_string`` writes such a token the way llguidance reads it)."""
+    from rlonce.engine.base import EngineError
+
+    async def go():
+        quoted = constrain.lark('start: "<tool_call>" "x"')
+        bad = engine.generate([1, 2, 3], SamplingParams(max_tokens=8, constraint=quoted))
+        good = engine.generate([1, 2, 3], SamplingParams(max_tokens=8, seed=1))
+        return await asyncio.gather(bad, good, return_exceptions=True)
+
+    bad, good = asyncio.run(go())
+    assert isinstance(bad, EngineError) and "grammar matcher failed" in str(bad)
+    assert not isinstance(good, BaseException) and good.token_ids

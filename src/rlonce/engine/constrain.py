@@ -141,8 +141,9 @@ class Masks:
 
     def apply(self, logits_AV: torch.Tensor, matchers: list) -> torch.Tensor:
         """``logits_AV`` with every token a row's matcher does not allow at −inf (rows whose matcher
-        is None untouched). A matcher that allows nothing (it reached an end it cannot leave) allows
-        the end-of-turn tokens."""
+        is None untouched). A finished matcher that allows nothing allows the end-of-turn tokens (the
+        engine's may differ from the grammar's); one in error never reaches here (the engine fails
+        its row)."""
         rows = [j for j, m in enumerate(matchers) if m is not None]
         bits = torch.zeros((len(rows), (self.vocab + 31) // 32), dtype=torch.int32)
         for i, j in enumerate(rows):

@@ -364,7 +364,13 @@ class TorchEngine:
     def _step(self, b: Batch, lane: str) -> bool:
         """Sample a token for every live row, answer the rows that ended, run the model one step on
         the new tokens; False once no row is left."""
+        for row in b.rows:  # a matcher in error (a grammar bug of ours, never the model's) fails its row alone
+            if row.reason is None and row.matcher is not None and row.matcher.is_error():
+                row.reason = "error"
+                row.req.fail(EngineError(f"the grammar matcher failed: {row.matcher.get_error()[:300]}"))
         live = [r for r, row in enumerate(b.rows) if row.reason is None]
+        if not live:
+            return False
         rows = [b.rows[r] for r in live]
         logits_AV = b.logits_BV if len(live) == len(b.rows) else b.logits_BV[torch.tensor(live)]
         matchers = [x.matcher for x in rows]
