@@ -64,6 +64,16 @@ def _call_ok(calls: list[tuple[str, object]], allowed: set[str]) -> bool:
     return _valid(args, TOOLS[name])
 
 
+FAILED: list[dict] = []
+"""The replies that were not valid (each line's first few), for results.json."""
+
+
+def _noted(ok: bool, what: str, i: int, reply) -> bool:
+    if not ok and sum(f["what"] == what for f in FAILED) < 5:
+        FAILED.append({"what": what, "request": i, "reply": str(reply)[:1500]})
+    return ok
+
+
 def cases(url: str, max_tokens: int):
     """(protocol, ask, one request i -> valid?) for every line of the table."""
     import anthropic
@@ -92,19 +102,20 @@ def cases(url: str, max_tokens: int):
                                          max_tokens=max_tokens, extra_headers=hdr("cj", i), response_format={
                                              "type": "json_schema",
                                              "json_schema": {"name": "verdict", "schema": VERDICT, "strict": True}})
-        return _json_text(r.choices[0].message.content, VERDICT)
+        return _noted(_json_text(r.choices[0].message.content, VERDICT), "chat json_schema", i, r)
 
     def resp_json(i):
         r = oa().responses.create(model="m", input=ask(i), max_output_tokens=max_tokens, extra_headers=hdr("rj", i),
                                   text={"format": {"type": "json_schema", "name": "verdict", "schema": VERDICT,
                                                    "strict": True}})
-        return _json_text(r.output_text, VERDICT)
+        return _noted(_json_text(r.output_text, VERDICT), "responses json_schema", i, r)
 
     def ant_json(i):
         r = an(f"aj-{i}").messages.create(model="m", max_tokens=max_tokens,
                                           messages=[{"role": "user", "content": ask(i)}],
                                           output_config={"format": {"type": "json_schema", "schema": VERDICT}})
-        return len(r.content) == 1 and r.content[0].type == "text" and _json_text(r.content[0].text, VERDICT)
+        return _noted(len(r.content) == 1 and r.content[0].type == "text" and _json_text(r.content[0].text, VERDICT),
+                      "messages json_schema", i, r)
 
     def chat_tool(choice, allowed):
         def one(i):
@@ -112,7 +123,7 @@ def cases(url: str, max_tokens: int):
                                              max_tokens=max_tokens, tools=chat_tools, tool_choice=choice,
                                              extra_headers=hdr(f"ct{len(allowed)}", i))
             calls = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []]
-            return _call_ok(calls, allowed)
+            return _noted(_call_ok(calls, allowed), f"chat {choice}", i, r)
         return one
 
     def resp_tool(choice, allowed):
@@ -120,7 +131,7 @@ def cases(url: str, max_tokens: int):
             r = oa().responses.create(model="m", input=ask(i), max_output_tokens=max_tokens, tools=resp_tools,
                                       tool_choice=choice, extra_headers=hdr(f"rt{len(allowed)}", i))
             calls = [(o.name, o.arguments) for o in r.output if o.type == "function_call"]
-            return _call_ok(calls, allowed) and len(r.output) == 1
+            return _noted(_call_ok(calls, allowed) and len(r.output) == 1, f"responses {choice}", i, r)
         return one
 
     def ant_tool(choice, allowed):
@@ -129,7 +140,8 @@ def cases(url: str, max_tokens: int):
                 model="m", max_tokens=max_tokens, messages=[{"role": "user", "content": ask(i)}], tools=ant_tools,
                 tool_choice=choice)
             calls = [(b.name, b.input) for b in r.content if b.type == "tool_use"]
-            return _call_ok(calls, allowed) and len(r.content) == 1 and r.stop_reason == "tool_use"
+            return _noted(_call_ok(calls, allowed) and len(r.content) == 1 and r.stop_reason == "tool_use",
+                          f"messages {choice}", i, r)
         return one
 
     every = set(TOOLS)
@@ -150,7 +162,7 @@ def write(out: Path, args, rows: list[dict]) -> None:
     """Both files, rewritten after every line (a run cut short keeps what it measured)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                  "rows": rows}, indent=1))
+                                                  "rows": rows, "invalid": FAILED}, indent=1))
     (out / "results.md").write_text(table(rows))
 
 

@@ -2,15 +2,21 @@
 
 Prompts hold the material a seed passage says the grader sees, cut to ``MATERIAL_CHARS`` per
 piece, and end with the JSON shape to answer in. The schemas bound every number, so a reply that
-validates can be used as is.
+validates can be used as is, and every free text (``TEXT_CHARS``), so a judge decoding under the
+schema cannot spend its whole token budget inside one string and be cut off mid-verdict.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MATERIAL_CHARS = 3000
 """Characters of each attempt, trajectory or file quoted in a prompt."""
+TEXT_CHARS = 400
+"""The longest free text a verdict holds (a reason, a note, a rubric item)."""
+Text = Annotated[str, Field(max_length=TEXT_CHARS)]
 GAR_DIMENSIONS = ("approach", "precision", "minimality", "no_side_effects", "craftsmanship")
 """Seed 001 §GAR: "approach suitability, precision, minimality, absence of unintended effects and
 craftsmanship"."""
@@ -23,8 +29,8 @@ class _Verdict(BaseModel):
 class Rubrics(_Verdict):
     """GRS offline: the rubric sets a task's passing attempts are scored against."""
 
-    solution: list[str] = Field(min_length=1, max_length=8)
-    behavior: list[str] = Field(min_length=1, max_length=8)
+    solution: list[Text] = Field(min_length=1, max_length=8)
+    behavior: list[Text] = Field(min_length=1, max_length=8)
 
 
 class RubricScores(_Verdict):
@@ -61,19 +67,19 @@ class HackVerdict(_Verdict):
     """Training-time audit: did this attempt obtain its result by a hack?"""
 
     hack: bool
-    reason: str = ""
+    reason: Text = ""
 
 
 class TaskAudit(_Verdict):
     """Rollout auditing for task quality."""
 
-    requires: str = ""
+    requires: Text = ""
     """What a correct solution requires, in the auditor's words."""
     false_positive: bool
     """An attempt passed the tests without solving the task (the tests are too weak)."""
     false_negative: bool
     """An attempt solved the task and failed the tests (the tests are wrong or too strict)."""
-    notes: str = ""
+    notes: Text = ""
 
 
 def _cut(text: str) -> str:
