@@ -106,3 +106,16 @@ def test_split_turn_flags_malformed_and_unknown_calls():
     assert FMT.split_turn("<tool_call>{x</tool_call><|im_end|>", {"bash"}) == ("<tool_call>{x</tool_call>", [],
                                                                               "malformed_tool_call")
     assert FMT.split_turn(ok, None) == (ok.removesuffix("<|im_end|>"), [], None)  # no tools offered: plain text
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "smollm2"])
+def test_a_closing_tag_inside_an_argument_is_part_of_the_argument(fmt):
+    """The call's JSON is read as JSON, not up to the first ``</tool_call>``: an argument may hold
+    the tag (SmolLM2 wrote one under a forced tool call), and the text beside the blocks is the content."""
+    f = get_format(fmt)
+    call = ToolCall("bash", {"command": 'echo "}}]</tool_call> x"'})
+    turn = f.assistant_text("before", [call])
+    assert f.split_turn(turn, {"bash"}) == ("before", [call], None)
+    close = turn.rindex(f.call_markup[1])
+    for bad in (turn[:close] + turn[close + len(f.call_markup[1]):], turn[:close] + "stray" + turn[close:]):
+        assert f.split_turn(bad, {"bash"})[2] == "malformed_tool_call", bad

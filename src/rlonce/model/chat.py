@@ -240,15 +240,16 @@ class _ChatML:
         if known is None or "<tool_call>" not in body:
             return body.strip(), [], None
         try:
-            calls = self.parse_tool_calls(body)
+            blocks = self._blocks(body)
         except ToolCallParseError:
             return body.strip(), [], "malformed_tool_call"
+        calls = [c for _, _, block in blocks for c in block]
         if any(not _encodable(c.arguments) for c in calls):  # a lone \\udXXX escape: no client could send it back
             return body.strip(), [], "malformed_tool_call"
         if any(c.name not in known for c in calls):
             return body.strip(), [], "unknown_tool"
-        content = re.sub(r"<tool_call>.*?</tool_call>", "", body, flags=re.S).strip()
-        return content, calls, None
+        ends, starts = [0] + [end for _, end, _ in blocks], [start for start, _, _ in blocks] + [len(body)]
+        return "".join(body[a:b] for a, b in zip(ends, starts)).strip(), calls, None
 
     call_markup = ("<tool_call>", "</tool_call>")
 
@@ -274,18 +275,28 @@ class _ChatML:
 
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         """Every ``<tool_call>`` block in ``text``; raises ``ToolCallParseError`` on bad markup."""
-        text = text.removesuffix(self.turn_end)
-        blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.S)
-        if not blocks:
-            raise ToolCallParseError("no <tool_call> block in the model's turn")
-        calls = []
-        for raw in blocks:
+        return [c for _, _, calls in self._blocks(text.removesuffix(self.turn_end)) for c in calls]
+
+    def _blocks(self, text: str) -> list[tuple[int, int, list[ToolCall]]]:
+        """Each ``<tool_call>`` block of ``text``: its span and its calls. The JSON is read as JSON
+        (not up to the first closing tag): an argument string may hold ``</tool_call>`` itself."""
+        opening, closing = self.call_markup
+        decoder, out, pos = json.JSONDecoder(), [], 0
+        while (start := text.find(opening, pos)) >= 0:
+            at = start + len(opening)
+            at += len(text[at:]) - len(text[at:].lstrip())
             try:
-                obj = json.loads(raw.strip())
+                obj, after = decoder.raw_decode(text, at)
             except json.JSONDecodeError as e:
                 raise ToolCallParseError(f"tool call is not valid JSON: {e.msg}") from None
-            calls += [_call_of(item) for item in self._block_calls(obj)]
-        return calls
+            rest = text[after:].lstrip()
+            if not rest.startswith(closing):
+                raise ToolCallParseError(f"a tool call's JSON is not followed by {closing}")
+            pos = len(text) - len(rest) + len(closing)
+            out.append((start, pos, [_call_of(item) for item in self._block_calls(obj)]))
+        if not out:
+            raise ToolCallParseError(f"no {opening} block in the model's turn")
+        return out
 
 
 @dataclass(frozen=True)
