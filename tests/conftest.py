@@ -1,6 +1,9 @@
 import asyncio
+import contextlib
 import os
 import shutil
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -254,3 +257,15 @@ def hub_cache(root: Path, repo_id: str, folder: Path) -> Path:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     return snapshot
+
+
+@contextlib.contextmanager
+def loopback(handler):
+    """A real HTTP server on loopback answering with ``handler`` (a ``BaseHTTPRequestHandler``
+    class standing in for an outside endpoint): its base URL while the block runs."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()

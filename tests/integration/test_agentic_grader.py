@@ -6,12 +6,12 @@ agent that never submits — is an outcome, counted and recorded, never an excep
 import asyncio
 import json
 import re
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conftest import loopback
 
 from rlonce.grading.agentic import AgenticJudge
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
@@ -227,10 +227,8 @@ class AgentHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def agent_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), AgentHandler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with loopback(AgentHandler) as url:
+        yield url
 
 
 def test_an_endpoint_agent_reads_in_the_sandbox_then_submits(tmp_path, agent_server):

@@ -7,11 +7,11 @@ import base64
 import hashlib
 import json
 import struct
-import threading
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conftest import loopback
 
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
 from rlonce.grading.verdicts import HackVerdict
@@ -43,10 +43,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with loopback(Handler) as url:
+        yield url
 
 
 def png(rgb: tuple[int, int, int]) -> bytes:

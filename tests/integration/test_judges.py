@@ -4,11 +4,11 @@ counted by category and never raised, the cache, the record (without the key), r
 import asyncio
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conftest import loopback
 
 from rlonce.grading.graders import kappa
 from rlonce.grading.judge import EndpointJudge, JudgeFailed, ScriptedJudge, parse_verdict
@@ -51,10 +51,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with loopback(Handler) as url:
+        yield url
 
 
 def _closed_port() -> int:

@@ -6,12 +6,12 @@ asked once more without it, the call counted ``unstructured`` and recorded ``str
 
 import asyncio
 import json
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conftest import loopback
 from pydantic import BaseModel
 
 from rlonce.grading.agentic import AgenticJudge
@@ -82,10 +82,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with loopback(Handler) as url:
+        yield url
 
 
 def _records(path: Path) -> list[dict]:
