@@ -66,7 +66,8 @@ def synthesize_rubrics(pack: Path, judge: JudgeBinding, *, limit: int | None = N
     return {"pack": str(pack), "judge": judge.model, "tasks": len(entries), "rollouts": rollouts,
             "min_pass_rate": min_pass_rate, "eligible": len(eligible), "written": len(written),
             "failures": task_audit.failures(eligible), "unstructured": task_audit.unstructured(eligible),
-            "pass_rates": {i: e["pass_rate"] for i, e in entries.items()}}
+            "pass_rates": {i: e["pass_rate"] for i, e in entries.items()},
+            "graded": {i: e["graded"] for i, e in entries.items()}}
 
 
 def format_rubrics(report: dict) -> str:
