@@ -72,3 +72,12 @@ def test_aggregation_invariant_to_padding_except_sum_norm(b, agg, pad):
         assert a2 == pytest.approx(a1 * T / (T + pad), rel=1e-5, abs=1e-6)
     else:
         assert a2 == pytest.approx(a1, rel=1e-5, abs=1e-6)
+
+
+def test_tied_valid_scores_get_no_advantage_under_std_normalisation():
+    """Hypothesis's counterexample: two valid rows tied at 1.4565 and an invalid one filled with their
+    mean. In float32 the mean left a residue that dividing by (std ≈ residue) + eps made −0.104 for
+    both rows, a one-signed signal from nothing; computed in float64 it is 0."""
+    adv = group_advantages(torch.tensor([0.0, 1.4565, 0.0, 0.0, 1.4565]), list("aabba"), norm_by_std=True,
+                           valid_N=torch.tensor([False, True, False, False, True]))
+    assert adv.abs().max() < 1e-6

@@ -47,13 +47,16 @@ def group_advantages(scores_N: torch.Tensor, group_ids_N: Sequence, *, norm_by_s
         ok_G = valid_N[idx_t]
         if not ok_G.any():
             continue
-        s_G = torch.where(ok_G, scores_N[idx_t], scores_N[idx_t][ok_G].mean())
-        mean = s_G.mean() if len(idx) > 1 else torch.tensor(0.0)
-        std = s_G.std() if len(idx) > 1 else torch.tensor(1.0)
+        # in float64: equal scores' float32 mean leaves a residue that std normalisation (std ~ the
+        # residue, + eps) blows up to a spurious ~0.1 advantage of one sign
+        s_G = scores_N[idx_t].double()
+        s_G = torch.where(ok_G, s_G, s_G[ok_G].mean())
+        mean = s_G.mean() if len(idx) > 1 else torch.tensor(0.0, dtype=torch.float64)
+        std = s_G.std() if len(idx) > 1 else torch.tensor(1.0, dtype=torch.float64)
         a_G = s_G - mean
         if norm_by_std:
             a_G = a_G / (std + eps)
-        adv_N[idx_t] = torch.where(ok_G, a_G, torch.zeros_like(a_G))
+        adv_N[idx_t] = torch.where(ok_G, a_G, torch.zeros_like(a_G)).float()
     return adv_N
 
 
