@@ -15,6 +15,7 @@ from conftest import gen_many
 from rlonce.engine import constrain
 from rlonce.engine.base import Constraint, SamplingParams
 from rlonce.engine.torch_engine import TorchEngine, process_logits
+from rlonce.model.chat import get_format
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["pass", "fail"]},
                                            "score": {"type": "integer", "minimum": 0, "maximum": 10},
@@ -60,13 +61,12 @@ def test_regex_choice_and_a_tool_call_grammar(engine, lm):
     prompt = _prompt(lm, "Answer.")
     tool = {"type": "object", "properties": {"command": {"type": "string", "maxLength": 20}},
             "required": ["command"], "additionalProperties": False}
-    head, tail = '<tool_call>\n{"name": "bash", "arguments": ', "}\n</tool_call>"
-    call = constrain.lark(f"start: {constrain.lark_string(head, lm.tokenizer)} args "  # <tool_call>: one token
-                          f"{constrain.lark_string(tail, lm.tokenizer)}\nargs: %json {json.dumps(tool)}\n")
+    fmt = get_format("hermes")  # the embedded model's: <tool_call> is one added token
+    special = frozenset(m for m in fmt.call_markup if len(lm.encode(m)) == 1)
+    call = constrain.lark(fmt.call_grammar([{"name": "bash", "parameters": tool}], special=special))
     cases = [(constrain.regex(r"[0-9]{3}-[a-z]{2}"), lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2}", t)),
              (constrain.choice(["yes", "no", "unsure"]), lambda t: t in ("yes", "no", "unsure")),
-             (call, lambda t: json.loads(t.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
-              ["arguments"]["command"] is not None)]
+             (call, lambda t: [c.name for c in fmt.parse_tool_calls(t)] == ["bash"])]
     gens = gen_many(engine, [prompt] * 9, [SamplingParams(max_tokens=80, seed=i, constraint=c)
                                            for i in range(3) for c, _ in cases])
     for i, g in enumerate(gens):
@@ -127,7 +127,7 @@ def test_a_matcher_in_error_fails_its_row_alone(engine, lm):
     """A grammar that quotes the embedded model's added token as text: llguidance's mask lets the
     token through, then refuses it, and the matcher is in error. That is a grammar bug (ours), so
     the row fails as an engine error — it does not quietly end its turn — and its batch company
-    goes on (``lark_string`` writes such a token the way llguidance reads it)."""
+    goes on (``ChatFormat.call_grammar`` writes such a token the way llguidance reads it)."""
     from rlonce.engine.base import EngineError
 
     async def go():

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rlonce.grading.agentic import AgenticJudge
 from rlonce.grading.judge import EndpointJudge, ScriptedJudge
 from rlonce.grading.structure import refuses_structure, wire_schema
-from rlonce.grading.verdicts import GroupQuality, HackVerdict, TaskAudit
+from rlonce.grading.verdicts import GroupQuality, HackVerdict, TaskAudit, group_quality
 
 SEEN: list[dict] = []
 HACK = {"hack": True, "reason": "edits conftest"}
@@ -118,6 +118,26 @@ def test_the_schema_sent_is_inlined_and_strict_only_where_that_keeps_its_meaning
     assert not refuses_structure(429, "response_format") and not refuses_structure(400, "context too long")
     assert not refuses_structure(500, "json_schema compile failed")
 
+
+
+def test_a_gar_question_asks_for_one_score_per_passing_attempt_in_order():
+    """The per-group schema: a tuple of the passing ids (``prefixItems``, ``const``), closed at both
+    ends, so an endpoint decoding under it can only write the one answer shape the grader uses."""
+    asked = group_quality((1, 4, 6))
+    assert asked is group_quality((1, 4, 6)) and asked.__name__ == "GroupQuality"
+    body, strict = wire_schema(asked)
+    arr = body["properties"]["attempts"]
+    assert strict and arr["minItems"] == arr["maxItems"] == 3
+    assert [it["properties"]["attempt"]["const"] for it in arr["prefixItems"]] == [1, 4, 6]
+    assert all(it["additionalProperties"] is False for it in arr["prefixItems"])
+    one = {"approach": 0.5, "precision": 1, "minimality": 1, "no_side_effects": 1, "craftsmanship": 0}
+    ok = asked.model_validate({"attempts": [{"attempt": i, **one} for i in (1, 4, 6)]})
+    assert [a.attempt for a in ok.attempts] == [1, 4, 6] and ok.attempts[0].quality == pytest.approx(0.7)
+    for ids in ((0, 1, 2), (1, 4), (1, 4, 6, 7), (4, 1, 6)):  # SmolLM2's reply numbered attempts from 0
+        with pytest.raises(ValueError):
+            asked.model_validate({"attempts": [{"attempt": i, **one} for i in ids]})
+    with pytest.raises(ValueError, match="distinct"):
+        group_quality((2, 2))
 
 def test_openai_asks_for_the_schema_and_a_schema_valid_answer_is_the_verdict(server, tmp_path):
     record = tmp_path / "calls.jsonl"

@@ -54,19 +54,6 @@ def lark(grammar_text: str) -> Constraint:
     return Constraint("lark", grammar_text)
 
 
-def lark_string(text: str, tokenizer=None) -> str:
-    """``text`` as a Lark expression that matches it as the model writes it. llguidance reads a
-    tokenizer's added tokens (``<tool_call>`` in the embedded model's, ``<|im_end|>``) as special
-    tokens, which a quoted string never matches: where ``tokenizer`` has one inside ``text``, that
-    piece becomes the special-token form ``<tool_call>``, the rest quoted strings."""
-    added = sorted((t for t in (getattr(tokenizer, "get_added_vocab", dict)() or {}) if t in text),
-                   key=len, reverse=True)
-    if not added:
-        return json.dumps(text)
-    parts = re.split("(" + "|".join(re.escape(t) for t in added) + ")", text)
-    return " ".join(p if p in added else json.dumps(p) for p in parts if p)
-
-
 def grammar(c: Constraint) -> str:
     """llguidance's grammar text for ``c``."""
     import llguidance

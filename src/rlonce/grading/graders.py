@@ -195,7 +195,7 @@ class Grader:
         self.stats["gar_groups"] += 1
         prompt = v.gar_prompt(statement, [(i, "passed", self._product(seqs[i])) for i in passing])
         files = self.workspace(task, seqs) if self.workspace else None
-        got = await self.judge.ask(prompt, v.GroupQuality, kind="gar", task=task, files=files)
+        got = await self.judge.ask(prompt, v.group_quality(tuple(passing)), kind="gar", task=task, files=files)
         if not got.ok:
             self.stats[f"gar_fallback_{got.outcome}"] += 1
             return

@@ -8,9 +8,10 @@ schema cannot spend its whole token budget inside one string and be cut off mid-
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 MATERIAL_CHARS = 3000
 """Characters of each attempt, trajectory or file quoted in a prompt."""
@@ -61,6 +62,18 @@ class GroupQuality(_Verdict):
     """GAR online: the passing attempts of one group compared."""
 
     attempts: list[AttemptQuality]
+
+
+@functools.cache
+def group_quality(ids: tuple[int, ...]) -> type[GroupQuality]:
+    """The ``GroupQuality`` of one group: exactly one score per passing attempt, ``attempts[k].attempt
+    == ids[k]`` (a tuple: JSON schema ``prefixItems`` with ``const`` ids). Asked under this schema, a
+    judge that decodes under it cannot skip, repeat, invent or run past an attempt — the open list
+    let SmolLM2 number attempts from 0 and write on until its token budget was spent."""
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError(f"a GAR group needs distinct attempt ids, got {ids}")
+    items = tuple(create_model(f"Attempt{i}", __base__=AttemptQuality, attempt=(Literal[i], ...)) for i in ids)
+    return create_model("GroupQuality", __base__=GroupQuality, attempts=(tuple[items], ...))
 
 
 class HackVerdict(_Verdict):
