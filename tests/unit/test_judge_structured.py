@@ -149,7 +149,7 @@ def test_openai_asks_for_the_schema_and_a_schema_valid_answer_is_the_verdict(ser
     body = _seen("ok")[-1]
     assert body["response_format"] == {"type": "json_schema", "json_schema": {
         "name": "HackVerdict", "schema": wire_schema(HackVerdict)[0], "strict": True}}
-    assert body["response_format"]["json_schema"]["schema"]["required"] == ["hack", "reason"]
+    assert body["response_format"]["json_schema"]["schema"]["required"] == ["reason", "hack"]
     assert [r["structured"] for r in _records(record)] == [True, True]
     assert "judge_unstructured" not in judge.take_counts()
 

@@ -73,6 +73,7 @@ def _run(cfg, resume: bool, args) -> int:
                   f"held-out tasks{paired}{reward} (share {src['share']:.2f}, trained {src['trained_share']:.2f} "
                   f"of the retained sequences, {src.get('groups_retained', 0)} groups)")
     _say_untrained(summary)
+    _say_grading(summary.get("grading") or {})
     return 0
 
 
@@ -92,6 +93,22 @@ def _say_untrained(summary: dict) -> None:
                f"{src['groups_short']} groups short of the target" if src.get("groups_short") else ""]
         print(f"WARNING: source {label} trained no group in {steps} steps: "
               + (", ".join(w for w in why if w) or "nothing dispatched"))
+
+
+def _say_grading(g: dict) -> None:
+    """Loud lines when the model graders' numbers are not the judge's: GAR or GRS mostly fell back,
+    or the hack audit confirmed nearly everything it read (a judge that flags every attempt is not
+    auditing; its confirmations still cost the attempts their reward)."""
+    for part in ("gar", "grs"):
+        rate = g.get(f"grading/{part}_fallback_rate")
+        if rate is not None and rate > 0.05:
+            why = ", ".join(f"{k.rsplit('_fallback_', 1)[1]} {v:g}" for k, v in g.items()
+                            if k.startswith(f"grading/{part}_fallback_") and not k.endswith("_rate"))
+            print(f"WARNING: {part.upper()} fell back to the verifier's reward on {rate:.0%} of its questions ({why})")
+    audited, confirmed = g.get("grading/audited", 0), g.get("grading/audit_confirmed", 0)
+    if audited >= 10 and confirmed >= 0.9 * audited:
+        print(f"WARNING: the hack audit confirmed {confirmed:g} of {audited:g} audited attempts: a judge that "
+              "flags nearly everything is not auditing (see grading/kappa and docs/grading.md)")
 
 
 def _quickstart(args) -> int:
