@@ -94,3 +94,31 @@ def test_rlonce_eval_loads_an_adapter_checkpoint_on_its_base(lora_run, tmp_path)
                         "--out", str(tmp_path / "eval"), "--quiet"], capture_output=True, text=True,
                        env={**os.environ, **env}, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.slow  # a Ray run (about 2 minutes on 2 cores); the adapter's cross-process merge is in test_lora.py
+@pytest.mark.timeout(3600)
+def test_a_lora_run_on_ray_with_two_data_parallel_trainers_audits_clean(lora_run, tmp_path):
+    """Two FSDP2 trainer ranks train the adapter; each publish gathers its factors and puts them alone
+    in the object store (no base weights), the engine actor merges them into its own base and
+    samples the trainers' policy; the run audits clean and its checkpoints are the adapter."""
+    pytest.importorskip("ray")
+    from rlonce.recipes.audit import audit
+    from rlonce.recipes.grpo import run
+
+    _, _, base, _, _ = lora_run
+    out = tmp_path / "ray"
+    cfg = load_config(None, [f"out={out}", f"model.name={base}", f"model.lora.rank={RANK}", "model.lora.alpha=16",
+                             "executor=ray", "ray.trainer_workers=2", "sft.demos=0", "rl.steps=2",
+                             "rl.tasks_per_step=6", "rl.group_size=4", "rl.lr=1e-3", "eval.heldout_tasks=8",
+                             "eval.every=0", "checkpoint.every=1"])
+    summary = run(cfg, progress=False)
+    assert summary["executor"] == "ray" and summary["rl_steps"] == 2
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if "reward_mean" in r]
+    adapter = _adapter(out / "checkpoints" / "step-0002")
+    assert {r["publish_bytes"] for r in steps} == {float(sum(t.numel() * 4 for t in adapter.values()))}
+    trained = [r for r in steps if r["retained_rows"]]
+    assert trained and all(0 <= r["mismatch_kl"] < 1e-6 for r in trained if r["mismatch_tokens"])
+    assert all(bool(v.any()) for k, v in adapter.items() if "lora_B" in k)
+    verdicts = audit(out)
+    assert all(v.ok for v in verdicts), [v.line() for v in verdicts if not v.ok]

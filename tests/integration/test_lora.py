@@ -106,6 +106,31 @@ def test_a_published_adapter_is_merged_and_the_engine_samples_the_trainers_polic
         engine.close()
 
 
+
+def test_an_adapter_sent_without_its_base_merges_into_the_engines_own_copy(adapted, embedded_dir):
+    """What a Ray engine actor receives: the factors alone (``with_base=False``, fewer bytes on the
+    wire than the model by the base's size). The engine, built from the base folder, copies its
+    adapted weights once before the first merge, and every later adapter is merged into that copy —
+    a function of the base and the current adapter, equal to the in-process merge bit for bit."""
+    peft = adapted.peft
+    local = TorchEngine(lora.merged(peft), eos_token_ids=adapted.eos_token_ids, pad_token_id=0)
+    remote = TorchEngine(load(embedded_dir).model, eos_token_ids=adapted.eos_token_ids, pad_token_id=0)
+    try:
+        for seed, version in ((0, 1), (1, 2)):
+            _perturb(peft, seed)
+            sent = lora.adapter_weights(peft, with_base=False)
+            assert not sent.base and sent.nbytes == lora.adapter_weights(peft).nbytes
+            remote.load_weights(sent, version)
+            local.load_weights(lora.adapter_weights(peft), version)
+            mine, theirs = remote.model.state_dict(), local.model.state_dict()
+            assert all(torch.equal(mine[k], theirs[k]) for k in theirs), version
+        base = load(embedded_dir).model.state_dict()
+        assert set(remote._lora_base) == set(sent.factors)
+        assert all(torch.equal(w0, base[k]) for k, w0 in remote._lora_base.items())  # not the merged weights
+    finally:
+        local.close()
+        remote.close()
+
 def test_the_kl_reference_is_the_frozen_base_without_a_copy(adapted, lm):
     """With kl_coef > 0 the reference log-probs are the base model's (the adapters disabled), and no
     reference copy of the weights is made."""
@@ -164,7 +189,6 @@ def test_an_adapter_checkpoint_is_peft_format_and_loads_in_plain_peft(adapted, t
 def test_lora_config_errors_are_one_line(embedded_dir):
     for overrides, words in [(["model.lora.rank=-1"], "model.lora.rank"),
                              (["model.lora.dropout=1"], "model.lora.dropout"),
-                             (["model.lora.rank=8", "executor=ray"], "executor = 'local'"),
                              (["model.lora.rank=8", "engine.backend=vllm"], "engine.backend = 'torch'"),
                              (["model.lora.target_modules=[]"], "model.lora.target_modules"),
                              (["model.lora.ranks=8"], "known keys here: rank, alpha")]:

@@ -17,6 +17,7 @@ from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
 from rlonce.dist.trainers import TrainerActor
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
+from rlonce.model import lora
 from rlonce.model.precision import wants_autocast
 from rlonce.rollout.orchestrator import Judge, StepResult
 from rlonce.train.request import RLRequest
@@ -108,12 +109,14 @@ class RayCluster:
                                              name=trainer_name if r == 0 else f"{trainer_name}-{r}").remote(
             str(model_dir), m.dtype, m.lm_head_fp32, optim, threads, state_refs,
             version, rc.call_timeout_s, wants_autocast(m.autocast), (m.packing, m.share_prefix),
-            cfg.runtime.micro_batch_tokens) for r in range(n)]
+            cfg.runtime.micro_batch_tokens, m.lora if m.lora.rank > 0 else None) for r in range(n)]
         self.trainer = self.trainers[0]
         self._wait(self.trainers, "trainer")
         address = self._get([self.trainer.rendezvous.remote()], "the trainer rendezvous")[0] if n > 1 else None
         self._get([t.setup.remote(r, n, address, trainer_state) for r, t in enumerate(self.trainers)], "trainer setup")
-        factory = engine_factory or EngineSpec.from_config(cfg, model_dir)
+        # under LoRA the engines load the base: a publish sends the adapter alone (rlonce.model.lora)
+        base_dir = Path(lora.adapter_base(model_dir)) if m.lora.rank > 0 and lora.is_adapter(model_dir) else model_dir
+        factory = engine_factory or EngineSpec.from_config(cfg, base_dir)
         engine_cls = ray.remote(EngineActor)
         self.engine_actors = [
             engine_cls.options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus, max_restarts=rc.max_restarts,

@@ -15,11 +15,15 @@ class TrainerActor:
     With ``ray.trainer_workers = N > 1`` there are N of them, ranks of one ``torch.distributed``
     group (gloo on CPU, NCCL on GPU) training one FSDP2-sharded model (``rlonce.train.distributed``):
     each fetches only its share of the step's groups, and the update equals one process's on the
-    whole batch. Rank 0 publishes the gathered weights."""
+    whole batch. Rank 0 publishes the gathered weights.
+
+    With ``lora`` (``rlonce.config.LoraConfig``) the model carries peft adapters as the driver's
+    does (the same state-dict keys), only they train, and a publish puts the adapter's factors
+    alone (``rlonce.model.lora.AdapterWeights`` without W0: each engine actor holds its base)."""
 
     def __init__(self, model_dir: str, dtype: str, lm_head_fp32: bool, optim, threads: int,
                  state_refs: list, version: int, timeout: float = 300.0, autocast: bool = False,
-                 packing: tuple[bool, bool] = (True, True), micro_batch_tokens: int = 2048):
+                 packing: tuple[bool, bool] = (True, True), micro_batch_tokens: int = 2048, lora=None):
         import torch
 
         from rlonce.model import loader
@@ -27,8 +31,9 @@ class TrainerActor:
         ray = ray_module()
         torch.set_num_threads(threads)
         self.timeout = timeout
-        self.model = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast,
-                                 packing=packing[0], share_prefix=packing[1]).model
+        lm = loader.load(model_dir, dtype=dtype, lm_head_fp32=lm_head_fp32, autocast=autocast,
+                         packing=packing[0], share_prefix=packing[1], lora_settings=lora)
+        self.model, self.peft = lm.model, lm.peft
         if state_refs:
             self.model.load_state_dict(ray.get(state_refs[0], timeout=timeout))
         if torch.cuda.is_available():  # Ray shows this actor a GPU only when ray.trainer_gpus > 0
@@ -63,7 +68,7 @@ class TrainerActor:
                               WORLD_SIZE=str(world), LOCAL_RANK="0")
             init_process_group()
             shard_model(self.model)
-        self.trainer = Trainer(self.model, self.optim, micro_batch_tokens=self.micro_batch_tokens)
+        self.trainer = Trainer(self.model, self.optim, micro_batch_tokens=self.micro_batch_tokens, adapter=self.peft)
         if trainer_state:
             restore_trainer(self.trainer, trainer_state, world=world, rank=rank)
         self.publish(self.version)
@@ -86,10 +91,16 @@ class TrainerActor:
     def publish(self, version: int) -> tuple[list | None, int]:
         """Put the weights into the object store once (rank 0); engines fetch them by reference.
         The references and the bytes of the tensors put."""
+        from rlonce.model import lora
         from rlonce.train.checkpoint import tensor_bytes
 
-        state = self._full_state()
         self.version = version
+        if self.peft is not None:  # every rank gathers the factors; rank 0 puts them
+            adapter = lora.adapter_weights(self.peft, with_base=False)
+            if self.rank == 0:
+                self._published = [ray_module().put(adapter)]
+            return self._published, adapter.nbytes if self.rank == 0 else 0
+        state = self._full_state()
         if self.rank == 0:
             self._published = [ray_module().put(state)]  # serialised (copied) now
         return self._published, tensor_bytes(state) if self.rank == 0 else 0

@@ -76,6 +76,8 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.version = version
+        self._lora_base: dict | None = None
+        """W0 of the adapted weights, copied before the first adapter sent without it is merged."""
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 1 << 30)
         self._gen = torch.Generator().manual_seed(seed)
         params = inspect.signature(model.forward).parameters
@@ -142,12 +144,16 @@ class TorchEngine:
     def load_weights(self, state: dict | lora.AdapterWeights, version: int) -> None:
         """Swap in new weights once the running batch ends; every later token is stamped
         ``version``, and no cache of the old weights is reused. ``state``: a whole state dict, or
-        a LoRA adapter merged into the weights (``rlonce.model.lora.merge_into``)."""
+        a LoRA adapter merged into the weights (``rlonce.model.lora.merge_into``). An adapter sent
+        without W0 (from another process) is merged into a copy of the weights this engine held
+        before its first such adapter: it must have been built from the base folder."""
         self._draining.set()
         try:
             with self._lock:
                 if isinstance(state, lora.AdapterWeights):
-                    lora.merge_into(self.model, state)
+                    if not state.base and self._lora_base is None:  # sent without W0: keep the base's own
+                        self._lora_base = lora.own_base(self.model, state)
+                    lora.merge_into(self.model, state, None if state.base else self._lora_base)
                 else:
                     self.model.load_state_dict(state)
                 self.version = version

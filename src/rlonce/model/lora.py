@@ -15,7 +15,9 @@ W0 (engine and trainer share one process: the references cost nothing and nothin
 copied). The engine writes W0 + scale·B·A into each adapted weight (``merge_into``): the merged
 weights are a function of W0 and the current adapter alone, never an update accumulated over
 publishes, so a resumed run's engine holds what the uninterrupted run's held. An engine in
-another process (Ray actors, vLLM) would need W0 of its own; that is not built.
+another process (a Ray engine actor) is sent the factors alone (``AdapterWeights.base`` empty:
+``adapter_weights(..., with_base=False)``) and keeps W0 of its own: it loads the base folder and
+copies its adapted weights once, before it merges the first adapter (``TorchEngine.load_weights``).
 
 Departure from peft's own merge: the sum is taken in float32 and rounded once to the weight's dtype.
 """
@@ -103,9 +105,11 @@ class AdapterWeights:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def adapter_weights(peft) -> AdapterWeights:
+def adapter_weights(peft, *, with_base: bool = True) -> AdapterWeights:
     """``peft``'s current adapter as the engine takes it (``merge_into``); A, B and the full tensors
-    are copies, so the trainer may step while the engine still holds them."""
+    are copies on the CPU, so the trainer may step while the engine still holds them. On a model
+    sharded by FSDP2 every rank must call it (each factor is gathered whole, in the same order on
+    every rank). ``with_base`` False leaves ``base`` empty: for an engine that holds W0 itself."""
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
 
@@ -115,24 +119,40 @@ def adapter_weights(peft) -> AdapterWeights:
             if m.fan_in_fan_out or m.use_dora.get(ADAPTER, False):
                 raise ValueError(f"{name}: only plain LoRA on Linear layers is published (no fan_in_fan_out, no DoRA)")
             key = f"{name}.weight"
-            factors[key] = (m.lora_A[ADAPTER].weight.detach().clone(), m.lora_B[ADAPTER].weight.detach().clone(),
+            factors[key] = (_whole(m.lora_A[ADAPTER].weight), _whole(m.lora_B[ADAPTER].weight),
                             float(m.scaling[ADAPTER]))
-            base[key] = m.get_base_layer().weight.detach()
+            if with_base:
+                base[key] = m.get_base_layer().weight.detach()
         elif isinstance(m, ModulesToSaveWrapper) and ADAPTER in m.modules_to_save:
             for pname, p in m.modules_to_save[ADAPTER].named_parameters():
-                full[f"{name}.{pname}"] = p.detach().clone()
+                full[f"{name}.{pname}"] = _whole(p)
     return AdapterWeights(factors=factors, full=full, base=base)
 
 
-def merge_into(model, weights: AdapterWeights) -> None:
+def _whole(p):
+    """A detached CPU copy of parameter ``p``, gathered from its shards when FSDP2 sharded it."""
+    from torch.distributed.tensor import DTensor
+
+    t = p.detach()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).cpu().clone()
+
+
+def own_base(model, weights: AdapterWeights) -> dict:
+    """Copies of ``model``'s weights that ``weights`` adapts: an engine's own W0, taken while it still
+    holds the base (``TorchEngine.load_weights``, before the first adapter is merged in)."""
+    return {key: model.get_parameter(key).detach().clone() for key in weights.factors}
+
+
+def merge_into(model, weights: AdapterWeights, base: dict | None = None) -> None:
     """Write ``weights`` into the plain ``model``: W0 + scale·B·A into each adapted weight (in
-    float32, rounded once to the weight's dtype), the full tensors as they are."""
+    float32, rounded once to the weight's dtype), the full tensors as they are. W0: ``base`` (the
+    engine's own copy) or else ``weights.base`` (the trainer's, in the same process)."""
     import torch
 
     with torch.no_grad():
         for key, (a, b, scale) in weights.factors.items():
             w = model.get_parameter(key)
-            w0 = weights.base[key].to(device=w.device, dtype=torch.float32)
+            w0 = (base if base is not None else weights.base)[key].to(device=w.device, dtype=torch.float32)
             w.copy_(torch.addmm(w0, b.to(w0), a.to(w0), alpha=scale).to(w.dtype))
         for key, t in weights.full.items():
             model.get_parameter(key).copy_(t)
