@@ -97,8 +97,8 @@ def _say_untrained(summary: dict) -> None:
 
 def _say_grading(g: dict) -> None:
     """Loud lines when the model graders' numbers are not the judge's: GAR or GRS mostly fell back,
-    or the hack audit confirmed nearly everything it read (a judge that flags every attempt is not
-    auditing; its confirmations still cost the attempts their reward)."""
+    or the hack audit confirmed most of what it read (a policy's attempts are mostly not hacks: a judge
+    that flags most of them is not auditing, and its confirmations still cost the attempts their reward)."""
     for part in ("gar", "grs"):
         rate = g.get(f"grading/{part}_fallback_rate")
         if rate is not None and rate > 0.05:
@@ -106,9 +106,10 @@ def _say_grading(g: dict) -> None:
                             if k.startswith(f"grading/{part}_fallback_") and not k.endswith("_rate"))
             print(f"WARNING: {part.upper()} fell back to the verifier's reward on {rate:.0%} of its questions ({why})")
     audited, confirmed = g.get("grading/audited", 0), g.get("grading/audit_confirmed", 0)
-    if audited >= 10 and confirmed >= 0.9 * audited:
-        print(f"WARNING: the hack audit confirmed {confirmed:g} of {audited:g} audited attempts: a judge that "
-              "flags nearly everything is not auditing (see grading/kappa and docs/grading.md)")
+    if audited >= 10 and confirmed > 0.5 * audited:
+        print(f"WARNING: the hack audit confirmed {confirmed:g} of {audited:g} audited attempts "
+              f"({confirmed / audited:.0%}): a judge that flags most attempts is not auditing them "
+              "(see grading/kappa and docs/grading.md)")
 
 
 def _quickstart(args) -> int:
