@@ -193,6 +193,38 @@ def unified_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, 
     return loss_BT, {k: float(v) for k, v in metrics.items()}
 
 
+GSPO_LOG_RATIO_MAX = 10.0
+"""Ceiling of a sequence's log importance ratio in ``gspo_token_loss``, verl's ``clamp(max=10.0)``:
+above it the ratio is ``e^10`` and passes no gradient."""
+
+
+def gspo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, clip_low: float, clip_high: float):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071; verl's ``compute_policy_loss_gspo``): PPO's
+    clipped loss on the sequence ratio ``s = exp(mean over the row's valid tokens of log π − log μ)``,
+    one per row, clipped to ``[1 − clip_low, 1 + clip_high]`` (ratios about 1, so the bounds are
+    1e-4s, not PPO's 0.2). Written per token as verl does (the paper's GSPO-token), ``s_t =
+    sg(s)·π_t / sg(π_t)``: every token carries the value ``s`` and passes gradient ``s`` to its
+    own log-prob, so under ``seq-mean-token-mean`` a row's gradient is the paper's
+    ``s·∇ mean log π``. As verl, ``log s`` is capped at ``GSPO_LOG_RATIO_MAX``.
+
+    The sequence is the training row: one context of a ``Sequence`` (``sequence_to_rows``), as a
+    response row is verl's; a multi-context sequence gets one ratio per context. Rows are never
+    split across micro-batches, so each ratio sees all of its tokens."""
+    mask_BT = mask_BT.float()
+    valid_BT = mask_BT > 0
+    log_ratio_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT))
+    log_s_B = (log_ratio_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1)).detach()
+    own_BT = torch.where(valid_BT, logprobs_BT - logprobs_BT.detach(), torch.zeros_like(logprobs_BT))
+    s_BT = torch.exp((log_s_B[:, None] + own_BT).clamp(max=GSPO_LOG_RATIO_MAX))
+    unclipped_BT = -advantages_BT * s_BT
+    clipped_BT = -advantages_BT * s_BT.clamp(1 - clip_low, 1 + clip_high)
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    with torch.no_grad():
+        metrics = {"clipfrac": _masked_mean((clipped_BT > unclipped_BT).float(), mask_BT),
+                   "ppo_kl": _ppo_kl(logprobs_BT, old_logprobs_BT, mask_BT)}
+    return loss_BT * mask_BT, {k: float(v) for k, v in metrics.items()}
+
+
 K3_MAX = 10.0
 """Per-token ceiling of the k3 estimate, as verl's ``low_var_kl``: ``e^d`` is heavy-tailed, so a
 few tokens whose probability fell far below the reference's would otherwise outweigh the rest."""
@@ -216,6 +248,7 @@ OBJECTIVES: dict[str, Callable] = {
     "four_bound": four_bound_token_loss,
     "cispo": cispo_token_loss,
     "unified": unified_token_loss,
+    "gspo": gspo_token_loss,
 }
 
 

@@ -81,12 +81,25 @@ class UnifiedObjective(Section):
     """Tokens with ratio above 1 + mask_high (positive advantage) are masked."""
 
 
-Objective = Annotated[PPOObjective | FourBoundObjective | CISPOObjective | UnifiedObjective,
+class GSPOObjective(Section):
+    """GSPO: PPO's clip on the sequence's importance ratio (the geometric mean of its tokens'
+    ratios), one per training row. The paper and verl's GSPO example aggregate with
+    ``algo.aggregation = "seq-mean-token-mean"``."""
+
+    name: Literal["gspo"] = "gspo"
+    """Selects this variant (``algo.objective = "gspo"``)."""
+    clip_low: float = Field(3e-4, ge=0, lt=1)
+    """Sequence-ratio floor 1 - clip_low (the GSPO paper's 3e-4, §5.1)."""
+    clip_high: float = Field(4e-4, ge=0, le=100)
+    """Sequence-ratio ceiling 1 + clip_high (the GSPO paper's 4e-4, §5.1)."""
+
+
+Objective = Annotated[PPOObjective | FourBoundObjective | CISPOObjective | UnifiedObjective | GSPOObjective,
                       Field(discriminator="name")]
 
 
 _VARIANTS = {m.model_fields["name"].default: m for m in (PPOObjective, FourBoundObjective, CISPOObjective,
-                                                           UnifiedObjective)}
+                                                           UnifiedObjective, GSPOObjective)}
 """The objective variants by name."""
 
 
