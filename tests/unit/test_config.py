@@ -189,7 +189,7 @@ def test_every_numeric_field_states_bounds_and_a_description():
     from rlonce.config import bounds
 
     fields = _numeric_fields()
-    assert len(fields) == 118  # heldout_fraction twice: code and cyber
+    assert len(fields) == 120  # heldout_fraction twice: code and cyber
     unbounded = [k for k, info in fields if not bounds(info) and "entropy_band" not in k]
     assert unbounded == []
     undocumented = [k for k, info in fields if not info.description]
@@ -210,7 +210,7 @@ def test_nan_inf_and_booleans_are_refused_for_every_number():
         for bad in ("nan", "inf", "-inf", "true"):
             with pytest.raises(ConfigError, match=f"config key '{key}' = "):
                 load_config(None, [*pre, f"{key}={bad}"])
-    assert set(_VARIANTS) == {"ppo", "four_bound", "cispo", "unified"}
+    assert set(_VARIANTS) == {"ppo", "four_bound", "cispo", "unified", "gspo"}
 
 
 def test_bounds_text_and_error_line_are_exact():
