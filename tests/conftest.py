@@ -269,3 +269,16 @@ def loopback(handler):
         yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
         srv.shutdown()
+
+
+TIME_KEYS = ("seconds", "wall", "per_s", "rollouts_bytes", "peak_rss")
+"""Metric keys that measure time (or sizes that vary with it): they never repeat between runs."""
+
+
+def untimed(x):
+    """``x`` (a run's metrics, ledger or summary) without the values that measure time."""
+    if isinstance(x, dict):
+        return {k: untimed(v) for k, v in x.items() if not any(t in k for t in TIME_KEYS)}
+    if isinstance(x, list):
+        return [untimed(v) for v in x]
+    return x

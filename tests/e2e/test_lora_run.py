@@ -4,6 +4,7 @@ samples the trainer's policy (``mismatch_kl`` < 1e-6), the run audits clean, and
 loads an adapter checkpoint on its base."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,9 @@ from rlonce.telemetry.metrics import read_jsonl
 
 REPO_ID = "rlonce-tests/embedded-instruct"
 RANK = 8
+RUN = [f"model.name={REPO_ID}", f"model.lora.rank={RANK}", "model.lora.alpha=16", "sft.demos=0", "rl.steps=2",
+       "rl.tasks_per_step=6", "rl.group_size=4", "rl.lr=1e-3", "eval.heldout_tasks=8", "eval.every=0",
+       "checkpoint.every=1", "checkpoint.keep=0"]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +41,7 @@ def lora_run(tmp_path_factory):
     cache = root / "hf" / "hub"
     snapshot = hub_cache(cache, REPO_ID, base)
     out = root / "run"
-    cfg = load_config(None, [f"out={out}", f"model.name={REPO_ID}", f"model.lora.rank={RANK}", "model.lora.alpha=16",
-                             "sft.demos=0", "rl.steps=2", "rl.tasks_per_step=6", "rl.group_size=4", "rl.lr=1e-3",
-                             "eval.heldout_tasks=8", "eval.every=0", "checkpoint.every=1", "checkpoint.keep=0"])
+    cfg = load_config(None, [f"out={out}", *RUN])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(constants, "HF_HUB_CACHE", str(cache))
         summary = run(cfg, progress=False)
@@ -87,8 +89,6 @@ def test_a_lora_run_audits_clean(lora_run):
 @pytest.mark.timeout(900)
 def test_rlonce_eval_loads_an_adapter_checkpoint_on_its_base(lora_run, tmp_path):
     out, _, _, _, env = lora_run
-    import os
-
     ckpt = out / "checkpoints" / "step-0002"
     r = subprocess.run([sys.executable, "-m", "rlonce.cli", "eval", "--model", str(ckpt), "--tasks", "2",
                         "--out", str(tmp_path / "eval"), "--quiet"], capture_output=True, text=True,

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import untimed
 from safetensors.torch import load_file
 
 from rlonce.telemetry.metrics import read_jsonl
@@ -51,22 +52,12 @@ KILLS = [
     ("eval.sequence:2", "the evaluation after step 2"),
     ("summary", "the final checkpoint written, the summary not"),
 ]
-TIME_KEYS = ("seconds", "wall", "per_s", "rollouts_bytes", "peak_rss")
 
 
 def rlonce(*args, faults: str = "", timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLONCE_FAULTS": faults}
     return subprocess.run([sys.executable, "-m", "rlonce.cli", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
-
-
-def untimed(x):
-    """``x`` without the values that measure time (they never repeat)."""
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items() if not any(t in k for t in TIME_KEYS)}
-    if isinstance(x, list):
-        return [untimed(v) for v in x]
-    return x
 
 
 def assert_same_run(run: Path, ref: Path) -> None:
