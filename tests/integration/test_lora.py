@@ -4,6 +4,7 @@ adapter checkpoint is peft's own format that plain peft loads to the trainer's l
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -186,10 +187,43 @@ def test_an_adapter_checkpoint_is_peft_format_and_loads_in_plain_peft(adapted, t
     assert again["model.layers.0.self_attn.q_proj.lora_A.default.weight"].requires_grad
 
 
+
+def test_a_published_adapter_saved_for_an_adapter_loading_engine_is_the_trainers_policy(adapted, tmp_path):
+    """What the vLLM engine writes for its ``LoRARequest`` on each publish (``lora.save_peft``: the
+    factors under peft's names, rank and alpha from the scale): plain peft loads it on the base to
+    the trainer's log-probs, and the safetensors hold the factors bit for bit."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    _perturb(adapted.peft, seed=4)
+    sent = lora.adapter_weights(adapted.peft, with_base=False)
+    folder = lora.save_peft(sent, tmp_path / "v7", str(adapted.path))
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (RANK, 8)
+    assert sorted(config["target_modules"]) == sorted(_settings().target_modules)
+    saved = load_file(folder / "adapter_model.safetensors")
+    a, b, _ = sent.factors["model.layers.1.mlp.down_proj.weight"]
+    assert torch.equal(saved["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"], a)
+    assert torch.equal(saved["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"], b)
+    plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(adapted.path, dtype=torch.float32),
+                                      str(folder)).eval()
+    prompt, tokens = PROMPTS[0], [210, 211, 212, 213]
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        want = plain(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+    assert torch.allclose(_logprobs(adapted.model, prompt, tokens), want[len(prompt) - 1:], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="modules_to_save"):
+        lora.save_peft(dataclasses.replace(sent, full={"lm_head.weight": torch.zeros(1)}), tmp_path / "x", "b")
+    from rlonce.engine.vllm_engine import vllm_lora_rank  # the engine's max_lora_rank: vLLM takes a few values
+
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 12, 16, 64, 300)] == [1, 8, 8, 16, 16, 64, 320]
+
 def test_lora_config_errors_are_one_line(embedded_dir):
     for overrides, words in [(["model.lora.rank=-1"], "model.lora.rank"),
                              (["model.lora.dropout=1"], "model.lora.dropout"),
-                             (["model.lora.rank=8", "engine.backend=vllm"], "engine.backend = 'torch'"),
+                             (["model.lora.rank=8", "engine.backend=vllm", "model.lora.modules_to_save=[lm_head]"],
+                              "vLLM's adapters hold LoRA factors only"),
                              (["model.lora.target_modules=[]"], "model.lora.target_modules"),
                              (["model.lora.ranks=8"], "known keys here: rank, alpha")]:
         with pytest.raises(ConfigError) as e:

@@ -151,9 +151,9 @@ class RunConfig(Section):
                 and self.ray.engine_gpus < self.engine.tensor_parallel_size):
             raise ValueError("engine.backend 'vllm' runs on GPUs: set ray.engine_gpus to engine.tensor_parallel_size "
                              f"({self.engine.tensor_parallel_size})")
-        if self.model.lora.rank > 0 and self.engine.backend != "torch":
-            raise ValueError("model.lora.rank > 0 runs with engine.backend = 'torch' only: vLLM engines do not "
-                             "receive adapters yet (docs/lora.md)")
+        if self.model.lora.rank > 0 and self.engine.backend == "vllm" and self.model.lora.modules_to_save:
+            raise ValueError("model.lora.modules_to_save with engine.backend = 'vllm': vLLM's adapters hold LoRA "
+                             "factors only; leave modules_to_save empty")
         if self.algo.kl_coef > 0 and self.executor == "ray" and self.ray.trainer_workers > 1:
             raise ValueError("algo.kl_coef > 0 keeps the reference policy in one trainer process: set "
                              "ray.trainer_workers = 1")

@@ -29,6 +29,8 @@ class EngineSpec:
     compile_solo: bool = False
     fast_decode: bool = True
     native_kernels: bool = True
+    lora_rank: int = 0
+    """``model.lora.rank``: a vLLM engine is started with LoRA enabled and takes each publish's adapter."""
 
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
@@ -38,7 +40,8 @@ class EngineSpec:
                    threads=cfg.runtime.rollout_threads, gpu_memory_utilization=e.gpu_memory_utilization,
                    max_model_len=e.max_model_len, tensor_parallel_size=e.tensor_parallel_size,
                    continuous=e.continuous, prefix_cache_mb=e.prefix_cache_mb, autocast=wants_autocast(m.autocast),
-                   compile_solo=e.compile_solo, fast_decode=e.fast_decode, native_kernels=e.native_kernels)
+                   compile_solo=e.compile_solo, fast_decode=e.fast_decode, native_kernels=e.native_kernels,
+                   lora_rank=m.lora.rank)
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
@@ -62,7 +65,7 @@ class EngineSpec:
             return VLLMEngine(self.model_dir, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                               max_model_len=self.max_model_len, seed=seed, version=version,
                               tensor_parallel_size=self.tensor_parallel_size, eos_token_ids=lm.eos_token_ids,
-                              lm_head_fp32=self.lm_head_fp32)
+                              lm_head_fp32=self.lm_head_fp32, lora_rank=self.lora_rank)
         import torch
 
         from rlonce.engine.torch_engine import TorchEngine

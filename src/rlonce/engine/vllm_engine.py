@@ -42,6 +42,13 @@ sockets belong to the loop that created them, while rlonce callers await ``gener
 whatever loop they run (every ``asyncio.run`` makes a new one) and call ``pause``/``load_weights``/
 ``resume`` synchronously, as ``TorchEngine`` allows.
 
+**LoRA** (``lora_rank`` > 0, written, not yet run on a GPU): vLLM starts with ``enable_lora`` and
+a ``max_lora_rank`` at or above the rank; a publish of ``rlonce.model.lora.AdapterWeights`` writes
+the adapter as a peft folder (``lora.save_peft``) and registers it with ``add_lora`` as one
+``LoRARequest`` per version, the previous one removed; every request carries the current one.
+vLLM computes base + adapter unmerged in its LoRA kernels, so its log-probs differ from the
+trainer's merged-or-not float32 sum by those kernels' rounding (``mismatch_kl`` says how much).
+
 Departures from ``TorchEngine``: ``load_weights`` writes parameters through the model's own
 ``load_weights`` (checkpoint names, unquantized models); a load that fails half-way leaves mixed
 weights and the old version until a load succeeds. A per-request seed fixes vLLM's sampling noise
@@ -58,6 +65,8 @@ import itertools
 import json
 import math
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -163,7 +172,7 @@ class VLLMEngine:
                  max_model_len: int | None = None, seed: int = 0, version: int = 0, tensor_parallel_size: int = 1,
                  enforce_eager: bool = False, enable_prefix_caching: bool = True,
                  eos_token_ids: list[int] | None = None, pause_timeout_s: float = 120.0, lm_head_fp32: bool = True,
-                 **engine_kwargs):
+                 lora_rank: int = 0, **engine_kwargs):
         """Start vLLM on ``model`` (a Hugging Face folder or hub name) and wait until it is ready.
 
         ``gpu_memory_utilization`` is the share of GPU memory vLLM takes (weights and KV cache);
@@ -176,6 +185,11 @@ class VLLMEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         self.version = version
+        self.base = str(model)
+        self._lora = None  # the LoRARequest of the adapter every request carries
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="rlonce-vllm-lora-")) if lora_rank > 0 else None
+        if lora_rank > 0:
+            engine_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         self.eos_token_ids = sorted(set(eos_token_ids)) if eos_token_ids else None
         self.pause_timeout_s = pause_timeout_s
         self.max_context = 0
@@ -209,15 +223,23 @@ class VLLMEngine:
         fut = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling, watch), self._loop)
         return await asyncio.wrap_future(fut)
 
-    def load_weights(self, state: dict | str | os.PathLike, version: int) -> None:
-        """Load ``state`` (a state dict, or a folder of ``*.safetensors`` files) into every worker,
-        reset the prefix cache and stamp later tokens ``version``. Raises while requests are in
-        flight and the engine is not paused: no request may mix two versions."""
-        if isinstance(state, (str, os.PathLike)):
+    def load_weights(self, state, version: int) -> None:
+        """Load ``state`` (a state dict, a folder of ``*.safetensors`` files, or under LoRA an
+        ``AdapterWeights``) into every worker, reset the prefix cache and stamp later tokens
+        ``version``. Raises while requests are in flight and the engine is not paused: no request
+        may mix two versions."""
+        from rlonce.model import lora
+
+        if isinstance(state, lora.AdapterWeights):
+            if self._lora_dir is None:
+                raise ValueError("an adapter was published to a vLLM engine started without LoRA (lora_rank 0)")
+            folder = lora.save_peft(state, self._lora_dir / f"v{version}", self.base)
+            payload: tuple[str, object] = ("lora", str(folder))
+        elif isinstance(state, (str, os.PathLike)):
             path = Path(state).resolve()
             if not any(path.glob("*.safetensors")):
                 raise FileNotFoundError(f"{path} holds no *.safetensors file")
-            payload: tuple[str, object] = ("folder", str(path))
+            payload = ("folder", str(path))
         else:
             payload = ("tensors", pack_tensors(state))
         self._call(self._load(payload, version))
@@ -238,6 +260,8 @@ class VLLMEngine:
                 self._call(self._shutdown(), timeout=120)
         finally:
             self._stop_loop()
+            if self._lora_dir is not None:
+                shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     # ---- on the engine loop --------------------------------------------------------------------
     def _call(self, coro, timeout: float | None = None):
@@ -300,7 +324,8 @@ class VLLMEngine:
         sizes: list[int] | None = [] if s.records_candidates else None
         reason: str | None = None
         cached, run, run_thr = 0, 0, math.log(s.confident_p)
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._params(s), rid)
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._params(s), rid,
+                                    lora_request=self._lora)
         try:
             async with contextlib.aclosing(stream):  # leaving early aborts the request in vLLM
                 async for out in stream:
@@ -380,7 +405,9 @@ class VLLMEngine:
         self._gate()
         try:
             kind, data = payload
-            if kind == "folder":
+            if kind == "lora":
+                await self._swap_lora(data, version)
+            elif kind == "folder":
                 await self._llm.collective_rpc("rlonce_load_folder", args=(data,))
             else:
                 for chunk in data:
@@ -392,6 +419,30 @@ class VLLMEngine:
         finally:
             self._loading = False
             self._gate()
+
+
+    async def _swap_lora(self, path: str, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        new = LoRARequest(lora_name=f"rlonce-v{version}", lora_int_id=version + 1, lora_path=path)
+        if not await self._llm.add_lora(new):
+            raise EngineError(f"vLLM did not load the adapter of version {version} from {path}")
+        old, self._lora = self._lora, new
+        if old is not None and old.lora_int_id != new.lora_int_id:
+            await self._llm.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"model.lora.rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
 
 
 def structured(c: Constraint | None) -> dict:

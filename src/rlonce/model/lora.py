@@ -137,6 +137,35 @@ def _whole(p):
     return (t.full_tensor() if isinstance(t, DTensor) else t).cpu().clone()
 
 
+def save_peft(weights: AdapterWeights, folder: str | Path, base: str) -> Path:
+    """``weights``' factors as a peft adapter folder on ``base`` (``adapter_config.json`` through
+    peft's ``LoraConfig``, ``adapter_model.safetensors`` under peft's saved names): what an engine
+    that loads adapters itself (vLLM's ``LoRARequest``) reads. One rank and one scale for every
+    layer, as ``model.lora`` makes them; ``full`` modules are refused (vLLM does not take them)."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    if weights.full:
+        raise ValueError("an adapter with modules_to_save cannot be saved for an engine that loads adapters")
+    ranks = {a.shape[0] for a, _, _ in weights.factors.values()}
+    scales = {scale for _, _, scale in weights.factors.values()}
+    if len(ranks) != 1 or len(scales) != 1:
+        raise ValueError(f"an adapter of one rank and scale is needed, got ranks {sorted(ranks)}, "
+                         f"scales {sorted(scales)}")
+    (rank,), (scale,) = ranks, scales
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    modules = sorted({key.removesuffix(".weight").rsplit(".", 1)[-1] for key in weights.factors})
+    LoraConfig(r=rank, lora_alpha=scale * rank, target_modules=modules, task_type="CAUSAL_LM",
+               base_model_name_or_path=str(base)).save_pretrained(str(folder))
+    tensors = {}
+    for key, (a, b, _) in weights.factors.items():
+        name = "base_model.model." + key.removesuffix(".weight")
+        tensors[f"{name}.lora_A.weight"], tensors[f"{name}.lora_B.weight"] = a.contiguous(), b.contiguous()
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS))
+    return folder
+
+
 def own_base(model, weights: AdapterWeights) -> dict:
     """Copies of ``model``'s weights that ``weights`` adapts: an engine's own W0, taken while it still
     holds the base (``TorchEngine.load_weights``, before the first adapter is merged in)."""

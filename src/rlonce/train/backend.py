@@ -111,13 +111,19 @@ class LocalBackend:
         self.train_threads = cfg.runtime.train_threads
         self.overlap = cfg.rollout.mode == "async"
         """Async rollout keeps going on the event loop while the trainer steps on a thread."""
+        spec = EngineSpec.from_config(cfg, model_dir)
         if engine_factory is not None:
             self.engine = engine_factory(0)
-        else:
+        elif spec.backend == "torch":
             # a plain model: under LoRA the adapters merged in (the engine's decode reads each weight)
             plain = lora.merged(lm.peft) if lm.peft is not None else copy.deepcopy(lm.model)
-            self.engine = EngineSpec.from_config(cfg, model_dir).build(
-                lm=dataclasses.replace(lm, model=plain, peft=None), version=version)
+            self.engine = spec.build(lm=dataclasses.replace(lm, model=plain, peft=None), version=version)
+        else:  # vLLM loads a folder (under LoRA the base), then takes the weights as they are now (after SFT)
+            if lm.peft is not None and lora.is_adapter(model_dir):
+                spec = dataclasses.replace(spec, model_dir=lora.adapter_base(model_dir))
+            self.engine = spec.build(lm=lm, version=version)
+            self.engine.load_weights(lora.adapter_weights(lm.peft, with_base=False) if lm.peft is not None
+                                     else lm.model.state_dict(), version)
         if deterministic(cfg):  # waves of a fixed membership: the run repeats bit for bit
             self.engine = Lockstep(self.engine)
 
