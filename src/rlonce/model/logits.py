@@ -23,7 +23,7 @@ def selected_logits(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, sel_BT: 
             with packed(layout):
                 hidden_NH = decoder(input_ids=ids_1N, attention_mask=torch.ones_like(ids_1N),
                                     position_ids=layout.positions(), use_cache=False).last_hidden_state[0]
-            return head(hidden_NH[at_N])
+            return head(hidden_NH.index_select(0, at_N))  # rows may share a position: rlonce.model.packing
     hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state[:, :-1]
     return head(hidden_BTH[sel_BT])
 

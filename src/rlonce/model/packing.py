@@ -30,7 +30,15 @@ packed positions its tokens live at, shared ones included (``Shared``). The loss
 gradient are the same (the shared positions' gradients are summed over the rows that read
 them, which autograd does through the gather); the linear layers run on a group's prompt once
 instead of once per sample, and attention runs queries only where a row has its own tokens.
-Off with ``model.share_prefix = false``."""
+Off with ``model.share_prefix = false``.
+
+Shared positions are read by several rows, so the gathers here (and the trainer's pick of the
+trained positions, ``rlonce.model.logits.selected_logits``) repeat indices, and their backward
+sums each position's gradients. They are ``index_select``, whose backward on CPU (``index_add_``)
+sums in a fixed order. Indexing with a tensor (``x[:, idx]``) would sum through
+``index_put_(accumulate=True)``, which on CPU with more than one torch thread adds by atomic
+float adds in whatever order the threads reach them: two runs of the same step would part in
+the last bits, and ``runtime.deterministic`` promises bit-identical runs."""
 
 from __future__ import annotations
 
@@ -91,7 +99,7 @@ class Shared:
 
     def attention(self, module, query, key, value, dropout: float, scaling, **kwargs):
         def take(x_1HND: torch.Tensor, idx_RT: torch.Tensor) -> torch.Tensor:  # → (R, H, T, D)
-            x = x_1HND[0][:, idx_RT.reshape(-1)]
+            x = x_1HND[0].index_select(1, idx_RT.reshape(-1))  # repeated positions: see the module docstring
             return x.view(x.shape[0], *idx_RT.shape, x.shape[-1]).transpose(0, 1)
 
         H, D = query.shape[1], query.shape[-1]
