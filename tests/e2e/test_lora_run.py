@@ -6,10 +6,12 @@ loads an adapter checkpoint on its base."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from rlonce.config import load_config
@@ -95,6 +97,31 @@ def test_rlonce_eval_loads_an_adapter_checkpoint_on_its_base(lora_run, tmp_path)
                        env={**os.environ, **env}, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 
+
+@pytest.mark.timeout(1800)
+def test_a_lora_run_killed_in_its_second_step_resumes_bit_identical(lora_run, tmp_path):
+    """Deterministic mode (the default of a sync local run) with an adapter: SIGKILL after step 2's
+    trainer step, ``--resume`` from step 1's adapter checkpoint (adapter loaded trainable on its
+    base, optimizer state and RNG restored, the engine's weights W0 + s·B·A rebuilt from them):
+    every checkpoint's adapter, every metric but time and the ledger equal the uninterrupted run's."""
+    from conftest import untimed
+
+    ref, _, _, _, env = lora_run
+    out = tmp_path / "killed"
+    environ = {**os.environ, **env}
+    cli = [sys.executable, "-m", "rlonce.cli", "train"]
+    r = subprocess.run([*cli, f"out={out}", *RUN, "--quiet"], capture_output=True, text=True, timeout=900,
+                       env={**environ, "RLONCE_FAULTS": "train.step:2"})
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-0000", "step-0001"]
+    r = subprocess.run([*cli, "--resume", str(out), "--quiet"], capture_output=True, text=True, timeout=900,
+                       env=environ)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("step-0000", "step-0001", "step-0002"):
+        a, b = _adapter(out / "checkpoints" / name), _adapter(ref / "checkpoints" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+        assert untimed(read_jsonl(out / name)) == untimed(read_jsonl(ref / name)), name
 
 @pytest.mark.slow  # a Ray run (about 2 minutes on 2 cores); the adapter's cross-process merge is in test_lora.py
 @pytest.mark.timeout(3600)
