@@ -89,7 +89,7 @@ def _close(node: dict) -> bool:
     return all(_close(sub) for sub in _subschemas(node))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=512)  # bounded: GAR asks under a schema class per set of passing attempts
 def _wire(schema: type[BaseModel]) -> tuple[dict, bool]:
     raw = schema.model_json_schema()
     try:

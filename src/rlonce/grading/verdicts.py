@@ -64,7 +64,7 @@ class GroupQuality(_Verdict):
     attempts: list[AttemptQuality]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # the subsets a group's passing attempts form: 2^group_size at most
 def group_quality(ids: tuple[int, ...]) -> type[GroupQuality]:
     """The ``GroupQuality`` of one group: exactly one score per passing attempt, ``attempts[k].attempt
     == ids[k]`` (a tuple: JSON schema ``prefixItems`` with ``const`` ids). Asked under this schema, a
