@@ -17,6 +17,9 @@ Order is part of the objective (DESIGN.md, "Learning signal"). Per Sample (one G
     longest: ``export_contexts``), the sequence's advantage on its model tokens only; with
     ``mask_unfinished`` a sequence cut by a budget without a pass gets no rows (its score
     stayed in steps 5–7: the public path masks its tokens, not its reward)
+ 8b. a distilled source (``SignalSettings.distill``): the group advantage scaled by its reward
+    weight at 6, no group filtered at 5, and each trained token's advantage plus kl_weight ·
+    (teacher log-prob − rollout log-prob) (``distill_advantages``)
  9. penalty row strategies on flagged tokens (mask, adv_set, adv_reduction), in the order configured
 10. escalation: rows without surviving model tokens are dropped; a sequence with none left has
     zero advantage; a sample with none left is rejected
@@ -80,6 +83,10 @@ class SignalSettings:
     """Which contexts of a sequence become rows (``CONTEXT_EXPORTS``)."""
     mask_unfinished: bool = False
     """Sequences cut by a budget without a pass get no rows (their score stays in the group's statistics)."""
+    distill: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Distilled sources by label: (kl_weight, reward_weight). Their groups are never filtered for
+    lacking contrast, their group advantages are scaled by reward_weight, and each trained token
+    gains ``kl_weight · (teacher log-prob − rollout log-prob)`` (``distill_advantages``)."""
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -183,6 +190,29 @@ def _export(sample: Sample, seqs: list[Sequence], adv: torch.Tensor, passed: tor
     return rows, flags, owner, masked
 
 
+def distill_advantages(rows: list[TrainingRow], kl_weight: float) -> tuple[float, int]:
+    """Step 8b on a distilled group's rows, in place: each trained token's advantage gains
+    ``kl_weight · (log π_teacher(t) − log π_rollout(t))`` — minus the per-token reverse KL
+    log π_student/π_teacher of the sampled token, the on-policy distillation reward (seed 001,
+    MOPD2; tinker-cookbook's on-policy distillation takes the same per-token form). Returns
+    (Σ over trained tokens of log π_rollout − log π_teacher, their count): the sampled reverse KL."""
+    kl, n = 0.0, 0
+    for row in rows:
+        if row.teacher_logprobs is None:
+            if any(row.loss_mask):
+                raise ValueError(f"a row of group {row.group_id} has trained tokens but no teacher log-probs: "
+                                 "its teacher did not score it")
+            continue
+        adv = list(row.advantages)
+        for t, (m, lp, tlp) in enumerate(zip(row.loss_mask, row.rollout_logprobs, row.teacher_logprobs)):
+            if m:
+                adv[t] += kl_weight * (tlp - lp)
+                kl += lp - tlp
+                n += 1
+        row.advantages = adv
+    return kl, n
+
+
 def _apply_row_strategies(rows: list[TrainingRow], flags: list[dict[str, list[bool]]],
                           settings: SignalSettings) -> None:
     """Step 9 on one group's rows, in place."""
@@ -258,7 +288,9 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             continue
         gid = [sample.group_id] * len(seqs)
         scores, passed = _scores(seqs, settings, entry, stats)
-        if settings.filter_no_contrast and not keep_groups(scores, gid, torch.zeros(len(seqs), dtype=torch.bool)).any():
+        distill = settings.distill.get(sample.source)
+        if (settings.filter_no_contrast and distill is None  # a distilled group trains on its teacher's signal
+                and not keep_groups(scores, gid, torch.zeros(len(seqs), dtype=torch.bool)).any()):
             entry.no_contrast_filtered += len(seqs)
             entry.no_contrast_all_passed += len(seqs) if bool(passed.all()) else 0
             continue
@@ -269,9 +301,15 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             new = gar_redistribute(adv, passed, quality, lambda_max=settings.gar_lambda_max)
             stats["gar_groups"] += int(not torch.equal(new, adv))
             adv = new
+        if distill is not None:
+            adv = adv * distill[1]
         rows, flags, owner, masked = _export(sample, seqs, adv, passed, settings, stats)
         entry.unfinished_masked += masked
         stats["unfinished_masked"] += masked
+        if distill is not None:
+            kl, n = distill_advantages(rows, distill[0])
+            for key, x in ((f"distill_kl_sum/{sample.source}", kl), (f"distill_tokens/{sample.source}", n)):
+                stats[key] = stats.get(key, 0) + x
         _apply_row_strategies(rows, flags, settings)
         alive = [sum(r.loss_mask) > 0 for r in rows]
         entry.contexts_dropped += alive.count(False)
@@ -286,7 +324,8 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         entry.retained += len(seqs)
         out += [r for r, ok in zip(rows, alive) if ok]
         sample.signal = {"scores": scores.tolist(), "passed": passed.tolist(), "group_advantages": grouped,
-                         "advantages": adv.tolist(), "rows": [owner[k] for k, ok in enumerate(alive) if ok]}
+                         "advantages": adv.tolist(), "rows": [owner[k] for k, ok in enumerate(alive) if ok],
+                         **({"distill": {"kl_weight": distill[0], "reward_weight": distill[1]}} if distill else {})}
     for e in ledger.values():
         e.check()
     if batch:

@@ -74,7 +74,18 @@ def _run(cfg, resume: bool, args) -> int:
                   f"of the retained sequences, {src.get('groups_retained', 0)} groups)")
     _say_untrained(summary)
     _say_grading(summary.get("grading") or {})
+    _say_distill(summary)
     return 0
+
+
+def _say_distill(summary: dict) -> None:
+    """A distillation run's per-source recovery: student before → after against its teacher."""
+    for label, src in summary["sources"].items():
+        if "teacher_success" not in src:
+            continue
+        rec = "n/a (the teacher scored 0)" if src["recovery"] is None else f"{src['recovery']:.2f}"
+        print(f"  distill {label}: teacher {src['teacher_success']:.3f}, student {src['baseline_success']:.3f} -> "
+              f"{src['final_success']:.3f}, recovery {rec} (student after / teacher)")
 
 
 def _say_untrained(summary: dict) -> None:
@@ -127,6 +138,18 @@ def _train(args) -> int:
 
     cfg, resume = train_config(args)
     check_sources(cfg)
+    _writable_dir(cfg.out)
+    return _run(cfg, resume, args)
+
+
+def _distill(args) -> int:
+    from rlonce.config import ConfigError
+    from rlonce.rollout.sources import check_sources
+
+    cfg, resume = train_config(args)
+    if not any(p.distills for p in check_sources(cfg)):
+        raise ConfigError("rlonce distill needs a teacher: set distill.teacher, or teacher in a [[sources]] table "
+                          "(docs/distillation.md)")
     _writable_dir(cfg.out)
     return _run(cfg, resume, args)
 
@@ -342,7 +365,8 @@ def _view(args) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "quickstart": _quickstart, "train": _train, "eval": _eval, "serve": _serve, "tasks": _tasks, "probe": _probe,
+    "quickstart": _quickstart, "train": _train, "distill": _distill, "eval": _eval, "serve": _serve, "tasks": _tasks,
+    "probe": _probe,
     "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view, "grade": _grade, "domains": _domains,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

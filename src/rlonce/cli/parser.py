@@ -142,8 +142,9 @@ def _add_quickstart(sub) -> None:
     _quiet(q)
 
 
-def _add_train(sub) -> None:
-    t = sub.add_parser("train", help="train from a config file and/or overrides")
+def _add_train(sub, verb: str = "train",
+               help: str = "train from a config file and/or overrides") -> None:  # noqa: A002 - argparse's name
+    t = sub.add_parser(verb, help=help)
     t.add_argument("--config", help="TOML config file (see configs/)")
     t.add_argument("--out", help="run directory (overrides the config's 'out')")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -390,7 +391,10 @@ def _parser(domains: bool | list[str] = True) -> argparse.ArgumentParser:
         from rlonce.cli.domain_commands import known_domains
 
         known = known_domains([] if domains is True else domains)
-    for add in (_add_quickstart, _add_train, _add_eval, _add_serve, partial(_add_tasks, domains=known),
+    distill = partial(_add_train, verb="distill",
+                      help="on-policy distillation (MOPD2) of a student from per-source teachers: a config with "
+                           "distill.teacher or [[sources]] teachers (docs/distillation.md)")
+    for add in (_add_quickstart, _add_train, distill, _add_eval, _add_serve, partial(_add_tasks, domains=known),
                 partial(_add_probe, domains=known), _add_grade, _add_config, _add_doctor, _add_audit, _add_view,
                 _add_domains):
         add(sub)

@@ -10,6 +10,7 @@ signal), ``run`` (``RunConfig``); reading and checking in ``load``; the config a
 ``reference``. Import from here.
 """
 
+from rlonce.config.distill import DistillConfig
 from rlonce.config.grading import GradingConfig, JudgeConfig
 from rlonce.config.load import (
     _explain,
@@ -69,7 +70,8 @@ from rlonce.config.sources import SourceConfig, TaskConfig
 
 __all__ = [
     "MAX_PARALLEL", "MAX_STEPS", "MAX_TOKENS", "OPTIMIZERS", "PENALTY_PARAMS", "_VARIANTS", "AlgoConfig", "ArmName",
-    "CISPOObjective", "CheckpointConfig", "ConfigError", "EngineConfig", "EvalConfig", "FourBoundObjective",
+    "CISPOObjective", "CheckpointConfig", "ConfigError", "DistillConfig", "EngineConfig", "EvalConfig",
+    "FourBoundObjective",
     "GradingConfig", "HarnessConfig", "JudgeConfig", "LengthConfig", "LoraConfig",
     "ModelConfig", "Objective", "PPOObjective", "PenaltyConfig", "RLConfig",
     "RayConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SFTConfig", "Section", "Setting", "SourceConfig",

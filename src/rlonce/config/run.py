@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rlonce.config.distill import DistillConfig
 from rlonce.config.grading import GradingConfig
 from rlonce.config.objectives import AlgoConfig
 from rlonce.config.sections import (
@@ -195,6 +196,8 @@ class RunConfig(Section):
     """The learning signal: objective, aggregation, reward shaping, penalties."""
     grading: GradingConfig = GradingConfig()
     """Model graders: the judge, GRS and GAR inputs, the hack audit (docs/grading.md)."""
+    distill: DistillConfig = DistillConfig()
+    """On-policy distillation from per-source teachers, with MOPD2's prefixes (docs/distillation.md)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluations before, during and after RL."""
     checkpoint: CheckpointConfig = CheckpointConfig()

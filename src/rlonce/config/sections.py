@@ -281,6 +281,10 @@ class RLConfig(Section):
     (MiniMax-M1's); 'adamw' torch's defaults."""
     adam_eps: float | None = Field(None, gt=0, le=1)
     """Overrides the named optimizer's ε."""
+    reward_weight: float = Field(1.0, ge=0, le=1000)
+    """Weight of the group advantage from the reward; other than 1 only with a distilled source (the
+    reverse-KL advantage beside it, ``[distill]``); 0 distils alone: no group is filtered for
+    lacking contrast. A source's ``reward_weight`` overrides it."""
 
     @field_validator("optimizer", mode="before")
     @classmethod

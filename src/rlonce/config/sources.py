@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlonce.config.domains import DEFAULT_DOMAIN, DomainOptions, load_domain
 from rlonce.config.sections import MAX_STEPS, MAX_TOKENS, ArmName, Section, bounds
@@ -116,7 +116,23 @@ class SourceConfig(TaskConfig):
     model must memorise (a code pack) can take many cheap passes over few demonstrations."""
     sft_detour_p: float | None = Field(None, ge=0, lt=1)
     """Probability of a detour before each look-up in this source's demonstrations (default ``sft.detour_p``)."""
+    teacher: str | None = None
+    """This source's distillation teacher (default ``distill.teacher``; forms as there): its tokens are
+    scored by it and their advantages carry the reverse KL (docs/distillation.md)."""
+    kl_weight: float | None = Field(None, ge=0, le=1000)
+    """Weight of this source's reverse-KL advantage (default ``distill.kl_weight``)."""
+    reward_weight: float | None = Field(None, ge=0, le=1000)
+    """Weight of this source's group advantage from its reward (default ``rl.reward_weight``)."""
+    prefix: Literal["none", "sft", "teacher"] | None = None
+    """Where this source's distilled sequences start (default ``distill.prefix``)."""
     difficulty_window: int = Field(0, ge=0, le=1000)
     """Online difficulty control: a task whose last this-many groups all passed or all failed is
     skipped when the stream comes back to it (counted as ``difficulty_skipped``; 0: off). Only
     streams that repeat tasks (a pack, a filtered set) come back to a task."""
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher(cls, v):
+        from rlonce.config.distill import check_teacher
+
+        return check_teacher(v)

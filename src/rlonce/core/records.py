@@ -166,9 +166,18 @@ class Segment:
     temperature: float = 1.0
     """Model segments: the temperature the tokens were sampled at (the rollout log-probs are of that
     distribution); the trainer divides the logits by it."""
+    forced: bool = False
+    """Model segments the policy did not sample: a distillation prefix's turns, replayed from a
+    demonstration or a teacher's rollout (``rlonce.distill.prefixes``). Never trained."""
+    teacher_logprobs: list[float] | None = None
+    """Model segments of a distilled source: per token, its log-prob under the source's teacher at the
+    segment's temperature (``rlonce.distill.teachers``), scored once after the sequence ended."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        if self.teacher_logprobs is not None and (self.role is not Role.MODEL or len(self.teacher_logprobs) != n
+                                                  or not all(math.isfinite(x) for x in self.teacher_logprobs)):
+            raise RecordError("teacher log-probs belong to a model segment: one finite value per token")
         if self.role is Role.MODEL:
             _check_temperature(self.temperature, "model segment")
             if self.logprobs is None or self.versions is None:
@@ -188,7 +197,7 @@ class Segment:
 
     @property
     def trainable(self) -> bool:
-        return self.role is Role.MODEL
+        return self.role is Role.MODEL and not self.forced
 
 
 @dataclass(slots=True)
@@ -297,10 +306,14 @@ class TrainingRow:
     temperature: float = 1.0
     """The temperature the row's model tokens were sampled at (``Segment.temperature``): the trainer
     recomputes the row's log-probs at it."""
+    teacher_logprobs: list[float] | None = None
+    """A distilled source's rows: per token, the teacher's log-prob of it where the loss mask is 1
+    (``Segment.teacher_logprobs``), 0.0 elsewhere. None: no teacher."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
-        lens = {len(self.loss_mask), len(self.rollout_logprobs), len(self.advantages), len(self.policy_versions)}
+        lens = {len(self.loss_mask), len(self.rollout_logprobs), len(self.advantages), len(self.policy_versions),
+                *([len(self.teacher_logprobs)] if self.teacher_logprobs is not None else [])}
         if lens != {n}:
             raise RecordError(f"training row lengths differ: {n} tokens vs per-token fields {sorted(lens)}")
         if any(len(f) != n for f in self.flags.values()):
@@ -331,6 +344,7 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
         lps: list[float] = []
         vers: list[int] = []
         cands: list[int] = []
+        teacher: list[float] = []
         for seg in ctx.segments:
             n = len(seg.token_ids)
             ids += seg.token_ids
@@ -339,17 +353,23 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
                 mask += [1] * n
                 lps += seg.logprobs  # type: ignore[arg-type]
                 vers += seg.versions  # type: ignore[arg-type]
+                teacher += seg.teacher_logprobs or [math.nan] * n
             else:
                 mask += [0] * n
                 lps += [0.0] * n
                 vers += [-1] * n
+                teacher += [0.0] * n
         adv = [advantage if m else 0.0 for m in mask]
         temps = {seg.temperature for seg in ctx.segments if seg.trainable}
         if len(temps) > 1:
             raise RecordError(f"a context of {seq.task_id} was sampled at several temperatures {sorted(temps)}: "
                               "a training row has one")
+        scored = any(s.teacher_logprobs is not None for s in ctx.segments if s.trainable)
+        if scored and any(math.isnan(x) for x in teacher):
+            raise RecordError(f"a context of {seq.task_id} has model turns the teacher scored and turns it did not")
         rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id,
-                                candidates=cands if any(cands) else None, temperature=temps.pop() if temps else 1.0))
+                                candidates=cands if any(cands) else None, temperature=temps.pop() if temps else 1.0,
+                                teacher_logprobs=teacher if scored else None))
     return rows
 
 
@@ -363,7 +383,7 @@ def sequence_to_dict(seq: Sequence) -> dict:
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates,
-                 "temperature": s.temperature}
+                 "temperature": s.temperature, "forced": s.forced, "teacher_logprobs": s.teacher_logprobs}
                 for s in c.segments]} for c in seq.contexts]}
 
 
@@ -373,7 +393,8 @@ _GRADE_METRICS = ("grs_solution", "grs_behavior", "gar_quality", "gar_leaked", "
 def sequence_from_dict(d: dict) -> Sequence:
     contexts = [Context([Segment(Role(s["role"]), s["token_ids"], s["logprobs"], s["versions"], s["finish_reason"],
                                  s["flags"], s.get("candidates"),
-                                 s.get("temperature", 1.0))  # older checkpoints: harness.temperature's default
+                                 s.get("temperature", 1.0),  # older checkpoints: harness.temperature's default
+                                 s.get("forced", False), s.get("teacher_logprobs"))
                           for s in c["segments"]], c["label"])
                 for c in d["contexts"]]
     metrics = dict(d["metrics"])

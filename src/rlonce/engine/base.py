@@ -101,6 +101,8 @@ class Generation:
     """Per token, the ``SamplingParams.top_logprobs`` most likely (token id, log-prob) of the
     distribution it was drawn from, most likely first; tokens top-k or top-p cut away are not
     listed. None when not asked for, or when the engine cannot give them (the vLLM engine)."""
+    forced: bool = False
+    """Tokens the policy did not sample: a distillation prefix's replayed turn (``Segment.forced``)."""
 
 
 class EngineError(RuntimeError):

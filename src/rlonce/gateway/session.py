@@ -352,7 +352,8 @@ class Session:
         if plan.event:
             self.events.append(plan.event)
         seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason,
-                      candidates=None if gen.candidates is None else list(gen.candidates), temperature=temperature)
+                      candidates=None if gen.candidates is None else list(gen.candidates), temperature=temperature,
+                      forced=gen.forced)
         b.context.segments.append(seg)
         self.generations.append(gen)
         text, stopped = self.settings.decode(gen.token_ids), None

@@ -13,7 +13,8 @@ Each check reads what the run wrote — ``rollouts/`` (every trained row, ``rlon
 - **trained**: the RL steps retained at least one sequence (a run that trained on zero tokens fails).
 - **advantages**: recomputed from the stored scores with the run's rule (group mean, ``norm_by_std``)
   they equal the stored group advantages, and every trained token of a row carries its sequence's
-  final advantage (unless a penalty strategy reshaped tokens, which is then said).
+  final advantage — plus, in a distilled source, kl_weight · (teacher − rollout log-prob) from the
+  stored teacher log-probs — (unless a penalty strategy reshaped tokens, which is then said).
 - **checkpoints**: every checkpoint was written under the run's config and code (or a resume's,
   as ``provenance.json`` records).
 - **mismatch**: steps whose train/inference KL stands far above the run's median are listed.
@@ -230,13 +231,23 @@ def check_advantages(stored: dict, config: dict) -> Verdict:
             g, k = groups.get(row["group_id"]), row["sequence"]
             if g is None or k is None or "advantages" not in g:
                 continue
-            a = adv[int(off[i]):int(off[i + 1])][mask[int(off[i]):int(off[i + 1])]]
+            span = slice(int(off[i]), int(off[i + 1]))
+            a = adv[span][mask[span]]
             want = g["advantages"][k]
+            if "distill" in g:  # each token's advantage also carries kl_weight · (teacher − rollout log-prob)
+                if "teacher_logprobs" not in cols:
+                    v.violations.append(f"step {step} row {i}: a distilled group's row is stored without teacher "
+                                        "log-probs")
+                    continue
+                kl_w = g["distill"]["kl_weight"]
+                want = want + kl_w * (cols["teacher_logprobs"][span][mask[span]].astype(np.float64)
+                                      - cols["rollout_logprobs"][span][mask[span]].astype(np.float64))
             bad = (np.sign(a) != np.sign(want)) if reshaped else ~np.isclose(a, want, rtol=1e-4, atol=1e-5)
             v.checked += 1
             if bad.any():
+                first = float(np.broadcast_to(want, a.shape)[bad][0])
                 v.violations.append(f"step {step} row {i} ({row['group_id']} sequence {k}): {int(bad.sum())} trained "
-                                    f"token(s) with advantage {float(a[bad][0]):.4g}, the sequence's is {want:.4g}")
+                                    f"token(s) with advantage {float(a[bad][0]):.4g}, the sequence's is {first:.4g}")
     return v
 
 

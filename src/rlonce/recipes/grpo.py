@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from rlonce.config import RunConfig, save_config
 from rlonce.core import faults
 from rlonce.dist.backends import build_backend
+from rlonce.distill.executor import Distillation
 from rlonce.model import loader, omp
 from rlonce.recipes import provenance
 from rlonce.recipes.context import RunContext, build_context
@@ -75,6 +76,8 @@ class RunState:
     run keeps exactly those, so no record is lost or written twice."""
     final: dict | None = None
     """The final evaluation, once done (phase 'done'): a run resumed after it only writes it out."""
+    teacher_per_source: dict | None = None
+    """Distillation: each distilled source's teacher on the same held-out tasks ({"success", "reward"})."""
 
 
 class Job:
@@ -101,6 +104,8 @@ class Job:
         """RUN/provenance.json (``rlonce.recipes.provenance``)."""
         self.metrics: TrackedMetrics | None = None
         self.ledger: JsonlWriter | None = None
+        self.distill: Distillation | None = None
+        """The distilled sources' teachers and prefixes (``rlonce.distill``), built on first use."""
 
     # ---- set-up --------------------------------------------------------------------------
     @property
@@ -135,6 +140,9 @@ class Job:
 
     def close(self) -> None:
         gc.unfreeze()  # what ``settle`` froze can be collected again (a closed job's model is garbage)
+        if self.distill is not None:
+            self.distill.close()
+            self.distill = None
         if self.backend is not None:
             self.backend.close()
             self.backend = self.engine = None
@@ -252,9 +260,12 @@ class Job:
     def orchestrator(self) -> Orchestrator:
         """The rollout orchestrator over this job's executor, restored to the run's position."""
         self.ensure_engine()
+        distill = self.distillation()
         executors, pool_cap = {}, None
         for label, src in self.sources.items():
             executors[label], pool_cap = self.backend.executor(src.domain, src.spec)
+            if distill is not None:  # the teacher scores a finished group before it is graded and judged
+                executors[label] = distill.wrap(label, executors[label])
             if self.ctx.grading is not None:  # model graders grade each finished group before it is judged
                 executors[label] = self.ctx.grading.wrap(label, executors[label])
         one = len({id(e) for e in executors.values()}) == 1  # Ray's pools run every source themselves
@@ -263,6 +274,28 @@ class Job:
         return build_orchestrator(self.cfg, self.sources, executor, self.ctx.signal, self.ctx.lm.decode,
                                   state=self.state.orchestrator, position=self.state.data_position,
                                   max_sessions=pool_cap)
+
+    def distillation(self) -> Distillation | None:
+        """The run's teachers (``rlonce.distill``; None when no source has one), loaded once."""
+        if self.distill is None and any(p.distills for p in self.plans):
+            self.distill = Distillation.build(self.cfg, self.sources, self.ctx.lm, self.out / "cache", say=self._say)
+        return self.distill
+
+    async def evaluate_teachers(self) -> dict:
+        """Each distilled source's teacher on the source's held-out tasks (the baseline's count), with
+        the evaluation's seeds: what the student's recovery is measured against (``eval/teacher.jsonl``)."""
+        distill = self.distillation()
+        self.threads("rollout")
+        per_source = {}
+        for label, src in self.sources.items():
+            if not src.plan.distills:
+                continue
+            count = min(src.plan.heldout_tasks, src.domain.heldout_size or src.plan.heldout_tasks)
+            per_source[label] = await heldout_success(
+                src.domain, distill.engine_for(label), src.spec, count, f"teacher eval {label}",
+                concurrency=self.cfg.eval.concurrency, progress=self.progress)
+        keep_rows(self.out, "teacher eval", per_source)
+        return {k: {"success": v["success"], "reward": v["reward"], "tasks": v["tasks"]} for k, v in per_source.items()}
 
     def _elapsed(self) -> float:
         return self.state.wall_seconds_before + (time.perf_counter() - self.t0)
@@ -310,6 +343,11 @@ class Job:
             self._say(f"baseline held-out success {ev['success']:.3f} on {ev['tasks']} tasks"
                       + "".join(f"; {k} {v:.3f}" for k, v in st.baseline_per_source.items() if len(self.sources) > 1))
             self.save_checkpoint()
+        if st.teacher_per_source is None and any(p.distills for p in self.plans):
+            st.teacher_per_source = asyncio.run(self.evaluate_teachers())
+            said = "; ".join(f"{k} {v['success']:.3f}" for k, v in st.teacher_per_source.items())
+            self._say(f"teacher held-out success {said}")
+            self.save_checkpoint()
         if st.phase == "done" and st.rl_step < cfg.rl.steps:  # a finished run resumed to train on
             st.phase, st.final = "rl", None
         if st.final is None:  # (a checkpoint from before ``final`` was kept evaluates again)
@@ -346,7 +384,8 @@ class Job:
                             "heldout_tasks": final["per_source"][k]["tasks"],
                             "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl",
                                                             self.out / "eval" / "final.jsonl", source=k),
-                            **trained[k], "audit_excluded": v.domain.audit_excluded}
+                            **trained[k], "audit_excluded": v.domain.audit_excluded,
+                            **distill_summary(v.plan, (st.teacher_per_source or {}).get(k), final["per_source"][k])}
                         for k, v in self.sources.items()},
             "executor": cfg.executor,
             "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
@@ -362,6 +401,20 @@ class Job:
         self.metrics.close()
         self.ledger.close()
         return summary
+
+
+def distill_summary(plan, teacher: dict | None, final: dict) -> dict:
+    """A distilled source's part of ``summary.json``: its teacher, the teacher's held-out score on the
+    same tasks, and the recovery ratio (student after / teacher; None when the teacher scored 0)."""
+    if not plan.distills:
+        return {}
+    out = {"teacher": plan.teacher, "prefix": plan.prefix, "kl_weight": plan.kl_weight,
+           "reward_weight": plan.reward_weight}
+    if teacher is not None:
+        out.update(teacher_success=teacher["success"], teacher_reward=teacher["reward"],
+                   recovery=final["success"] / teacher["success"] if teacher["success"] > 0 else None,
+                   recovery_reward=final["reward"] / teacher["reward"] if teacher["reward"] > 0 else None)
+    return out
 
 
 def evaluate_model(cfg: RunConfig, model: str, tasks: int, *, progress: bool = True, harness_cmd: str | None = None,

@@ -88,6 +88,8 @@ async def rl_step(job, orch: Orchestrator) -> dict:
         trained = float(sum(len(r.token_ids) for r in rows)) if len(rows) == res.row_count else math.nan
         context = sum(s.metrics.get("context_tokens", 0.0) for s in seqs)
         rec.update(job.ctx.grading.step_metrics(t_roll, t_train, context, trained))
+    if job.distill is not None:
+        rec.update(job.distill.step_metrics())
     rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process's, so far
     for e in res.ledger.values():
         job.ledger.write(e.to_dict())

@@ -128,7 +128,7 @@ async def run_sequence(task, env_factory, engine: Engine, spec: RolloutSpec, *, 
         "cleanup_failed": cleanup_failed,
         "model_tokens": float(session.model_tokens()),
         "context_tokens": float(sum(len(c) for c in session.contexts)),
-        "versions_spanned": float(len({v for c in session.contexts for g in c.segments if g.versions
+        "versions_spanned": float(len({v for c in session.contexts for g in c.segments if g.versions and not g.forced
                                         for v in g.versions})),
     }
     return seq
@@ -236,6 +236,9 @@ class LocalExecutor:
         self.spec = spec
         self.gateway = spec.gateway(engine, offload=offload)
         self.tickets: dict[str, object] = {}
+        self.prefixes = None
+        """A distilled source's prefix plan (``rlonce.distill.prefixes.Prefixes``): each sibling starts
+        after its forced turns. None: every sibling starts at the task's start."""
 
     def reserve(self, group, group_size: int) -> None:
         """Called as the group is dispatched: on a ``Lockstep`` engine, its sequences are announced."""
@@ -248,10 +251,17 @@ class LocalExecutor:
         ticket = self.tickets.pop(getattr(group, "gid", None), None)
         key = (group.dispatch_step, getattr(group, "source", ""), getattr(group, "index", 0))
         try:
+            parts = [(self.engine, self.gateway, spec)] * group_size
+            if self.prefixes is not None:
+                from rlonce.distill.prefixes import sibling_parts
+
+                plan = await self.prefixes.plan(task, group, group_size, spec)
+                parts = [sibling_parts(self, forced, self.prefixes.student_turns) for forced in plan]
             seqs = list(await asyncio.gather(*(
-                run_sequence(task, self.env_factory, self.engine, spec, gateway=self.gateway,
+                run_sequence(task, self.env_factory, engine, sib_spec, gateway=gateway,
                              arm=spec.arm_of(task.task_id, k, group.dispatch_step), seed=spec.seed_of(*key, k),
-                             member=ticket and ticket.member((*key, k))) for k in range(group_size))))
+                             member=ticket and ticket.member((*key, k)))
+                for k, (engine, gateway, sib_spec) in enumerate(parts))))
         finally:
             if ticket is not None:
                 ticket.release()

@@ -52,6 +52,20 @@ class SourcePlan:
     top_p: float
     top_k: int
     render_tools: bool
+    teacher: str | None = None
+    """The distillation teacher (``[[sources]]``, else ``distill.teacher``; None: no distillation)."""
+    kl_weight: float = 0.0
+    """Weight of the reverse-KL advantage (0 without a teacher)."""
+    reward_weight: float = 1.0
+    """Weight of the group advantage from the reward."""
+    prefix: str = "none"
+    """Where a distilled sequence starts ('none', 'sft', 'teacher'; ``distill.prefix``)."""
+    student_turns: int = 0
+    """Turns the student samples after a prefix (0: the rest of the episode)."""
+
+    @property
+    def distills(self) -> bool:
+        return self.teacher is not None
 
 
 def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
@@ -84,8 +98,22 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             difficulty_window=s.difficulty_window, dispatch_cap=s.dispatch_cap or r.sync_dispatch_cap,
             temperature=h.temperature if s.temperature is None else s.temperature,
             top_p=h.top_p if s.top_p is None else s.top_p, top_k=h.top_k if s.top_k is None else s.top_k,
-            render_tools=h.render_tools if s.render_tools is None else s.render_tools))
+            render_tools=h.render_tools if s.render_tools is None else s.render_tools,
+            **_distill_plan(cfg, s)))
     return plans
+
+
+def _distill_plan(cfg: RunConfig, s: SourceConfig) -> dict:
+    """A source's distillation settings, each resolved once: its own, else ``[distill]``'s."""
+    d = cfg.distill
+    teacher = s.teacher or d.teacher
+    reward = cfg.rl.reward_weight if s.reward_weight is None else s.reward_weight
+    if teacher is None:
+        return {"reward_weight": reward}
+    prefix = s.prefix or d.prefix
+    turns = d.student_turns if d.student_turns is not None else (0 if prefix == "none" else 1)
+    return {"teacher": teacher, "kl_weight": d.kl_weight if s.kl_weight is None else s.kl_weight,
+            "reward_weight": reward, "prefix": prefix, "student_turns": turns}
 
 
 def check_sources(cfg: RunConfig) -> list[SourcePlan]:
@@ -105,6 +133,14 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
         if not entry.has_expert and p.sft_demos > 0 and p.sft_epochs > 0:
             fix = "sft_demos = 0 in its table" if cfg.sources else "sft.demos = 0"
             raise ConfigError(f"{where(p)} has no scripted expert for SFT: set {fix}")
+        if p.distills and p.prefix == "sft" and not entry.has_expert:
+            raise ConfigError(f"{where(p)} has no scripted expert to take SFT prefixes from: use prefix 'teacher' "
+                              "or 'none'")
+        if not p.distills and p.reward_weight != 1.0:
+            raise ConfigError(f"{where(p)} has reward_weight {p.reward_weight} but no teacher: the reward weight "
+                              "only scales the reward beside a distillation term; set a teacher or leave it 1")
+    if any(p.distills and p.reward_weight == 0 and p.kl_weight == 0 for p in plans):
+        raise ConfigError("a distilled source with kl_weight 0 and reward_weight 0 trains on nothing: raise one")
     return plans
 
 

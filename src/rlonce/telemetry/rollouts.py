@@ -48,6 +48,9 @@ def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
         "temperatures": np.array([r.temperature for r in rows], dtype=np.float32),
         "row_offsets": np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64),
     }
+    if any(r.teacher_logprobs is not None for r in rows):  # a distilled source's: NaN where no teacher scored
+        cols["teacher_logprobs"] = np.array([x for r in rows for x in (r.teacher_logprobs or [np.nan] * len(r))],
+                                            dtype=np.float32)
     return {prefix + k: v for k, v in cols.items()}
 
 

@@ -143,9 +143,29 @@ def step_record(x: StepInputs, signal_metrics: dict, train_metrics: dict) -> dic
         **per_arm,
         **grade_metrics(scored),
         **source_metrics(x),
-        **signal_metrics,
+        **{k: v for k, v in signal_metrics.items() if not k.startswith(("distill_kl_sum/", "distill_tokens/"))},
+        **distill_metrics(signal_metrics),
         **train_metrics,
     }
+
+
+def distill_metrics(signal_metrics: dict) -> dict[str, float]:
+    """The sampled reverse KL of the distilled sources' trained tokens judged this step, per source
+    (``src/<label>/distill_reverse_kl``, with its token count) and over all (``distill_reverse_kl``):
+    the mean of log π_student − log π_teacher over the student's sampled tokens, what distillation
+    drives to 0 (``rlonce.algo.signal.distill_advantages``)."""
+    labels = [k.removeprefix("distill_tokens/") for k in signal_metrics if k.startswith("distill_tokens/")]
+    if not labels:
+        return {}
+    out, kl, n = {}, 0.0, 0.0
+    for label in labels:
+        lk, ln = signal_metrics.get(f"distill_kl_sum/{label}", 0.0), signal_metrics[f"distill_tokens/{label}"]
+        out[f"src/{label}/distill_reverse_kl"] = lk / ln if ln else 0.0
+        out[f"src/{label}/distill_tokens"] = float(ln)
+        kl, n = kl + lk, n + ln
+    out["distill_reverse_kl"] = kl / n if n else 0.0
+    out["distill_tokens"] = n
+    return out
 
 
 def why_untrained(e) -> str:

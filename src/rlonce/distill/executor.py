@@ -1,0 +1,122 @@
+"""Distillation in a run: each distilled source's executor wrapped so a finished group is scored by
+its teacher before it is judged, its siblings started after their prefixes; the teachers' own
+held-out scores for the run's summary.
+
+``Distillation.build`` loads each distinct teacher once (a run directory means its latest
+checkpoint), refuses one whose tokenizer is not the student's, and builds a teacher engine where a
+source takes its prefixes from the teacher's rollouts. ``DistillExecutor`` runs the group
+(``LocalExecutor``, with the source's ``Prefixes``), then ``LocalTeacher.score``: teacher
+log-probs are computed once per sampled turn and stored on its segment, so the rows, the stored
+rollouts and ``rlonce audit`` carry them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+from rlonce.config import ConfigError
+from rlonce.distill.prefixes import Prefixes
+from rlonce.distill.teachers import LocalTeacher, check_tokenizer, resolve
+
+log = logging.getLogger(__name__)
+
+
+class DistillExecutor:
+    """``inner``'s groups, each sequence's model turns scored by ``teacher`` once they ran."""
+
+    def __init__(self, inner, teacher: LocalTeacher, counts: Counter):
+        self.inner, self.teacher, self.counts = inner, teacher, counts
+
+    def __getattr__(self, name):  # reserve, tickets, ...: the wrapped executor's
+        return getattr(self.inner, name)
+
+    async def run_group(self, group, group_size: int):
+        out = await self.inner.run_group(group, group_size)
+        if not isinstance(out, list):
+            raise ConfigError("distillation runs on the local executor: a Ray harness pool judged this group "
+                              "before its teacher could score it; set executor = \"local\"")
+        t0 = time.perf_counter()
+        await self.teacher.score(out)
+        self.counts["teacher_seconds"] += time.perf_counter() - t0
+        self.counts["forced_tokens"] += sum(len(s.token_ids) for q in out for c in q.contexts for s in c.segments
+                                            if s.forced)
+        return out
+
+
+class Distillation:
+    """The run's teachers (by resolved path) and each distilled source's teacher and prefix plan."""
+
+    def __init__(self, cfg, teachers: dict[str, LocalTeacher], of_source: dict[str, str]):
+        self.cfg, self.teachers, self.of_source = cfg, teachers, of_source
+        self.prefixes: dict[str, Prefixes] = {}
+        self.engines: dict[str, object] = {}
+        self.counts: Counter = Counter()
+
+    @classmethod
+    def build(cls, cfg, sources: dict, student_lm, cache_dir: Path, *, say=lambda msg: None) -> Distillation | None:
+        """None when no source has a teacher."""
+        distilled = {k: s for k, s in sources.items() if s.plan.distills}
+        if not distilled:
+            return None
+        teachers: dict[str, LocalTeacher] = {}
+        of_source = {}
+        for label, src in distilled.items():
+            path = resolve(src.plan.teacher, cache_dir)
+            key = of_source[label] = str(path.resolve())
+            if key not in teachers:
+                say(f"loading teacher {src.plan.teacher} ({path}) for {label}")
+                teachers[key] = LocalTeacher(src.plan.teacher, path, dtype=cfg.model.dtype,
+                                             batch_tokens=cfg.distill.teacher_batch_tokens)
+                check_tokenizer(teachers[key].lm, student_lm, src.plan.teacher)
+        self = cls(cfg, teachers, of_source)
+        for label, src in distilled.items():
+            engine = self.engine_for(label) if src.plan.prefix == "teacher" else None
+            self.prefixes[label] = Prefixes(src.plan.prefix, src.plan.student_turns, domain=src.domain,
+                                            encode=src.spec.encode, fmt=src.spec.chat_format, teacher_engine=engine,
+                                            seed=cfg.runtime.seed)
+        return self
+
+    def teacher(self, label: str) -> LocalTeacher:
+        return self.teachers[self.of_source[label]]
+
+    def engine_for(self, label: str):
+        """An engine sampling from source ``label``'s teacher (its prefixes' rollouts, its held-out
+        evaluation): the run's engine settings on the teacher's loaded weights, one per teacher."""
+        from rlonce.engine.factory import EngineSpec
+
+        key = self.of_source[label]
+        if key not in self.engines:
+            self.engines[key] = EngineSpec.from_config(self.cfg, key).build(lm=self.teachers[key].lm)
+        return self.engines[key]
+
+    def wrap(self, label: str, executor):
+        """``executor`` of source ``label`` distilled (unchanged for a source without a teacher)."""
+        if label not in self.of_source:
+            return executor
+        plan = self.prefixes[label]
+        if plan.mode != "none" or plan.student_turns:
+            if not hasattr(executor, "prefixes"):
+                raise ConfigError("distillation prefixes and student_turns run on the local executor: "
+                                  "set executor = \"local\"")
+            executor.prefixes = plan
+        return DistillExecutor(executor, self.teacher(label), self.counts)
+
+    def step_metrics(self) -> dict[str, float]:
+        """What the teachers did since the last call: scoring seconds, forced prefix tokens, teacher
+        rollouts (and how many failed in the infrastructure: their groups start without a prefix)."""
+        m = {"distill/teacher_seconds": self.counts.pop("teacher_seconds", 0.0),
+             "distill/forced_tokens": float(self.counts.pop("forced_tokens", 0))}
+        if any(p.mode == "teacher" for p in self.prefixes.values()):
+            m["distill/teacher_rollouts"] = float(sum(p.teacher_rollouts for p in self.prefixes.values()))
+            m["distill/teacher_rollouts_failed"] = float(sum(p.teacher_failed for p in self.prefixes.values()))
+            for p in self.prefixes.values():
+                p.teacher_rollouts = p.teacher_failed = 0
+        return m
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
+        self.engines = {}

@@ -1,0 +1,119 @@
+"""Teachers: the models whose per-token log-probs supervise a distilled source.
+
+A teacher scores the student's sampled tokens once per sequence, after it ended: each context of
+the sequence becomes a row (``sequence_to_rows``; prefix turns are not trained and not scored),
+the rows run through the teacher in batches of about ``batch_tokens`` tokens with the trainer's
+own log-prob code (``rlonce.train.trainer.token_logprobs``: the row's temperature, its
+candidate-set sizes), and each model segment gets ``Segment.teacher_logprobs``. At identical
+weights the teacher's log-probs are the trainer's, so the distillation advantage is 0 up to the
+engine/trainer mismatch (``tests/unit/test_distill.py``).
+
+A teacher is named like a model: 'embedded', 'smollm2', a model folder, a hub id in the local
+cache — or a run directory, which means its latest checkpoint. It must share the student's
+tokenizer: the tokens it scores are the student's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from rlonce.config import ConfigError
+from rlonce.core.records import RecordError, Sequence, sequence_to_rows
+from rlonce.model import loader
+
+
+def resolve(name: str, cache_dir: Path) -> Path:
+    """The model folder teacher ``name`` names: a run directory's latest checkpoint, else what
+    ``rlonce.model.loader.resolve`` makes of it."""
+    from rlonce.train import checkpoint
+
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        try:
+            return checkpoint.latest(path)
+        except checkpoint.NoCheckpoint as e:
+            raise ConfigError(f"teacher {name}: {e}") from None
+    return loader.resolve(name, cache_dir)
+
+
+def check_tokenizer(teacher_lm, student_lm, name: str) -> None:
+    """Refuse a teacher whose tokenizer differs from the student's (it would score other tokens)."""
+    probe = "def f(x):\n    return x + 1  # tokenizers agree? 123 + 456 = 579 <|im_end|>"
+    if teacher_lm.encode(probe) != student_lm.encode(probe) or teacher_lm.eos_token_ids != student_lm.eos_token_ids:
+        raise ConfigError(f"teacher {name} has another tokenizer than the student: on-policy distillation scores "
+                          "the student's own tokens, so both must share one (pick a teacher of the same family)")
+
+
+class LocalTeacher:
+    """A teacher model loaded in this process (read-only; forward passes on worker threads, one at a time)."""
+
+    def __init__(self, name: str, path: Path, *, dtype: str = "float32", batch_tokens: int = 8192, lm=None):
+        self.name, self.path, self.batch_tokens = name, path, batch_tokens
+        self.lm = lm or loader.load(path, dtype=dtype)
+        self.lm.model.eval()
+        for p in self.lm.model.parameters():
+            p.requires_grad_(False)
+        self._lock = threading.Lock()
+        self.scored_tokens = 0
+        self.seconds = 0.0
+
+    def score_rows(self, rows) -> list[list[float]]:
+        """Per row, the teacher's log-prob of each of its tokens (0.0 at position 0 and wherever the
+        loss mask is 0), at the row's temperature and over its candidate sets."""
+        import time
+
+        import torch
+
+        from rlonce.train.trainer import pad_rows, token_logprobs
+
+        out: list[list[float]] = [[] for _ in rows]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        chunks, cur, width = [], [], 0
+        for i in order:  # rows of similar length together, about batch_tokens padded tokens each
+            width = max(width, len(rows[i]))
+            if cur and width * (len(cur) + 1) > self.batch_tokens:
+                chunks.append(cur)
+                cur, width = [], len(rows[i])
+            cur.append(i)
+        if cur:
+            chunks.append(cur)
+        t0 = time.perf_counter()
+        with self._lock, torch.no_grad():
+            for idx in chunks:
+                b = pad_rows([rows[i] for i in idx])
+                lp_BT, _ = token_logprobs(self.lm.model, b.ids_BT, b.attn_BT, b.temp_B, mask_BT=b.mask_BT,
+                                          cand_BT=b.cand_BT)
+                for j, i in enumerate(idx):
+                    n = len(rows[i])
+                    out[i] = [0.0] + [float(x) if m else 0.0
+                                      for x, m in zip(lp_BT[j, : n - 1].tolist(), rows[i].loss_mask[1:])]
+                    self.scored_tokens += sum(rows[i].loss_mask)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    async def score(self, seqs: list[Sequence]) -> None:
+        """Set ``teacher_logprobs`` on every trainable model segment of ``seqs`` (infrastructure
+        failures are never trained, so never scored)."""
+        todo = [s for s in seqs if not s.infra_failed]
+        rows, where = [], []
+        for s in todo:
+            for ctx in s.contexts:
+                if not any(seg.trainable for seg in ctx.segments):
+                    continue
+                try:
+                    rows += sequence_to_rows(Sequence(s.task_id, s.arm, [ctx]), 0.0)
+                except RecordError:  # a context too short to be a row carries no trained token
+                    continue
+                where.append(ctx)
+        if not rows:
+            return
+        scored = await asyncio.to_thread(self.score_rows, rows)
+        for ctx, lp in zip(where, scored):
+            at = 0
+            for seg in ctx.segments:
+                n = len(seg.token_ids)
+                if seg.trainable:
+                    seg.teacher_logprobs = lp[at: at + n]
+                at += n
