@@ -14,15 +14,15 @@ PrefixMode = Literal["none", "sft", "teacher"]
 
 
 def check_teacher(value: str | None) -> str | None:
-    """A teacher is 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint),
-    a hub id in the local cache, or an OpenAI-compatible endpoint ('http://…/v1') that returns
-    prompt log-probs. Only its form is checked here; it is loaded when the run starts."""
+    """A teacher is 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint) or
+    a hub id in the local cache. Only its form is checked here; it is loaded when the run starts."""
     if value is None:
         return None
     if not value.strip() or any(ord(c) < 32 for c in value):
-        raise ValueError("a teacher is a model name, a folder, a run directory or an http(s) URL ending in /v1")
-    if value.startswith(("http://", "https://")) and not value.rstrip("/").endswith("/v1"):
-        raise ValueError(f"teacher endpoint {value!r}: give the URL before /completions, ending in /v1")
+        raise ValueError("a teacher is a model name, a model folder or a run directory")
+    if value.startswith(("http://", "https://")):
+        raise ValueError(f"teacher {value!r}: endpoint teachers are not supported yet; give a model folder or a run "
+                         "directory (docs/distillation.md)")
     return value
 
 
@@ -33,8 +33,8 @@ class DistillConfig(Section):
 
     teacher: str | None = None
     """The teacher of every source that names none of its own (None: only sources with a ``teacher``
-    distil). 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint), a hub
-    id, or an OpenAI-compatible endpoint ending in /v1 whose /completions returns prompt log-probs."""
+    distil). 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint) or a hub
+    id in the local cache; it must share the student's tokenizer."""
     kl_weight: float = Field(1.0, ge=0, le=1000)
     """Weight of the per-token reverse-KL advantage (a source's ``kl_weight`` overrides it)."""
     prefix: PrefixMode = "none"
@@ -48,8 +48,6 @@ class DistillConfig(Section):
     prefix (MOPD2: one new turn per prefix), the whole episode without."""
     teacher_batch_tokens: int = Field(8192, ge=64, le=10_000_000)
     """Tokens per teacher forward pass when a local teacher scores a group's contexts."""
-    teacher_timeout_s: float = Field(600.0, gt=0, le=86_400)
-    """An endpoint teacher: the longest wait for one scoring call (then the group is infra)."""
 
     @field_validator("teacher")
     @classmethod

@@ -1,0 +1,149 @@
+"""On-policy distillation's learning signal: the per-token reverse-KL advantage (hand-computed), its
+weights beside the reward, and the identity case — student = teacher — where the advantage, the
+loss and the gradient vanish."""
+
+import asyncio
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from rlonce.algo.signal import SignalSettings, distill_advantages, learning_signal
+from rlonce.config import ConfigError, load_config
+from rlonce.core.records import (
+    Context,
+    RecordError,
+    Role,
+    Sample,
+    Segment,
+    Sequence,
+    TrainingRow,
+    sequence_from_dict,
+    sequence_to_dict,
+    sequence_to_rows,
+)
+from rlonce.distill.teachers import LocalTeacher
+from rlonce.engine.base import SamplingParams
+from rlonce.rollout.sources import check_sources
+
+
+def _seq(reward: float, lps: list[float], teacher: list[float] | None, *, forced: list[int] | None = None) -> Sequence:
+    segs = [Segment(Role.PROMPT, [1, 2, 3])]
+    if forced:
+        segs += [Segment(Role.MODEL, forced, [0.0] * len(forced), [0] * len(forced), "stop", forced=True),
+                 Segment(Role.OBSERVATION, [9])]
+    segs.append(Segment(Role.MODEL, [4 + i for i in range(len(lps))], lps, [0] * len(lps), "stop",
+                        teacher_logprobs=teacher))
+    return Sequence("t", "single-turn", [Context(segs)], reward=reward, passed=reward >= 1.0)
+
+
+def test_each_trained_token_gains_kl_weight_times_teacher_minus_student_log_prob():
+    # group of two: rewards 1 and 0 → group advantages +0.5, -0.5; reward_weight 0.5 → ±0.25
+    a = _seq(1.0, [-1.5, -1.0], [-1.0, -2.0])
+    b = _seq(0.0, [-0.25, -3.0], [-0.75, -0.5])
+    settings = SignalSettings(distill={"src": (0.5, 0.5)})
+    rows, ledger, stats = learning_signal([Sample("t", "src", 1, [a, b])], 1, settings)
+    assert rows[0].loss_mask == [0, 0, 0, 1, 1]
+    # a: 0.25 + 0.5·(−1.0 − (−1.5)) = 0.5, 0.25 + 0.5·(−2.0 − (−1.0)) = −0.25
+    assert rows[0].advantages == pytest.approx([0, 0, 0, 0.5, -0.25])
+    # b: −0.25 + 0.5·(−0.75 + 0.25) = −0.5, −0.25 + 0.5·(−0.5 + 3.0) = 1.0
+    assert rows[1].advantages == pytest.approx([0, 0, 0, -0.5, 1.0])
+    # the sampled reverse KL: Σ (student − teacher) = (−0.5 + 1.0) + (0.5 − 2.5) = −1.5 over 4 tokens
+    assert stats["distill_kl_sum/src"] == pytest.approx(-1.5) and stats["distill_tokens/src"] == 4
+    assert ledger["src"].retained == 2
+    assert rows[0].teacher_logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]
+
+
+def test_a_distilled_group_without_reward_contrast_still_trains_on_its_teacher():
+    seqs = [_seq(0.0, [-1.0], [-0.5]), _seq(0.0, [-2.0], [-0.5])]
+    plain, ledger, _ = learning_signal([Sample("t", "src", 1, copy.deepcopy(seqs))], 1, SignalSettings())
+    assert plain == [] and ledger["src"].no_contrast_filtered == 2
+    rows, ledger, _ = learning_signal([Sample("t", "src", 1, seqs)], 1, SignalSettings(distill={"src": (1.0, 0.0)}))
+    assert ledger["src"].no_contrast_filtered == 0 and ledger["src"].retained == 2
+    assert [r.advantages[-1] for r in rows] == pytest.approx([0.5, 1.5])
+
+
+def test_prefix_turns_are_never_trained_nor_scored_and_survive_a_checkpoint():
+    seq = _seq(1.0, [-1.0, -2.0], [-1.0, -1.0], forced=[7, 8])
+    (row,) = sequence_to_rows(seq, 0.0)
+    assert row.loss_mask == [0, 0, 0, 0, 0, 0, 1, 1]
+    assert row.teacher_logprobs == [0.0] * 6 + [-1.0, -1.0]
+    back = sequence_from_dict(sequence_to_dict(seq))
+    assert [s.forced for s in back.contexts[0].segments] == [False, True, False, False]
+    assert back.contexts[0].segments[-1].teacher_logprobs == [-1.0, -1.0]
+
+
+def test_a_trained_token_without_a_teacher_log_prob_is_refused():
+    with pytest.raises(ValueError, match="no teacher log-probs"):
+        distill_advantages([TrainingRow([1, 2], [0, 1], [0.0, -1.0], [0.0, 0.0], [-1, 0], group_id="g")], 1.0)
+    with pytest.raises(RecordError, match="one finite value per token"):
+        Segment(Role.MODEL, [1, 2], [-1.0, -1.0], [0, 0], teacher_logprobs=[-1.0])
+    with pytest.raises(RecordError, match="one finite value per token"):
+        Segment(Role.MODEL, [1], [-1.0], [0], teacher_logprobs=[math.nan])
+
+
+def _sampled(lm, engine_lm, n: int = 3):
+    """``n`` sequences the torch engine sampled from ``engine_lm`` for a chat prompt, at temperature 0.8."""
+    from rlonce.engine.factory import EngineSpec
+
+    engine = EngineSpec(backend="torch", model_dir=str(lm.path)).build(lm=engine_lm)
+    prompt = lm.encode("<|im_start|>user\nWhere is the key?<|im_end|>\n<|im_start|>assistant\n")
+    try:
+        gens = [asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.8, seed=s)))
+                for s in range(n)]
+    finally:
+        engine.close()
+    return [Sequence("t", "single-turn", [Context([Segment(Role.PROMPT, prompt),
+                                                   Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions,
+                                                           g.finish_reason, temperature=0.8)])],
+                     reward=0.0) for g in gens]
+
+
+def _copy(lm):
+    return dataclasses.replace(lm, model=copy.deepcopy(lm.model))
+
+
+def test_at_identical_weights_the_distillation_advantage_loss_and_gradient_are_zero(lm):
+    from rlonce.train.builders import rl_request
+    from rlonce.train.trainer import OptimSettings, Trainer
+
+    seqs = _sampled(lm, _copy(lm))
+    teacher = LocalTeacher("same", lm.path, lm=_copy(lm))
+    asyncio.run(teacher.score(seqs))
+    settings = SignalSettings(distill={"src": (1.0, 0.0)})
+    rows, _, stats = learning_signal([Sample("t", "src", 1, seqs)], 1, settings)
+    trained = [a for r in rows for a, m in zip(r.advantages, r.loss_mask) if m]
+    assert len(trained) == stats["distill_tokens/src"] > 20
+    # the engine's sampled log-probs against the trainer's code on the same weights: float32 round-off
+    assert max(abs(a) for a in trained) < 1e-4
+    assert abs(stats["distill_kl_sum/src"]) / len(trained) < 1e-5
+    # with the rollout log-probs the trainer's own, every advantage is exactly 0, and so are the
+    # loss and the gradient: the optimizer step leaves every weight as it was
+    for s in seqs:
+        seg = s.contexts[0].segments[1]
+        seg.logprobs = list(seg.teacher_logprobs)
+    rows, _, _ = learning_signal([Sample("t", "src", 1, seqs)], 1, settings)
+    assert all(a == 0.0 for r in rows for a in r.advantages)
+    student = copy.deepcopy(lm.model)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    trainer = Trainer(student, OptimSettings(lr=1e-2))
+    m = trainer.rl_step(rows, rl_request(load_config(None, []), len(rows), 1, 0))
+    assert m["loss"] == 0.0
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in student.parameters())
+    assert all(torch.equal(before[k], v) for k, v in student.state_dict().items())
+
+
+def test_distillation_settings_are_resolved_once_in_the_plan_with_clear_errors():
+    cfg = load_config(None, ["distill.teacher=embedded", "distill.prefix=sft", "rl.reward_weight=0"])
+    (p,) = check_sources(cfg)
+    assert (p.teacher, p.kl_weight, p.reward_weight, p.prefix, p.student_turns) == ("embedded", 1.0, 0.0, "sft", 1)
+    (p,) = check_sources(load_config(None, ["distill.teacher=embedded"]))
+    assert (p.prefix, p.student_turns, p.reward_weight) == ("none", 0, 1.0)
+    with pytest.raises(ConfigError, match="reward_weight 0.5 but no teacher"):
+        check_sources(load_config(None, ["rl.reward_weight=0.5"]))
+    with pytest.raises(ConfigError, match="trains on nothing"):
+        check_sources(load_config(None, ["distill.teacher=embedded", "distill.kl_weight=0", "rl.reward_weight=0"]))
+    with pytest.raises(ConfigError, match="endpoint teachers are not supported"):
+        load_config(None, ["distill.teacher=http://127.0.0.1:9/v1"])
