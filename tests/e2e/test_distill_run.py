@@ -47,3 +47,23 @@ def test_rlonce_distill_without_a_teacher_says_what_to_set(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "rlonce distill needs a teacher: set distill.teacher" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_rlonce_distill_on_ray_keeps_the_teacher_in_an_actor_and_audits_clean(embedded_dir, tmp_path):
+    """executor = "ray": the teacher is an actor; harness pools score each group through it and
+    replay its prefixes; the driver evaluates it through the same actor."""
+    out = tmp_path / "ray"
+    cli = [sys.executable, "-m", "rlonce.cli"]
+    r = subprocess.run([*cli, "distill", "configs/tiny.toml", f"out={out}", f"model.name={embedded_dir}",
+                        "executor=ray", "sft.demos=0", f"distill.teacher={embedded_dir}", "distill.prefix=teacher",
+                        "rl.reward_weight=0", "rl.steps=2", "eval.heldout_tasks=4", "eval.every=0", "--quiet"],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
+    assert all(m["distill/teacher_rollouts"] == 2 and m["distill/forced_tokens"] > 0 for m in steps)
+    assert abs(steps[0]["distill_reverse_kl"]) < 1e-5 < abs(steps[1]["distill_reverse_kl"])
+    src = json.loads((out / "summary.json").read_text())["sources"]["toolfind"]
+    assert src["teacher_success"] == src["baseline_success"]
+    a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
+    assert a.returncode == 0, a.stdout

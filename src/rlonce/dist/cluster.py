@@ -14,6 +14,7 @@ from pathlib import Path
 from rlonce.dist.common import awaitable, first_line, ray_module
 from rlonce.dist.engines import EngineActor, RemoteEngine
 from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
+from rlonce.distill.remote import start_teachers
 from rlonce.dist.trainers import TrainerActor
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
@@ -125,11 +126,15 @@ class RayCluster:
             for i, name in enumerate(engine_names)]
         self._wait(self.engine_actors, "engine")
         self.engine = RemoteEngine(self.engine_actors, rc.call_timeout_s, version)
+        self.teacher_actors, teacher_names = start_teachers(cfg, run_dir, run_id)
+        self.teacher_engines = {label: (name, RemoteEngine([ray.get_actor(name)], rc.call_timeout_s))
+                                for label, name in teacher_names.items()}
+        """Per distilled source: its teacher actor's name and an engine over it (``rlonce.distill.remote``)."""
         pool_cls = ray.remote(HarnessPool).options(num_cpus=rc.pool_cpus, max_restarts=rc.max_restarts,
                                                    max_task_retries=0, max_concurrency=100_000)
         data = cfg.model_dump(mode="json")
         self.pools = [pool_cls.remote(data, str(model_dir), engine_names, judge, rc.call_timeout_s,
-                                      str(Path(run_dir).absolute()), rc.harness_pools)
+                                      str(Path(run_dir).absolute()), rc.harness_pools, teacher_names)
                       for _ in range(rc.harness_pools)]
         self._wait(self.pools, "harness pool")
         self.start_seconds = time.perf_counter() - t0
@@ -197,7 +202,7 @@ class RayCluster:
     def close(self) -> None:
         ray = ray_module()
         self.engine.close()
-        for a in [*self.pools, *self.engine_actors, *self.trainers]:
+        for a in [*self.pools, *self.engine_actors, *self.teacher_actors, *self.trainers]:
             ray.kill(a, no_restart=True)
         if self.started:
             ray.shutdown()

@@ -27,7 +27,7 @@ class HarnessPool:
     ``pools``: how many pools the run has (they share the judges' concurrency)."""
 
     def __init__(self, cfg: dict, model_dir: str, engines: list[str], judge: Judge, call_timeout: float,
-                 run_dir: str, pools: int = 1):
+                 run_dir: str, pools: int = 1, teachers: dict[str, str] | None = None):
         import torch
 
         from rlonce.config import validate
@@ -48,7 +48,14 @@ class HarnessPool:
         sources = build_sources(plan_sources(run), rollout_spec(run, lm), run_dir=Path(run_dir), grading=run.grading)
         self.executors = {label: LocalExecutor(src.domain.env_factory, self.engine, src.spec, offload=offload)
                           for label, src in sources.items()}
-        """One executor per task source of the run, by label (graded first with ``[grading]``)."""
+        """One executor per task source of the run, by label (graded first with ``[grading]``; a
+        distilled source's scored by its teacher actor first, ``teachers``: label → actor name)."""
+        self.distill = None
+        if teachers:
+            from rlonce.distill.remote import PoolDistillation
+
+            self.distill = PoolDistillation(run, sources, teachers, call_timeout)
+            self.executors = self.distill.wrap(self.executors)
         self.grading = (Grading(run, sources, self.decode, Path(run_dir), processes=pools)
                         if run.grading.enabled else None)
         if self.grading is not None:
@@ -66,7 +73,8 @@ class HarnessPool:
         self.groups += 1
         light = [replace(s, contexts=[]) for s in seqs]
         counts = self.grading.take_counts() if self.grading is not None else None
-        return Judged(light, judged.entry, judged.stats, payload=len(judged.rows), signal=judged.signal,
+        stats = {**judged.stats, **(self.distill.take_counts() if self.distill is not None else {})}
+        return Judged(light, judged.entry, stats, payload=len(judged.rows), signal=judged.signal,
                       grading=counts), (seqs, judged.rows)
 
 

@@ -46,21 +46,45 @@ class DistillExecutor:
         return out
 
 
+def take_metrics(counts: Counter, prefixes: dict) -> dict[str, float]:
+    """What teachers did since the last call, the counts reset: scoring seconds, forced prefix
+    tokens, and with teacher prefixes the teacher rollouts (and how many failed in the
+    infrastructure: their siblings start without a prefix)."""
+    m = {"distill/teacher_seconds": counts.pop("teacher_seconds", 0.0),
+         "distill/forced_tokens": float(counts.pop("forced_tokens", 0))}
+    if any(p.mode == "teacher" for p in prefixes.values()):
+        m["distill/teacher_rollouts"] = float(sum(p.teacher_rollouts for p in prefixes.values()))
+        m["distill/teacher_rollouts_failed"] = float(sum(p.teacher_failed for p in prefixes.values()))
+        for p in prefixes.values():
+            p.teacher_rollouts = p.teacher_failed = 0
+    return m
+
+
 class Distillation:
     """The run's teachers (by resolved path) and each distilled source's teacher and prefix plan."""
 
-    def __init__(self, cfg, teachers: dict[str, LocalTeacher], of_source: dict[str, str]):
+    def __init__(self, cfg, teachers: dict[str, LocalTeacher], of_source: dict[str, str], *,
+                 remote: dict[str, object] | None = None):
         self.cfg, self.teachers, self.of_source = cfg, teachers, of_source
         self.prefixes: dict[str, Prefixes] = {}
-        self.engines: dict[str, object] = {}
+        self.engines: dict[str, object] = dict(remote or {})
+        self.remote = remote is not None
+        """Under Ray the teachers are actors (``rlonce.distill.remote``): the harness pools score and
+        prefix their groups, and ``engines`` holds one client per teacher actor for evaluation."""
         self.counts: Counter = Counter()
 
     @classmethod
-    def build(cls, cfg, sources: dict, student_lm, cache_dir: Path, *, say=lambda msg: None) -> Distillation | None:
-        """None when no source has a teacher."""
+    def build(cls, cfg, sources: dict, student_lm, cache_dir: Path, *, say=lambda msg: None,
+              backend=None) -> Distillation | None:
+        """None when no source has a teacher. A ``backend`` with teacher actors (``RayCluster``)
+        keeps the teachers there."""
         distilled = {k: s for k, s in sources.items() if s.plan.distills}
         if not distilled:
             return None
+        actors = getattr(backend, "teacher_engines", None)
+        if actors:
+            return cls(cfg, {}, {label: name for label, (name, _) in actors.items()},
+                       remote={name: engine for name, engine in actors.values()})
         teachers: dict[str, LocalTeacher] = {}
         of_source = {}
         for label, src in distilled.items():
@@ -93,8 +117,9 @@ class Distillation:
         return self.engines[key]
 
     def wrap(self, label: str, executor):
-        """``executor`` of source ``label`` distilled (unchanged for a source without a teacher)."""
-        if label not in self.of_source:
+        """``executor`` of source ``label`` distilled (unchanged for a source without a teacher, and
+        under Ray, where the harness pools wrap their own)."""
+        if label not in self.of_source or self.remote:
             return executor
         plan = self.prefixes[label]
         if plan.mode != "none" or plan.student_turns:
@@ -105,16 +130,9 @@ class Distillation:
         return DistillExecutor(executor, self.teacher(label), self.counts)
 
     def step_metrics(self) -> dict[str, float]:
-        """What the teachers did since the last call: scoring seconds, forced prefix tokens, teacher
-        rollouts (and how many failed in the infrastructure: their groups start without a prefix)."""
-        m = {"distill/teacher_seconds": self.counts.pop("teacher_seconds", 0.0),
-             "distill/forced_tokens": float(self.counts.pop("forced_tokens", 0))}
-        if any(p.mode == "teacher" for p in self.prefixes.values()):
-            m["distill/teacher_rollouts"] = float(sum(p.teacher_rollouts for p in self.prefixes.values()))
-            m["distill/teacher_rollouts_failed"] = float(sum(p.teacher_failed for p in self.prefixes.values()))
-            for p in self.prefixes.values():
-                p.teacher_rollouts = p.teacher_failed = 0
-        return m
+        """What the teachers did since the last call (``take_metrics``); under Ray the harness pools
+        report it with each group instead."""
+        return {} if self.remote else take_metrics(self.counts, self.prefixes)
 
     def close(self) -> None:
         for e in self.engines.values():

@@ -96,24 +96,35 @@ class LocalTeacher:
     async def score(self, seqs: list[Sequence]) -> None:
         """Set ``teacher_logprobs`` on every trainable model segment of ``seqs`` (infrastructure
         failures are never trained, so never scored)."""
-        todo = [s for s in seqs if not s.infra_failed]
-        rows, where = [], []
-        for s in todo:
-            for ctx in s.contexts:
-                if not any(seg.trainable for seg in ctx.segments):
-                    continue
-                try:
-                    rows += sequence_to_rows(Sequence(s.task_id, s.arm, [ctx]), 0.0)
-                except RecordError:  # a context too short to be a row carries no trained token
-                    continue
-                where.append(ctx)
-        if not rows:
-            return
-        scored = await asyncio.to_thread(self.score_rows, rows)
-        for ctx, lp in zip(where, scored):
-            at = 0
-            for seg in ctx.segments:
-                n = len(seg.token_ids)
-                if seg.trainable:
-                    seg.teacher_logprobs = lp[at: at + n]
-                at += n
+        rows, where = scoring_rows(seqs)
+        if rows:
+            assign(where, await asyncio.to_thread(self.score_rows, rows))
+
+
+def scoring_rows(seqs: list[Sequence]) -> tuple[list, list]:
+    """The rows a teacher scores — one per context of ``seqs`` that holds a trainable model turn
+    (infrastructure failures are never trained, so never scored) — and each row's context."""
+    rows, where = [], []
+    for s in seqs:
+        if s.infra_failed:
+            continue
+        for ctx in s.contexts:
+            if not any(seg.trainable for seg in ctx.segments):
+                continue
+            try:
+                rows += sequence_to_rows(Sequence(s.task_id, s.arm, [ctx]), 0.0)
+            except RecordError:  # a context too short to be a row carries no trained token
+                continue
+            where.append(ctx)
+    return rows, where
+
+
+def assign(where: list, scored: list[list[float]]) -> None:
+    """Each context's trainable model segments take their slice of its row's teacher log-probs."""
+    for ctx, lp in zip(where, scored, strict=True):
+        at = 0
+        for seg in ctx.segments:
+            n = len(seg.token_ids)
+            if seg.trainable:
+                seg.teacher_logprobs = lp[at: at + n]
+            at += n

@@ -278,7 +278,9 @@ class Job:
     def distillation(self) -> Distillation | None:
         """The run's teachers (``rlonce.distill``; None when no source has one), loaded once."""
         if self.distill is None and any(p.distills for p in self.plans):
-            self.distill = Distillation.build(self.cfg, self.sources, self.ctx.lm, self.out / "cache", say=self._say)
+            self.ensure_engine()
+            self.distill = Distillation.build(self.cfg, self.sources, self.ctx.lm, self.out / "cache", say=self._say,
+                                              backend=self.backend)
         return self.distill
 
     async def evaluate_teachers(self) -> dict:
