@@ -20,6 +20,7 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     for step in ("step-0001", "step-0003"):  # the latest is the teacher
         shutil.copytree(embedded_dir, teacher / "checkpoints" / step)
         torch.save({}, teacher / "checkpoints" / step / "trainer_state.pt")
+    (teacher / "config.json").write_text("{}\n")  # a run directory holds the run's config, not a model's
     out = tmp_path / "distill"
     cli = [sys.executable, "-m", "rlonce.cli"]
     r = subprocess.run([*cli, "distill", "configs/tiny.toml", f"out={out}", f"model.name={embedded_dir}",

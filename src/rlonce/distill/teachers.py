@@ -30,7 +30,8 @@ def resolve(name: str, cache_dir: Path) -> Path:
     from rlonce.train import checkpoint
 
     path = Path(name).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    if path.is_dir() and (path / "checkpoints").is_dir() and not weights:  # a run directory (config.json: the run's)
         try:
             return checkpoint.latest(path)
         except checkpoint.NoCheckpoint as e:
