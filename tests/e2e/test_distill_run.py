@@ -3,6 +3,7 @@ checkpoint), the teacher's held-out score on the student's tasks, the reverse KL
 recovery ratio in summary.json, and an audit that recomputes every distilled token's advantage."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,40 @@ def test_rlonce_distill_on_ray_keeps_the_teacher_in_an_actor_and_audits_clean(em
     assert src["teacher_success"] == src["baseline_success"]
     a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
     assert a.returncode == 0, a.stdout
+
+
+def test_rlonce_distill_from_an_endpoint_teacher_served_by_rlonce_serve(embedded_dir, tmp_path):
+    """distill.teacher = http://…/v1: ``rlonce serve`` of the same weights scores the student's tokens
+    (vLLM's prompt_logprobs); the endpoint is not evaluated, so the summary has no teacher score."""
+    cli = [sys.executable, "-m", "rlonce.cli"]
+    with open(tmp_path / "serve.err", "w") as err:
+        serve = subprocess.Popen([*cli, "serve", "--model", str(embedded_dir), "--port", "0",
+                                  "--out", str(tmp_path / "serve")], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        base = None
+        for line in serve.stdout:  # "rlonce gateway for embedded at http://127.0.0.1:PORT"
+            if m := re.search(r" at (http://127\.0\.0\.1:\d+)$", line.strip()):
+                base = m.group(1)
+                break
+        assert base, (tmp_path / "serve.err").read_text()[-2000:]
+        out = tmp_path / "distill"
+        r = subprocess.run([*cli, "distill", "configs/tiny.toml", f"out={out}", f"model.name={embedded_dir}",
+                            "sft.demos=0", f"distill.teacher={base}/v1", "distill.teacher_model=embedded",
+                            "rl.reward_weight=0", "rl.steps=2", "eval.heldout_tasks=2", "eval.every=0", "--quiet"],
+                           capture_output=True, text=True, timeout=900)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "distill toolfind: teacher not evaluated (an endpoint), student" in r.stdout
+    src = json.loads((out / "summary.json").read_text())["sources"]["toolfind"]
+    assert src["teacher"] == f"{base}/v1" and src["reward_weight"] == 0.0
+    assert "teacher_success" not in src and "recovery" not in src
+    assert not (out / "eval" / "teacher.jsonl").exists()
+    steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
+    assert len(steps) == 2 and all(m["src/toolfind/distill_tokens"] > 0 for m in steps)
+    # the endpoint serves the student's starting weights: step 1's reverse KL is round-off
+    assert abs(steps[0]["distill_reverse_kl"]) < 1e-5 and steps[0]["retained_rows"] > 0
+    a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
+    assert a.returncode == 0, a.stdout
+    assert "[ok  ] advantages" in a.stdout

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -145,5 +146,21 @@ def test_distillation_settings_are_resolved_once_in_the_plan_with_clear_errors()
         check_sources(load_config(None, ["rl.reward_weight=0.5"]))
     with pytest.raises(ConfigError, match="trains on nothing"):
         check_sources(load_config(None, ["distill.teacher=embedded", "distill.kl_weight=0", "rl.reward_weight=0"]))
-    with pytest.raises(ConfigError, match="endpoint teachers are not supported"):
-        load_config(None, ["distill.teacher=http://127.0.0.1:9/v1"])
+    with pytest.raises(ConfigError, match="an endpoint teacher is the server's OpenAI base URL, ending in /v1"):
+        load_config(None, ["distill.teacher=http://127.0.0.1:9/completions"])
+
+
+def test_an_endpoint_teacher_is_refused_where_it_cannot_score_or_sample():
+    url = "http://127.0.0.1:9/v1"
+    (p,) = check_sources(load_config(None, [f"distill.teacher={url}/"]))
+    assert p.teacher == url and p.distills
+    cfg = load_config(None, [f"distill.teacher={url}"])
+    assert (cfg.distill.teacher_model, cfg.distill.teacher_timeout_s, cfg.distill.teacher_concurrency) == \
+        ("teacher", 600.0, 8)
+    for setting, says in [("harness.temperature=0.7", "set harness.temperature = 1.0"),
+                          ("harness.top_p=0.9", "set harness.top_p = 1.0"),
+                          ("harness.top_k=20", "set harness.top_k = 0"),
+                          ("distill.prefix=teacher", "set distill.prefix to 'none' or 'sft'")]:
+        with pytest.raises(ConfigError, match=f"has an endpoint teacher \\({url}\\): .*{re.escape(says)}$"):
+            check_sources(load_config(None, [f"distill.teacher={url}", setting]))
+    check_sources(load_config(None, [f"distill.teacher={url}", "distill.prefix=sft"]))  # the expert's prefixes: fine

@@ -79,9 +79,14 @@ def _run(cfg, resume: bool, args) -> int:
 
 
 def _say_distill(summary: dict) -> None:
-    """A distillation run's per-source recovery: student before → after against its teacher."""
+    """A distillation run's per-source recovery: student before → after against its teacher (an
+    endpoint teacher only scores: it is not evaluated)."""
     for label, src in summary["sources"].items():
+        if "teacher" not in src:
+            continue
         if "teacher_success" not in src:
+            print(f"  distill {label}: teacher not evaluated (an endpoint), student {src['baseline_success']:.3f} -> "
+                  f"{src['final_success']:.3f}")
             continue
         rec = "n/a (the teacher scored 0)" if src["recovery"] is None else f"{src['recovery']:.2f}"
         print(f"  distill {label}: teacher {src['teacher_success']:.3f}, student {src['baseline_success']:.3f} -> "

@@ -1,6 +1,8 @@
 """The ``[distill]`` table: on-policy distillation from teachers, MOPD2's multi-prefix,
 multi-teacher form (docs/distillation.md). A source distils when it has a teacher (its own
-``teacher`` in ``[[sources]]``, else ``distill.teacher``); ``rlonce.distill`` does the work."""
+``teacher`` in ``[[sources]]``, else ``distill.teacher``); ``rlonce.distill`` does the work.
+A teacher is a model loaded in the run or an OpenAI-compatible endpoint that returns prompt
+log-probs (``rlonce.distill.endpoint``), named by its base URL."""
 
 from __future__ import annotations
 
@@ -13,16 +15,31 @@ from rlonce.config.sections import Section
 PrefixMode = Literal["none", "sft", "teacher"]
 
 
+def is_endpoint(teacher: str | None) -> bool:
+    """Whether ``teacher`` names an endpoint (an http(s) base URL) rather than a model."""
+    return teacher is not None and teacher.lower().startswith(("http://", "https://"))
+
+
 def check_teacher(value: str | None) -> str | None:
-    """A teacher is 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint) or
-    a hub id in the local cache. Only its form is checked here; it is loaded when the run starts."""
+    """A teacher is 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint), a
+    hub id in the local cache, or the base URL of an OpenAI-compatible endpoint, ending in /v1. Only
+    its form is checked here; it is loaded (or first asked) when the run starts."""
     if value is None:
         return None
     if not value.strip() or any(ord(c) < 32 for c in value):
-        raise ValueError("a teacher is a model name, a model folder or a run directory")
-    if value.startswith(("http://", "https://")):
-        raise ValueError(f"teacher {value!r}: endpoint teachers are not supported yet; give a model folder or a run "
-                         "directory (docs/distillation.md)")
+        raise ValueError("a teacher is a model name, a model folder, a run directory or an endpoint's base URL")
+    if is_endpoint(value):
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(value)
+            ok = bool(url.hostname) and (url.port is None or url.port > 0)
+        except ValueError:  # a malformed host or port
+            ok = False
+        if not ok or url.query or url.fragment or not url.path.rstrip("/").endswith("/v1") or " " in value:
+            raise ValueError(f"teacher {value!r}: an endpoint teacher is the server's OpenAI base URL, ending in /v1 "
+                             "(as http://127.0.0.1:8000/v1)")
+        return value.rstrip("/")
     return value
 
 
@@ -33,8 +50,11 @@ class DistillConfig(Section):
 
     teacher: str | None = None
     """The teacher of every source that names none of its own (None: only sources with a ``teacher``
-    distil). 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint) or a hub
-    id in the local cache; it must share the student's tokenizer."""
+    distil). 'embedded', 'smollm2', a model folder, a run directory (its latest checkpoint), a hub id
+    in the local cache, or an OpenAI-compatible endpoint's base URL ending in /v1 (vLLM's server,
+    ``rlonce serve``: it scores the student's tokens with prompt log-probs; its source samples at
+    temperature 1 without top-p/top-k, and takes no 'teacher' prefixes). It must share the student's
+    tokenizer (an endpoint's cannot be checked)."""
     kl_weight: float = Field(1.0, ge=0, le=1000)
     """Weight of the per-token reverse-KL advantage (a source's ``kl_weight`` overrides it)."""
     prefix: PrefixMode = "none"
@@ -48,6 +68,14 @@ class DistillConfig(Section):
     prefix (MOPD2: one new turn per prefix), the whole episode without."""
     teacher_batch_tokens: int = Field(8192, ge=64, le=10_000_000)
     """Tokens per teacher forward pass when a local teacher scores a group's contexts."""
+    teacher_model: str = "teacher"
+    """The model name sent to an endpoint teacher (the ``model`` of each scoring request: the name
+    the server was started with, as vLLM's ``--served-model-name``)."""
+    teacher_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """Seconds one scoring request to an endpoint teacher may take; past them the group is an
+    infrastructure failure (engine_error), never trained."""
+    teacher_concurrency: int = Field(8, ge=1, le=1024)
+    """Scoring requests in flight at once to an endpoint teacher (one per context of a group)."""
 
     @field_validator("teacher")
     @classmethod

@@ -25,6 +25,9 @@ class ExecutorFailure(RuntimeError):
         super().__init__(message)
         self.category = category
 
+    def __reduce__(self):  # raised in a harness pool, it reaches the driver inside a RayTaskError
+        return type(self), (str(self), self.category)
+
 
 def first_line(e: BaseException) -> str:
     text = str(e).strip()

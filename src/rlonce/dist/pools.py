@@ -155,9 +155,10 @@ class RayExecutor:
         except asyncio.CancelledError:  # dropped as stale: stop the sequences where they run
             ray.cancel(meta_ref)
             raise
-        except ray.exceptions.RayTaskError as e:
+        except ray.exceptions.RayTaskError as e:  # the pool's own ExecutorFailure keeps its category
+            category = getattr(e.cause, "category", FailureCategory.HARNESS_ERROR)
             raise ExecutorFailure(f"harness pool {i} raised on group {group.gid}: {first_line(e)}",
-                                  FailureCategory.HARNESS_ERROR) from None
+                                  category) from None
         except ray.exceptions.RayError as e:
             self.lost[i] += 1
             self._mark_lost(i)

@@ -4,10 +4,12 @@ held-out scores for the run's summary.
 
 ``Distillation.build`` loads each distinct teacher once (a run directory means its latest
 checkpoint), refuses one whose tokenizer is not the student's, and builds a teacher engine where a
-source takes its prefixes from the teacher's rollouts. ``DistillExecutor`` runs the group
-(``LocalExecutor``, with the source's ``Prefixes``), then ``LocalTeacher.score``: teacher
+source takes its prefixes from the teacher's rollouts; an endpoint teacher
+(``rlonce.distill.endpoint``) is only asked, never loaded. ``DistillExecutor`` runs the group
+(``LocalExecutor``, with the source's ``Prefixes``), then the teacher's ``score``: teacher
 log-probs are computed once per sampled turn and stored on its segment, so the rows, the stored
-rollouts and ``rlonce audit`` carry them.
+rollouts and ``rlonce audit`` carry them. A teacher that fails (``EngineError``) fails the whole
+group as an infrastructure failure (``engine_error``): no sequence of it is trained or judged.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from collections import Counter
 from pathlib import Path
 
 from rlonce.config import ConfigError
+from rlonce.config.distill import is_endpoint
+from rlonce.core.records import FailureCategory
+from rlonce.dist.common import ExecutorFailure
+from rlonce.distill.endpoint import EndpointTeacher
 from rlonce.distill.prefixes import Prefixes
-from rlonce.distill.teachers import LocalTeacher, check_tokenizer, resolve
+from rlonce.distill.teachers import LocalTeacher, Teacher, check_tokenizer, resolve
+from rlonce.engine.base import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +34,7 @@ log = logging.getLogger(__name__)
 class DistillExecutor:
     """``inner``'s groups, each sequence's model turns scored by ``teacher`` once they ran."""
 
-    def __init__(self, inner, teacher: LocalTeacher, counts: Counter):
+    def __init__(self, inner, teacher: Teacher, counts: Counter):
         self.inner, self.teacher, self.counts = inner, teacher, counts
 
     def __getattr__(self, name):  # reserve, tickets, ...: the wrapped executor's
@@ -39,7 +46,10 @@ class DistillExecutor:
             raise ConfigError("distillation runs on the local executor: a Ray harness pool judged this group "
                               "before its teacher could score it; set executor = \"local\"")
         t0 = time.perf_counter()
-        await self.teacher.score(out)
+        try:
+            await self.teacher.score(out)
+        except EngineError as e:  # the teacher's infrastructure failed, not the student: the group is infra
+            raise ExecutorFailure(f"the teacher could not score the group: {e}", FailureCategory.ENGINE_ERROR) from None
         self.counts["teacher_seconds"] += time.perf_counter() - t0
         self.counts["forced_tokens"] += sum(len(s.token_ids) for q in out for c in q.contexts for s in c.segments
                                             if s.forced)
@@ -61,9 +71,10 @@ def take_metrics(counts: Counter, prefixes: dict) -> dict[str, float]:
 
 
 class Distillation:
-    """The run's teachers (by resolved path) and each distilled source's teacher and prefix plan."""
+    """The run's teachers (by resolved path, an endpoint's by URL) and each distilled source's teacher
+    and prefix plan."""
 
-    def __init__(self, cfg, teachers: dict[str, LocalTeacher], of_source: dict[str, str], *,
+    def __init__(self, cfg, teachers: dict[str, Teacher], of_source: dict[str, str], *,
                  remote: dict[str, object] | None = None):
         self.cfg, self.teachers, self.of_source = cfg, teachers, of_source
         self.prefixes: dict[str, Prefixes] = {}
@@ -77,17 +88,28 @@ class Distillation:
     def build(cls, cfg, sources: dict, student_lm, cache_dir: Path, *, say=lambda msg: None,
               backend=None) -> Distillation | None:
         """None when no source has a teacher. A ``backend`` with teacher actors (``RayCluster``)
-        keeps the teachers there."""
+        keeps the teachers there (its harness pools score; an endpoint teacher needs no actor). An
+        endpoint teacher is an ``EndpointTeacher`` keyed by its URL; its tokenizer cannot be
+        checked against the student's (the endpoint serves token ids, not its tokenizer): it must
+        serve a model of the student's family."""
         distilled = {k: s for k, s in sources.items() if s.plan.distills}
         if not distilled:
             return None
         actors = getattr(backend, "teacher_engines", None)
-        if actors:
-            return cls(cfg, {}, {label: name for label, (name, _) in actors.items()},
-                       remote={name: engine for name, engine in actors.values()})
-        teachers: dict[str, LocalTeacher] = {}
+        if actors is not None:
+            of_source = {label: name for label, (name, _) in actors.items()}
+            of_source |= {label: src.plan.teacher for label, src in distilled.items() if is_endpoint(src.plan.teacher)}
+            return cls(cfg, {}, of_source, remote={name: engine for name, engine in actors.values()})
+        teachers: dict[str, Teacher] = {}
         of_source = {}
         for label, src in distilled.items():
+            if is_endpoint(src.plan.teacher):
+                key = of_source[label] = src.plan.teacher
+                if key not in teachers:
+                    say(f"teacher {key} for {label}: an endpoint (its tokenizer cannot be checked; it must be the "
+                        "student's)")
+                    teachers[key] = EndpointTeacher.from_config(cfg.distill, key)
+                continue
             path = resolve(src.plan.teacher, cache_dir)
             key = of_source[label] = str(path.resolve())
             if key not in teachers:
@@ -103,15 +125,19 @@ class Distillation:
                                             seed=cfg.runtime.seed)
         return self
 
-    def teacher(self, label: str) -> LocalTeacher:
+    def teacher(self, label: str) -> Teacher:
         return self.teachers[self.of_source[label]]
 
     def engine_for(self, label: str):
         """An engine sampling from source ``label``'s teacher (its prefixes' rollouts, its held-out
-        evaluation): the run's engine settings on the teacher's loaded weights, one per teacher."""
+        evaluation): the run's engine settings on the teacher's loaded weights, one per teacher. An
+        endpoint teacher has none (``ConfigError``): it only scores."""
         from rlonce.engine.factory import EngineSpec
 
         key = self.of_source[label]
+        if is_endpoint(key):
+            raise ConfigError(f"source {label}'s teacher {key} is an endpoint: it scores the student's tokens but "
+                              "samples nothing here (no teacher prefixes, no teacher evaluation)")
         if key not in self.engines:
             self.engines[key] = EngineSpec.from_config(self.cfg, key).build(lm=self.teachers[key].lm)
         return self.engines[key]
@@ -138,3 +164,4 @@ class Distillation:
         for e in self.engines.values():
             e.close()
         self.engines = {}
+

@@ -1,7 +1,8 @@
 """Distillation under ``executor = "ray"``: each distinct teacher is an actor beside the engine
 actors (``TeacherActor``: it scores rows with the teacher's forward and samples the teacher's
 prefix rollouts and its held-out evaluation); each harness pool scores its groups through it
-(``RemoteTeacher``) before judging them, where their tokens are."""
+(``RemoteTeacher``) before judging them, where their tokens are. An endpoint teacher needs no
+actor: each pool asks the endpoint itself (``EndpointTeacher``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import asyncio
 import os
 from collections import Counter
 
+from rlonce.config.distill import is_endpoint
 from rlonce.dist.common import awaitable, first_line, ray_module
+from rlonce.distill.endpoint import EndpointTeacher
 from rlonce.distill.teachers import LocalTeacher, assign, resolve, scoring_rows
 from rlonce.engine.base import BackendError, EngineError, Generation, SamplingParams
 
@@ -67,7 +70,8 @@ class RemoteTeacher:
 
 def start_teachers(cfg, run_dir, run_id: str) -> tuple[list, dict[str, str]]:
     """One ``TeacherActor`` per distinct teacher of the run's sources; returns the actors and, per
-    distilled source, its teacher actor's name (what the harness pools and the driver look up)."""
+    distilled source, its teacher actor's name (what the harness pools and the driver look up) — or,
+    for an endpoint teacher, which has no actor, its URL."""
     from pathlib import Path
 
     from rlonce.rollout.sources import plan_sources
@@ -79,6 +83,9 @@ def start_teachers(cfg, run_dir, run_id: str) -> tuple[list, dict[str, str]]:
     data = cfg.model_dump(mode="json")
     for p in plan_sources(cfg):
         if not p.distills:
+            continue
+        if is_endpoint(p.teacher):
+            names[p.label] = p.teacher
             continue
         path = str(resolve(p.teacher, Path(run_dir) / "cache").absolute())
         if path not in by_path:
@@ -98,8 +105,8 @@ def start_teachers(cfg, run_dir, run_id: str) -> tuple[list, dict[str, str]]:
 
 class PoolDistillation:
     """A harness pool's distilled sources: each executor given its prefixes and wrapped so its
-    teacher actor scores a group before the pool judges it; what they did goes into the group's
-    signal stats (``take_counts``)."""
+    teacher actor (or its endpoint) scores a group before the pool judges it; what they did goes
+    into the group's signal stats (``take_counts``)."""
 
     def __init__(self, run, sources: dict, teachers: dict[str, str], timeout: float):
         from rlonce.dist.engines import RemoteEngine
@@ -108,14 +115,20 @@ class PoolDistillation:
         ray = ray_module()
         self.counts: Counter = Counter()
         self.prefixes, self.teachers = {}, {}
+        endpoints: dict[str, EndpointTeacher] = {}
         for label, name in teachers.items():
-            actor = ray.get_actor(name)
             plan = sources[label].plan
-            engine = RemoteEngine([actor], timeout) if plan.prefix == "teacher" else None
+            if is_endpoint(name):  # no actor, and no teacher prefixes (refused by check_sources)
+                actor, engine = None, None
+                teacher = endpoints.setdefault(name, EndpointTeacher.from_config(run.distill, name))
+            else:
+                actor = ray.get_actor(name)
+                engine = RemoteEngine([actor], timeout) if plan.prefix == "teacher" else None
+                teacher = RemoteTeacher(actor, timeout)
             self.prefixes[label] = Prefixes(plan.prefix, plan.student_turns, domain=sources[label].domain,
                                             encode=sources[label].spec.encode, fmt=sources[label].spec.chat_format,
                                             teacher_engine=engine, seed=run.runtime.seed)
-            self.teachers[label] = RemoteTeacher(actor, timeout)
+            self.teachers[label] = teacher
 
     def wrap(self, executors: dict) -> dict:
         from rlonce.distill.executor import DistillExecutor

@@ -10,7 +10,8 @@ engine/trainer mismatch (``tests/unit/test_distill.py``).
 
 A teacher is named like a model: 'embedded', 'smollm2', a model folder, a hub id in the local
 cache — or a run directory, which means its latest checkpoint. It must share the student's
-tokenizer: the tokens it scores are the student's.
+tokenizer: the tokens it scores are the student's. A teacher behind an HTTP endpoint is
+``rlonce.distill.endpoint``; both are a ``Teacher``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Protocol
 
 from rlonce.config import ConfigError
 from rlonce.core.records import RecordError, Sequence, sequence_to_rows
 from rlonce.model import loader
+
+
+class Teacher(Protocol):
+    """What scores a group: ``LocalTeacher``, ``EndpointTeacher``, ``RemoteTeacher`` (a Ray actor's)."""
+
+    async def score(self, seqs: list[Sequence]) -> None:
+        """Set ``teacher_logprobs`` on every trainable model segment of ``seqs``; an ``EngineError``
+        when the teacher's infrastructure failed."""
 
 
 def resolve(name: str, cache_dir: Path) -> Path:

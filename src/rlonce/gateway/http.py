@@ -6,6 +6,8 @@ session is addressed by path — ``/sessions/{id}/v1/chat/completions`` — or, 
 ``x-api-key: KEY`` from Anthropic's); either way the key must be the one that opened the
 session (``Gateway.session_for``). The trajectory, reward, re-render and listing routes need
 the admin key — the trainer's — given to ``make_app`` or generated there (``app.state.admin_key``).
+``/v1/completions`` only scores prompts of token ids, vLLM's way (``rlonce.gateway.scoring``): what
+an endpoint teacher asks of a served model; it opens no session.
 
 Bodies are read here, not by FastAPI's validation: streamed with the size cap enforced while
 reading (413 at the cap, the connection closed) and a deadline for the whole body (408), then
@@ -28,6 +30,7 @@ import hmac
 import math
 import os
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from starlette.requests import ClientDisconnect
 
 from rlonce.core.timeouts import Expired
 from rlonce.engine.base import EngineError
+from rlonce.gateway import scoring
 from rlonce.gateway.core import Gateway
 from rlonce.gateway.messages import MAX_DEPTH, Overloaded, ProtocolError, loads
 from rlonce.gateway.protocols import PROTOCOLS
@@ -82,6 +86,16 @@ class ResponsesBody(_Open):
     previous_response_id: str | None = None
     temperature: float | None = None
     stream: bool = False
+
+
+class CompletionBody(_Open):
+    """A scoring request (``rlonce.gateway.scoring``): the only completions request served."""
+
+    model: str = ""
+    prompt: list[int]
+    max_tokens: int
+    prompt_logprobs: int
+    temperature: float | None = None
 
 
 class RewardBody(BaseModel):
@@ -155,11 +169,15 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = 4 << 20, max_depth: int 
     app.state.admin_key = admin_key or secrets.token_urlsafe(32)
     app.state.body = BodyLimits(max_body_bytes, body_timeout, max_depth)
     app.state.api_keys = [k.encode() for k in api_keys] if api_keys else None
+    app.state.scoring = threading.Lock()
+    """One prompt-scoring forward at a time (``completions``): its vocabulary-wide logits are large."""
     for path, (protocol, model) in ROUTES.items():
         extra = _body_schema(model)
         app.add_api_route(f"/v1/{path}", by_key, methods=["POST"], openapi_extra=extra, name=f"{protocol} (by key)")
         app.add_api_route(f"/sessions/{{session_id}}/v1/{path}", by_path, methods=["POST"], openapi_extra=extra,
                           name=f"{protocol} (by path)")
+    app.add_api_route("/v1/completions", completions, methods=["POST"], openapi_extra=_body_schema(CompletionBody),
+                      name="prompt scoring (vLLM's prompt_logprobs)")
     for path in ("/v1/messages/count_tokens", "/sessions/{session_id}/v1/messages/count_tokens"):
         app.add_api_route(path, count_tokens, methods=["POST"], openapi_extra=_body_schema(MessagesBody),
                           name="Anthropic token count")
@@ -235,7 +253,8 @@ async def _no_route(request: Request, exc: HTTPException) -> JSONResponse:
     """An unknown path or method (404, 405), in the error shape of the client's protocol."""
     protocol = "anthropic-messages" if "anthropic-version" in request.headers else "openai-chat"
     msg = (f"{request.method} {request.url.path}: {exc.detail}; this gateway serves POST /v1/chat/completions, "
-           "/v1/messages, /v1/messages/count_tokens and /v1/responses (also under /sessions/ID), GET /v1/models")
+           "/v1/messages, /v1/messages/count_tokens and /v1/responses (also under /sessions/ID), /v1/completions "
+           "(prompt scoring), GET /v1/models")
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     out = error_response(ProtocolError(msg, status=exc.status_code, kind=kind), protocol)
     out.headers.update(exc.headers or {})
@@ -322,6 +341,32 @@ async def count_tokens(request: Request):
     except ProtocolError as e:
         return error_response(e, "anthropic-messages", close=e.status in (408, 413))
     return JSONResponse(out)
+
+
+async def completions(request: Request):
+    """vLLM's prompt log-probs for a prompt of token ids (``rlonce.gateway.scoring``: what an endpoint
+    teacher asks), one forward at a time on a worker thread; any other completions request is a 400."""
+    gateway: Gateway = request.app.state.gateway
+    try:
+        _client_key(request)
+        body = await read_json(request)
+        model = getattr(gateway.settings.engine, "model", None)
+        if model is None:
+            raise ProtocolError("this gateway's engine has no model to score prompts with")
+        ids, k = scoring.scoring_request(body, vocab=scoring.vocabulary(model),
+                                         max_context=gateway.settings.budgets.max_context)
+        entries = await asyncio.to_thread(_locked, request.app.state.scoring, scoring.prompt_logprobs, model, ids, k,
+                                          gateway.settings.decode)
+    except ProtocolError as e:
+        return error_response(e, close=e.status in (408, 413))
+    except ArithmeticError as e:  # the model failed, not the request
+        return error_response(ProtocolError(f"engine unavailable: {e}", status=503, kind="api_error"))
+    return JSONResponse(scoring.completion_reply(ids, entries, gateway.settings.model_name))
+
+
+def _locked(lock: threading.Lock, fn, *args):
+    with lock:
+        return fn(*args)
 
 
 def models(request: Request) -> dict:

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlonce.config import RunConfig, save_config
+from rlonce.config.distill import is_endpoint
 from rlonce.core import faults
 from rlonce.dist.backends import build_backend
 from rlonce.distill.executor import Distillation
@@ -285,18 +286,20 @@ class Job:
 
     async def evaluate_teachers(self) -> dict:
         """Each distilled source's teacher on the source's held-out tasks (the baseline's count), with
-        the evaluation's seeds: what the student's recovery is measured against (``eval/teacher.jsonl``)."""
+        the evaluation's seeds: what the student's recovery is measured against (``eval/teacher.jsonl``).
+        An endpoint teacher only scores, so its sources are not evaluated (nor in the result)."""
         distill = self.distillation()
         self.threads("rollout")
         per_source = {}
         for label, src in self.sources.items():
-            if not src.plan.distills:
+            if not src.plan.distills or is_endpoint(src.plan.teacher):
                 continue
             count = min(src.plan.heldout_tasks, src.domain.heldout_size or src.plan.heldout_tasks)
             per_source[label] = await heldout_success(
                 src.domain, distill.engine_for(label), src.spec, count, f"teacher eval {label}",
                 concurrency=self.cfg.eval.concurrency, progress=self.progress)
-        keep_rows(self.out, "teacher eval", per_source)
+        if per_source:
+            keep_rows(self.out, "teacher eval", per_source)
         return {k: {"success": v["success"], "reward": v["reward"], "tasks": v["tasks"]} for k, v in per_source.items()}
 
     def _elapsed(self) -> float:
@@ -348,7 +351,7 @@ class Job:
         if st.teacher_per_source is None and any(p.distills for p in self.plans):
             st.teacher_per_source = asyncio.run(self.evaluate_teachers())
             said = "; ".join(f"{k} {v['success']:.3f}" for k, v in st.teacher_per_source.items())
-            self._say(f"teacher held-out success {said}")
+            self._say(f"teacher held-out success {said}" if said else "no teacher to evaluate (endpoints only score)")
             self.save_checkpoint()
         if st.phase == "done" and st.rl_step < cfg.rl.steps:  # a finished run resumed to train on
             st.phase, st.final = "rl", None
@@ -407,7 +410,8 @@ class Job:
 
 def distill_summary(plan, teacher: dict | None, final: dict) -> dict:
     """A distilled source's part of ``summary.json``: its teacher, the teacher's held-out score on the
-    same tasks, and the recovery ratio (student after / teacher; None when the teacher scored 0)."""
+    same tasks, and the recovery ratio (student after / teacher; None when the teacher scored 0).
+    A teacher that was not evaluated (``teacher`` None: an endpoint) has neither score nor ratio."""
     if not plan.distills:
         return {}
     out = {"teacher": plan.teacher, "prefix": plan.prefix, "kl_weight": plan.kl_weight,

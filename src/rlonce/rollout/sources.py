@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlonce.config import ConfigError, RunConfig, TaskConfig
+from rlonce.config.distill import is_endpoint
 from rlonce.config.domains import domain_names, load_domain
 from rlonce.config.sections import MAX_STEPS
 from rlonce.config.sources import SourceConfig
@@ -119,7 +120,7 @@ def _distill_plan(cfg: RunConfig, s: SourceConfig) -> dict:
 def check_sources(cfg: RunConfig) -> list[SourcePlan]:
     """The run's plan, refused with a one-line fix when a domain cannot run it: a single-turn
     domain takes only the ``single-turn`` arm, a tool domain never takes it, SFT needs a scripted
-    expert."""
+    expert; or when its teacher cannot serve it (``endpoint_refusal``)."""
     plans = plan_sources(cfg)
     where = (lambda p: f"[[sources]] {p.label!r}") if cfg.sources else (lambda p: f"task {p.label!r}")
     arms_key = "arms" if cfg.sources else "harness.arms"
@@ -136,12 +137,36 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
         if p.distills and p.prefix == "sft" and not entry.has_expert:
             raise ConfigError(f"{where(p)} has no scripted expert to take SFT prefixes from: use prefix 'teacher' "
                               "or 'none'")
+        if p.distills and is_endpoint(p.teacher) and (why := endpoint_refusal(p, bool(cfg.sources))):
+            raise ConfigError(f"{where(p)} has an endpoint teacher ({p.teacher}): {why}")
         if not p.distills and p.reward_weight != 1.0:
             raise ConfigError(f"{where(p)} has reward_weight {p.reward_weight} but no teacher: the reward weight "
                               "only scales the reward beside a distillation term; set a teacher or leave it 1")
     if any(p.distills and p.reward_weight == 0 and p.kl_weight == 0 for p in plans):
         raise ConfigError("a distilled source with kl_weight 0 and reward_weight 0 trains on nothing: raise one")
     return plans
+
+
+def endpoint_refusal(p: SourcePlan, own_table: bool) -> str | None:
+    """Why source ``p`` cannot distil from an endpoint teacher, with what to set (None: it can). The
+    endpoint returns raw log-probs over the whole vocabulary at temperature 1 — not at the row's
+    temperature, not over a top-p/top-k candidate set — and it only scores: it samples no prefix."""
+    def key(name: str) -> str:
+        return f"{name} in its table" if own_table else f"harness.{name}"
+
+    if p.temperature != 1.0:
+        return (f"it returns log-probs at temperature 1, the source samples at {p.temperature:g}; "
+                f"set {key('temperature')} = 1.0")
+    if p.top_p < 1.0:
+        return (f"it returns log-probs over the whole vocabulary, the source samples top_p {p.top_p:g}; "
+                f"set {key('top_p')} = 1.0")
+    if p.top_k > 0:
+        return (f"it returns log-probs over the whole vocabulary, the source samples top_k {p.top_k}; "
+                f"set {key('top_k')} = 0")
+    if p.prefix == "teacher":
+        return (f"an endpoint only scores, it samples no teacher rollouts for prefixes; set "
+                f"{'prefix in its table' if own_table else 'distill.prefix'} to 'none' or 'sft'")
+    return None
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""An endpoint teacher: a teacher served behind an OpenAI-compatible HTTP endpoint that returns
+prompt log-probs, in the form vLLM's OpenAI server gives them (``rlonce serve`` answers the same).
+
+Each row a group yields (``scoring_rows``: one per context with a trained turn) is one request::
+
+    POST {base_url}/completions
+    {"model": M, "prompt": [token ids...], "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+
+and the reply's ``choices[0].prompt_logprobs`` holds one entry per prompt token: null for the first,
+then ``{"<token id>": {"logprob": float, "rank": int, "decoded_token": str}, ...}`` — the prompt's
+own token at that position always, plus the ``prompt_logprobs`` most likely others. This is vLLM's
+shape: ``CompletionRequest.prompt_logprobs: int | None`` and ``CompletionResponseChoice.prompt_logprobs:
+list[dict[int, Logprob] | None] | None`` (vllm/entrypoints/openai/completion/protocol.py), ``Logprob``
+being ``(logprob, rank, decoded_token)`` (vllm/logprobs.py), the first prompt token's entry None
+(``LogprobsProcessor.from_new_request``, vllm/v1/engine/logprobs.py); JSON writes the int keys as
+strings, and a log-prob of −inf arrives as −9999.0 (``clamp_prompt_logprobs`` in vLLM's serving
+code). Read in vllm-project/vllm at 002032ee. A prompt of token ids is taken as given (no special
+tokens added); ``max_tokens`` 1 because vLLM samples at least one token (its text is ignored).
+
+What it cannot do, refused when the config is checked (``rlonce.rollout.sources.endpoint_refusal``):
+such a server returns the model's raw log-probs over the whole vocabulary at temperature 1, so a
+source sampled at another temperature or under top-p/top-k (rows with candidate sets) cannot be
+scored by it, and it only scores — it samples no prefix rollouts. Its tokenizer cannot be checked
+against the student's either: the endpoint must serve a model of the student's tokenizer.
+
+The endpoint is not trusted: every reply is checked — one entry per token, the row's own token in
+each scored entry, each log-prob a finite number ≤ 0, the body at most ``reply_bytes`` — and any
+failure (refused connection, timeout, a non-200 status, a malformed reply) is an ``EngineError``
+naming the endpoint: the group becomes an infrastructure failure, never the student's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+import httpx
+
+from rlonce.core.records import Sequence
+from rlonce.distill.teachers import assign, scoring_rows
+from rlonce.engine.base import EngineError
+
+
+class EndpointTeacher:
+    """``LocalTeacher.score`` over an endpoint: one scoring request per row, at most ``concurrency``
+    in flight (across every group this teacher scores at once), each within ``timeout`` seconds."""
+
+    def __init__(self, base_url: str, model: str = "teacher", *, timeout: float = 600.0, concurrency: int = 8,
+                 api_key: str = "EMPTY"):
+        self.name = self.base_url = base_url.rstrip("/")
+        self.model, self.timeout, self.concurrency, self.api_key = model, timeout, concurrency, api_key
+        self.scored_tokens = 0
+        self.seconds = 0.0
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    @classmethod
+    def from_config(cls, distill, url: str) -> EndpointTeacher:
+        """The teacher at ``url`` with the ``[distill]`` table's model name, timeout and concurrency."""
+        return cls(url, distill.teacher_model, timeout=distill.teacher_timeout_s,
+                   concurrency=distill.teacher_concurrency)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        """This event loop's gate (a run calls ``asyncio.run`` once per phase: each loop gets its own)."""
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self.concurrency))
+        return self._gate[1]
+
+    async def score(self, seqs: list[Sequence]) -> None:
+        """Set ``teacher_logprobs`` on every trainable model segment of ``seqs``; ``EngineError`` when
+        the endpoint fails (nothing is set then)."""
+        rows, where = scoring_rows(seqs)
+        if rows:
+            assign(where, await self.score_rows(rows))
+
+    async def score_rows(self, rows) -> list[list[float]]:
+        """Per row, the endpoint's log-prob of each trained token (0.0 at position 0 and wherever the
+        loss mask is 0). The first failure cancels the row requests still in flight."""
+        for r in rows:
+            if r.temperature != 1.0 or r.candidates:
+                raise ValueError(f"teacher {self.name} scores at temperature 1 over the whole vocabulary; a row at "
+                                 f"temperature {r.temperature:g}{' with candidate sets' if r.candidates else ''} "
+                                 "cannot be scored by it (rlonce.rollout.sources.endpoint_refusal refuses its source)")
+        t0 = time.perf_counter()
+        gate = self._semaphore()
+        async with httpx.AsyncClient(timeout=self.timeout, trust_env=False,
+                                     limits=httpx.Limits(max_connections=self.concurrency)) as client:
+            tasks = [asyncio.ensure_future(self._one(client, gate, r)) for r in rows]
+            try:
+                out = await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        self.seconds += time.perf_counter() - t0
+        self.scored_tokens += sum(sum(r.loss_mask) for r in rows)
+        return out
+
+    async def _one(self, client: httpx.AsyncClient, gate: asyncio.Semaphore, row) -> list[float]:
+        body = {"model": self.model, "prompt": list(row.token_ids), "max_tokens": 1, "temperature": 1.0,
+                "prompt_logprobs": 0}
+        async with gate:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    raw = await self._post(client, body, reply_bytes(len(row)))
+            except (TimeoutError, httpx.TimeoutException):
+                raise EngineError(f"teacher endpoint {self.base_url} did not score a row of {len(row)} tokens "
+                                  f"within {self.timeout:g} s (distill.teacher_timeout_s)") from None
+            except httpx.HTTPError as e:
+                raise EngineError(f"teacher endpoint {self.base_url} is unreachable: {type(e).__name__}: "
+                                  f"{_line(str(e)) or 'no detail'}") from None
+        try:
+            return read_reply(raw, row)
+        except ValueError as e:
+            raise EngineError(f"teacher endpoint {self.base_url} sent a malformed reply: {e}") from None
+
+    async def _post(self, client: httpx.AsyncClient, body: dict, limit: int) -> bytes:
+        """The reply's body, read up to ``limit`` bytes; ``EngineError`` on any status but 200."""
+        headers = {"authorization": f"Bearer {self.api_key}"}
+        async with client.stream("POST", f"{self.base_url}/completions", json=body, headers=headers) as r:
+            buf = bytearray()
+            async for chunk in r.aiter_bytes():
+                buf += chunk
+                if len(buf) > limit:
+                    raise EngineError(f"teacher endpoint {self.base_url} sent a reply over {limit} bytes")
+                if r.status_code != 200 and len(buf) > 300:
+                    break
+        if r.status_code != 200:
+            text = _line(buf[:300].decode("utf-8", "replace"))
+            raise EngineError(f"teacher endpoint {self.base_url} answered HTTP {r.status_code}"
+                              + (f": {text}" if text else ""))
+        return bytes(buf)
+
+
+def reply_bytes(tokens: int) -> int:
+    """The largest scoring reply read for a row of ``tokens`` tokens (2 KiB a token, and 1 MiB)."""
+    return (1 << 20) + 2048 * tokens
+
+
+def read_reply(raw: bytes, row) -> list[float]:
+    """The row's teacher log-probs from a vLLM-shaped reply (``ValueError`` saying what is wrong):
+    each trained token's own entry, a finite log-prob ≤ 0; 0.0 at position 0 and wherever the loss
+    mask is 0 (those entries are not read)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON ({_line(str(e))[:120]})") from None
+    try:
+        entries = data["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("no choices[0].prompt_logprobs (does the server return prompt log-probs, as vLLM "
+                         "does?)") from None
+    if not isinstance(entries, list) or len(entries) != len(row):
+        n = len(entries) if isinstance(entries, list) else type(entries).__name__
+        raise ValueError(f"prompt_logprobs has {n} entries for a prompt of {len(row)} tokens")
+    out = [0.0]
+    for t in range(1, len(row)):
+        if not row.loss_mask[t]:
+            out.append(0.0)
+            continue
+        token = row.token_ids[t]
+        entry = entries[t].get(str(token)) if isinstance(entries[t], dict) else None
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if lp is None:
+            raise ValueError(f"no log-prob for prompt token {token} at position {t}")
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 0:
+            raise ValueError(f"log-prob {lp!r} for prompt token {token} at position {t} is not a finite number <= 0")
+        out.append(float(lp))
+    return out
+
+
+def _line(text: str) -> str:
+    """The first line of ``text``, stripped and at most 200 characters (what an error message quotes)."""
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""

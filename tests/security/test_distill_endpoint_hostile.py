@@ -1,0 +1,164 @@
+"""A hostile or broken teacher endpoint: whatever it answers — not JSON, no entry for a prompt token,
+a positive or non-finite log-prob, too few entries, a body too large, HTTP 500, nothing in time, or
+no server at all — the endpoint teacher raises a one-line ``EngineError`` naming it, and the group it
+was scoring is an infrastructure failure (engine_error) in the ledger: never trained, never the
+student's failure. A loopback server started here plays the endpoint."""
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlonce.algo.signal import SignalSettings
+from rlonce.core.records import Context, FailureCategory, Role, Segment, Sequence
+from rlonce.distill.endpoint import EndpointTeacher
+from rlonce.distill.executor import DistillExecutor
+from rlonce.engine.base import EngineError
+from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
+from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
+
+
+def _entries(prompt: list[int], mode: str) -> list:
+    lp = {"positive": 0.5, "nan": float("nan"), "inf": float("-inf"), "string": "-1.0"}.get(mode, -1.0)
+    out = [None] + [{str(t + 1 if mode == "missing" else t): {"logprob": lp, "rank": 1, "decoded_token": "x"}}
+                    for t in prompt[1:]]
+    return out[:-1] if mode == "short" else out
+
+
+class Endpoint(BaseHTTPRequestHandler):
+    """``POST /<mode>/v1/completions``: a scoring reply, honest ('ok') or broken as ``mode`` says."""
+
+    def do_POST(self):
+        mode = self.path.split("/")[1]
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if mode == "slow":
+            time.sleep(3)
+        if mode == "500":
+            raw, status = b"Internal Server Error\nTraceback (most recent call last): ...", 500
+        elif mode == "notjson":
+            raw, status = b'{"choices": [{"prompt_logprobs": [null, {"4": ', 200
+        elif mode == "huge":
+            raw, status = b'{"choices": [' + b" " * (3 << 20) + b"]}", 200
+        elif mode == "nochoices":
+            raw, status = b'{"choices": []}', 200
+        else:
+            raw, status = json.dumps({"choices": [{"index": 0, "text": "",
+                                                   "prompt_logprobs": _entries(body["prompt"], mode)}]}).encode(), 200
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(raw)))
+        self.end_headers()
+        try:
+            self.wfile.write(raw)
+        except (BrokenPipeError, ConnectionResetError):  # the teacher stopped reading: what it should do
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group(n: int = 4) -> list[Sequence]:
+    """A group of ``n`` with contrast (rewards 1, 0, 1, 0), sampled at temperature 1."""
+    def seq(k):
+        ctx = Context([Segment(Role.PROMPT, [1, 2, 3]), Segment(Role.MODEL, [4, 5], [-0.5, -0.5], [0, 0], "stop"),
+                       Segment(Role.OBSERVATION, [6]), Segment(Role.MODEL, [7], [-0.25], [0], "stop")])
+        return Sequence("t", "single-turn", [ctx], reward=float(k % 2 == 0))
+    return [seq(k) for k in range(n)]
+
+
+BROKEN = {"notjson": "not JSON", "missing": "no log-prob for prompt token 4 at position 3",
+          "positive": "log-prob 0.5 for prompt token", "nan": "log-prob nan", "inf": "log-prob -inf",
+          "string": "log-prob '-1.0'", "short": "6 entries for a prompt of 7 tokens",
+          "nochoices": "no choices[0].prompt_logprobs", "huge": "a reply over", "500": "answered HTTP 500: Internal",
+          "slow": "did not score a row of 7 tokens within 0.5 s"}
+
+
+@pytest.mark.parametrize("mode", list(BROKEN))
+def test_a_broken_endpoint_is_an_engine_error_naming_it(endpoint, mode):
+    url = f"{endpoint}/{mode}/v1"
+    teacher = EndpointTeacher(url, timeout=0.5, concurrency=2)
+    seqs = _group()
+    with pytest.raises(EngineError, match=re.escape(url)) as e:
+        asyncio.run(teacher.score(seqs))
+    assert BROKEN[mode] in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert all(s.teacher_logprobs is None for q in seqs for s in q.contexts[0].segments)  # nothing half-set
+
+
+def test_no_server_at_all_is_an_engine_error_naming_the_endpoint():
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(EngineError, match=re.escape(url) + " is unreachable: ConnectError") as e:
+        asyncio.run(EndpointTeacher(url, timeout=5).score(_group()))
+    assert "\n" not in str(e.value)
+
+
+def test_an_honest_endpoints_log_probs_land_on_the_trained_tokens_only(endpoint):
+    seqs = _group()
+    asyncio.run(EndpointTeacher(f"{endpoint}/ok/v1", concurrency=1).score(seqs))
+    assert [s.teacher_logprobs for s in seqs[0].contexts[0].segments] == [None, [-1.0, -1.0], None, [-1.0]]
+
+
+@dataclass(frozen=True)
+class T:
+    task_id: str
+
+
+class Ran:
+    """The sequences of a group, run (a local executor's result: the teacher scores after them)."""
+
+    async def run_group(self, group, n):
+        return _group(n)
+
+
+def _one_step(url: str):
+    """One sync step of one group of 4 on source ``s``, distilled from the teacher at ``url``."""
+    async def go():
+        mixer = SampleMixer({"s": SourceStats(target=1, acceptance=1.0, duration=0.01, seen=1, share=1.0)},
+                            MixerSettings(budget=1.0))
+        executor = DistillExecutor(Ran(), EndpointTeacher(url, timeout=0.5), Counter())
+        o = Orchestrator(executor, lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(distill={"s": (1.0, 1.0)}),
+                         OrchestratorSettings(mode="sync", group_size=4, staleness=1, batch=1, dispatch_cap=1.0,
+                                              max_sessions=64))
+        res = await o.collect(1)
+        await o.close()
+        return res
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("mode", ["missing", "500", "closed"])
+def test_a_group_whose_teacher_fails_is_an_infrastructure_failure_never_trained(endpoint, mode):
+    url = f"http://127.0.0.1:{_closed_port()}/v1" if mode == "closed" else f"{endpoint}/{mode}/v1"
+    res = _one_step(url)
+    e = res.ledger["s"]
+    assert e.dispatched == 4 and e.infra_failed == 4 and e.infra_by_category == {"engine_error": 4}
+    assert e.retained == 0 and e.no_contrast_filtered == 0 and res.rows == [] and res.samples == []
+    assert all(s.infra_failed and s.failure is FailureCategory.ENGINE_ERROR and s.reward is None for s in res.finished)
+    e.check()
+    ok = _one_step(f"{endpoint}/ok/v1")  # the same group, the endpoint answering: it trains
+    assert ok.ledger["s"].retained == 4 and ok.ledger["s"].infra_failed == 0 and len(ok.rows) == 4
+    assert all(r.teacher_logprobs == [0.0, 0.0, 0.0, -1.0, -1.0, 0.0, -1.0] for r in ok.rows)
