@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlonce.core.records import FailureCategory
 
 CAUSE_CHARS = 500
 INTERNAL_TYPES = (TypeError, KeyError, AttributeError, AssertionError, NameError, IndexError, UnboundLocalError)
@@ -125,3 +129,14 @@ def note_internal(e: BaseException) -> str:
     cause = cause_of(e) + where
     INTERNAL_ERRORS.append(cause)
     return cause
+
+
+class ExecutorFailure(RuntimeError):
+    """A group could not be run; ``category`` says which part of the infrastructure failed."""
+
+    def __init__(self, message: str, category: FailureCategory):
+        super().__init__(message)
+        self.category = category
+
+    def __reduce__(self):  # raised in a harness pool, it reaches the driver inside a RayTaskError
+        return type(self), (str(self), self.category)

@@ -152,8 +152,8 @@ def test_a_run_builds_an_endpoint_teacher_that_only_scores(lm, tmp_path):
 def test_under_ray_an_endpoint_teacher_has_no_actor_and_the_pools_ask_it_directly(lm, tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed")
     from rlonce.config import load_config
+    from rlonce.dist.teachers import PoolDistillation, start_teachers
     from rlonce.distill.executor import DistillExecutor
-    from rlonce.distill.remote import PoolDistillation, start_teachers
     from rlonce.rollout.builders import rollout_spec
     from rlonce.rollout.sources import build_sources, check_sources
 

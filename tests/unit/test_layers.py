@@ -1,7 +1,7 @@
 """Imports point downward only, and no module imports itself back through others.
 
     core (records, ledger, errors, config, telemetry) < algo < model < engine < sandbox < envs
-      < gateway < harness < rollout < train < dist < recipes < cli
+      < gateway < harness < rollout < train < distill < dist < recipes < cli
 
 Every ``import`` counts, also those inside functions (a lazy import is still a dependency).
 """
@@ -14,7 +14,7 @@ import rlonce
 
 SRC = Path(rlonce.__file__).resolve().parent
 LAYERS = ["core", "algo", "model", "engine", "sandbox", "envs", "gateway", "harness", "grading", "rollout", "train",
-          "dist", "recipes", "cli"]
+          "distill", "dist", "recipes", "cli"]
 CORE = {"", "core", "errors", "config", "telemetry"}
 """Top-level names at the bottom layer ("" is the package itself)."""
 

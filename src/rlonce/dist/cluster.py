@@ -15,7 +15,7 @@ from rlonce.config.distill import is_endpoint
 from rlonce.dist.common import awaitable, first_line, ray_module
 from rlonce.dist.engines import EngineActor, RemoteEngine
 from rlonce.dist.pools import HarnessPool, RayExecutor, RemotePayload
-from rlonce.distill.remote import start_teachers
+from rlonce.dist.teachers import start_teachers
 from rlonce.dist.trainers import TrainerActor
 from rlonce.engine.base import BackendError
 from rlonce.engine.factory import EngineSpec
@@ -130,7 +130,7 @@ class RayCluster:
         self.teacher_actors, teacher_names = start_teachers(cfg, run_dir, run_id)
         self.teacher_engines = {label: (name, RemoteEngine([ray.get_actor(name)], rc.call_timeout_s))
                                 for label, name in teacher_names.items() if not is_endpoint(name)}
-        """Per distilled source: its teacher actor's name and an engine over it (``rlonce.distill.remote``;
+        """Per distilled source: its teacher actor's name and an engine over it (``rlonce.dist.teachers``;
         a source whose teacher is an endpoint has no actor: its pools ask the endpoint)."""
         pool_cls = ray.remote(HarnessPool).options(num_cpus=rc.pool_cpus, max_restarts=rc.max_restarts,
                                                    max_task_retries=0, max_concurrency=100_000)

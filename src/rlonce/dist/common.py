@@ -18,17 +18,6 @@ def ray_module():
     return ray
 
 
-class ExecutorFailure(RuntimeError):
-    """A group could not be run; ``category`` says which part of the infrastructure failed."""
-
-    def __init__(self, message: str, category: FailureCategory):
-        super().__init__(message)
-        self.category = category
-
-    def __reduce__(self):  # raised in a harness pool, it reaches the driver inside a RayTaskError
-        return type(self), (str(self), self.category)
-
-
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

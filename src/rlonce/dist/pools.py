@@ -12,8 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlonce.core.records import FailureCategory
-from rlonce.dist.common import ExecutorFailure, awaitable, first_line, log, ray_module
+from rlonce.dist.common import awaitable, first_line, log, ray_module
 from rlonce.dist.engines import RemoteEngine
+from rlonce.errors import ExecutorFailure
 from rlonce.rollout.orchestrator import Judge, Judged
 
 
@@ -52,7 +53,7 @@ class HarnessPool:
         distilled source's scored by its teacher actor first, ``teachers``: label → actor name)."""
         self.distill = None
         if teachers:
-            from rlonce.distill.remote import PoolDistillation
+            from rlonce.dist.teachers import PoolDistillation
 
             self.distill = PoolDistillation(run, sources, teachers, call_timeout)
             self.executors = self.distill.wrap(self.executors)

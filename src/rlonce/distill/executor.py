@@ -22,11 +22,11 @@ from pathlib import Path
 from rlonce.config import ConfigError
 from rlonce.config.distill import is_endpoint
 from rlonce.core.records import FailureCategory
-from rlonce.dist.common import ExecutorFailure
 from rlonce.distill.endpoint import EndpointTeacher
 from rlonce.distill.prefixes import Prefixes
 from rlonce.distill.teachers import LocalTeacher, Teacher, check_tokenizer, resolve
 from rlonce.engine.base import EngineError
+from rlonce.errors import ExecutorFailure
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Distillation:
         self.prefixes: dict[str, Prefixes] = {}
         self.engines: dict[str, object] = dict(remote or {})
         self.remote = remote is not None
-        """Under Ray the teachers are actors (``rlonce.distill.remote``): the harness pools score and
+        """Under Ray the teachers are actors (``rlonce.dist.teachers``): the harness pools score and
         prefix their groups, and ``engines`` holds one client per teacher actor for evaluation."""
         self.counts: Counter = Counter()
 

@@ -91,6 +91,10 @@ class Prefixes:
         self.teacher_failed += int(seq.infra_failed)
         return trajectory_turns(seq)
 
+    def sibling(self, executor, forced: list[Turn]):
+        """(engine, gateway, spec) of a sibling of ``executor`` (a ``LocalExecutor``) that replays ``forced``."""
+        return sibling_parts(executor, forced, self.student_turns)
+
     async def plan(self, task, group, group_size: int, spec) -> list[list[Turn]]:
         """Sibling k's forced turns: the first k mod n turns of its arm's trajectory."""
         if self.mode == "none":

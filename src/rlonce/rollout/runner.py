@@ -237,8 +237,8 @@ class LocalExecutor:
         self.gateway = spec.gateway(engine, offload=offload)
         self.tickets: dict[str, object] = {}
         self.prefixes = None
-        """A distilled source's prefix plan (``rlonce.distill.prefixes.Prefixes``): each sibling starts
-        after its forced turns. None: every sibling starts at the task's start."""
+        """A distilled source's prefix plan (``rlonce.distill.prefixes.Prefixes``: ``plan``, ``sibling``):
+        each sibling starts after its forced turns. None: every sibling starts at the task's start."""
 
     def reserve(self, group, group_size: int) -> None:
         """Called as the group is dispatched: on a ``Lockstep`` engine, its sequences are announced."""
@@ -253,10 +253,8 @@ class LocalExecutor:
         try:
             parts = [(self.engine, self.gateway, spec)] * group_size
             if self.prefixes is not None:
-                from rlonce.distill.prefixes import sibling_parts
-
                 plan = await self.prefixes.plan(task, group, group_size, spec)
-                parts = [sibling_parts(self, forced, self.prefixes.student_turns) for forced in plan]
+                parts = [self.prefixes.sibling(self, forced) for forced in plan]
             seqs = list(await asyncio.gather(*(
                 run_sequence(task, self.env_factory, engine, sib_spec, gateway=gateway,
                              arm=spec.arm_of(task.task_id, k, group.dispatch_step), seed=spec.seed_of(*key, k),
