@@ -165,3 +165,15 @@ def test_under_ray_an_endpoint_teacher_has_no_actor_and_the_pools_ask_it_directl
     wrapped = pools.wrap({label: object()})[label]
     assert isinstance(wrapped, DistillExecutor) and isinstance(wrapped.teacher, EndpointTeacher)
     assert (wrapped.teacher.base_url, wrapped.teacher.concurrency) == (url, 2)
+
+
+def test_an_endpoint_teachers_key_comes_from_the_environment_and_a_missing_one_is_one_line(monkeypatch):
+    from rlonce.config import ConfigError, load_config
+
+    d = load_config(None, ["distill.teacher=http://127.0.0.1:9/v1",
+                           "distill.teacher_api_key_env=RLONCE_TEST_KEY"]).distill
+    monkeypatch.delenv("RLONCE_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError, match="RLONCE_TEST_KEY, which is not set"):
+        EndpointTeacher.from_config(d, d.teacher)
+    monkeypatch.setenv("RLONCE_TEST_KEY", "sekret")
+    assert EndpointTeacher.from_config(d, d.teacher).api_key == "sekret"

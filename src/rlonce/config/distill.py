@@ -76,6 +76,10 @@ class DistillConfig(Section):
     infrastructure failure (engine_error), never trained."""
     teacher_concurrency: int = Field(8, ge=1, le=1024)
     """Scoring requests in flight at once to an endpoint teacher (one per context of a group)."""
+    teacher_api_key_env: str = ""
+    """Name of the environment variable holding an endpoint teacher's key ('' sends the placeholder
+    'EMPTY', what vLLM expects without ``--api-key``). The key itself is never in the config or the
+    run directory."""
 
     @field_validator("teacher")
     @classmethod

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 
 import httpx
@@ -57,9 +58,19 @@ class EndpointTeacher:
 
     @classmethod
     def from_config(cls, distill, url: str) -> EndpointTeacher:
-        """The teacher at ``url`` with the ``[distill]`` table's model name, timeout and concurrency."""
+        """The teacher at ``url`` with the ``[distill]`` table's model name, timeout, concurrency and
+        key (read from the environment variable ``teacher_api_key_env`` names; a missing one is a
+        one-line ``ConfigError`` now, not a run of failed groups)."""
+        key = "EMPTY"
+        if distill.teacher_api_key_env:
+            key = os.environ.get(distill.teacher_api_key_env, "")
+            if not key:
+                from rlonce.config import ConfigError
+
+                raise ConfigError(f"distill.teacher_api_key_env names {distill.teacher_api_key_env}, which is not set "
+                                  "in the environment: export the teacher endpoint's key in it")
         return cls(url, distill.teacher_model, timeout=distill.teacher_timeout_s,
-                   concurrency=distill.teacher_concurrency)
+                   concurrency=distill.teacher_concurrency, api_key=key)
 
     def _semaphore(self) -> asyncio.Semaphore:
         """This event loop's gate (a run calls ``asyncio.run`` once per phase: each loop gets its own)."""
