@@ -57,6 +57,14 @@ def test_each_trained_token_gains_kl_weight_times_teacher_minus_student_log_prob
     assert rows[0].teacher_logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]
 
 
+def test_distill_clip_bounds_each_tokens_log_ratio_in_the_advantage_not_in_the_metric():
+    seqs = [_seq(0.0, [-1.0, -0.5], [-25.0, -0.25])]
+    rows, _, stats = learning_signal([Sample("t", "src", 1, seqs)], 1,
+                                     SignalSettings(distill={"src": (0.5, 0.0)}, distill_clip=3.0))
+    assert rows[0].advantages[-2:] == pytest.approx([0.5 * -3.0, 0.5 * 0.25])
+    assert stats["distill_kl_sum/src"] == pytest.approx(24.0 - 0.25)  # the metric: unclipped
+
+
 def test_a_distilled_group_without_reward_contrast_still_trains_on_its_teacher():
     seqs = [_seq(0.0, [-1.0], [-0.5]), _seq(0.0, [-2.0], [-0.5])]
     plain, ledger, _ = learning_signal([Sample("t", "src", 1, copy.deepcopy(seqs))], 1, SignalSettings())

@@ -84,6 +84,9 @@ class SignalSettings:
     mask_unfinished: bool = False
     """Sequences cut by a budget without a pass get no rows (their score stays in the group's statistics)."""
     distill: dict[str, tuple[float, float]] = field(default_factory=dict)
+    distill_clip: float | None = None
+    """Bound on each token's |teacher log-prob − rollout log-prob| in the distillation advantage
+    (None: unbounded)."""
     """Distilled sources by label: (kl_weight, reward_weight). Their groups are never filtered for
     lacking contrast, their group advantages are scaled by reward_weight, and each trained token
     gains ``kl_weight · (teacher log-prob − rollout log-prob)`` (``distill_advantages``)."""
@@ -190,12 +193,15 @@ def _export(sample: Sample, seqs: list[Sequence], adv: torch.Tensor, passed: tor
     return rows, flags, owner, masked
 
 
-def distill_advantages(rows: list[TrainingRow], kl_weight: float) -> tuple[float, int]:
+def distill_advantages(rows: list[TrainingRow], kl_weight: float, clip: float | None = None) -> tuple[float, int]:
     """Step 8b on a distilled group's rows, in place: each trained token's advantage gains
     ``kl_weight · (log π_teacher(t) − log π_rollout(t))`` — minus the per-token reverse KL
     log π_student/π_teacher of the sampled token, the on-policy distillation reward (seed 001,
     MOPD2; tinker-cookbook's on-policy distillation takes the same per-token form). Returns
-    (Σ over trained tokens of log π_rollout − log π_teacher, their count): the sampled reverse KL."""
+    (Σ over trained tokens of log π_rollout − log π_teacher, their count): the sampled reverse KL,
+    unclipped. ``clip`` bounds each token's log-ratio in the advantage to [−clip, clip]: a teacher
+    far more certain than the student (log π_teacher = −24 on the student's favourite wrong digit)
+    otherwise gives one token an advantage dozens of times its neighbours'."""
     kl, n = 0.0, 0
     for row in rows:
         if row.teacher_logprobs is None:
@@ -206,7 +212,8 @@ def distill_advantages(rows: list[TrainingRow], kl_weight: float) -> tuple[float
         adv = list(row.advantages)
         for t, (m, lp, tlp) in enumerate(zip(row.loss_mask, row.rollout_logprobs, row.teacher_logprobs)):
             if m:
-                adv[t] += kl_weight * (tlp - lp)
+                d = tlp - lp
+                adv[t] += kl_weight * (d if clip is None else max(-clip, min(clip, d)))
                 kl += lp - tlp
                 n += 1
         row.advantages = adv
@@ -307,7 +314,7 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         entry.unfinished_masked += masked
         stats["unfinished_masked"] += masked
         if distill is not None:
-            kl, n = distill_advantages(rows, distill[0])
+            kl, n = distill_advantages(rows, distill[0], settings.distill_clip)
             for key, x in ((f"distill_kl_sum/{sample.source}", kl), (f"distill_tokens/{sample.source}", n)):
                 stats[key] = stats.get(key, 0) + x
         _apply_row_strategies(rows, flags, settings)
@@ -325,7 +332,8 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
         out += [r for r, ok in zip(rows, alive) if ok]
         sample.signal = {"scores": scores.tolist(), "passed": passed.tolist(), "group_advantages": grouped,
                          "advantages": adv.tolist(), "rows": [owner[k] for k, ok in enumerate(alive) if ok],
-                         **({"distill": {"kl_weight": distill[0], "reward_weight": distill[1]}} if distill else {})}
+                         **({"distill": {"kl_weight": distill[0], "reward_weight": distill[1],
+                                         "clip": settings.distill_clip}} if distill else {})}
     for e in ledger.values():
         e.check()
     if batch:

@@ -57,6 +57,9 @@ class DistillConfig(Section):
     tokenizer (an endpoint's cannot be checked)."""
     kl_weight: float = Field(1.0, ge=0, le=1000)
     """Weight of the per-token reverse-KL advantage (a source's ``kl_weight`` overrides it)."""
+    clip: float | None = Field(None, gt=0, le=1000)
+    """Bound on each token's log π_teacher − log π_student in the advantage, to [−clip, clip]
+    (unset: unbounded). The metric ``distill_reverse_kl`` stays unclipped."""
     prefix: PrefixMode = "none"
     """Where each sequence starts: 'none' (the task's start: plain on-policy distillation), 'sft' (a
     scripted-expert demonstration's first j turns, SFT-prefix OPD), 'teacher' (the first j turns of

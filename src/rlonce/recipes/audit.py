@@ -239,9 +239,10 @@ def check_advantages(stored: dict, config: dict) -> Verdict:
                     v.violations.append(f"step {step} row {i}: a distilled group's row is stored without teacher "
                                         "log-probs")
                     continue
-                kl_w = g["distill"]["kl_weight"]
-                want = want + kl_w * (cols["teacher_logprobs"][span][mask[span]].astype(np.float64)
-                                      - cols["rollout_logprobs"][span][mask[span]].astype(np.float64))
+                kl_w, clip = g["distill"]["kl_weight"], g["distill"].get("clip")
+                d = (cols["teacher_logprobs"][span][mask[span]].astype(np.float64)
+                     - cols["rollout_logprobs"][span][mask[span]].astype(np.float64))
+                want = want + kl_w * (d if clip is None else np.clip(d, -clip, clip))
             bad = (np.sign(a) != np.sign(want)) if reshaped else ~np.isclose(a, want, rtol=1e-4, atol=1e-5)
             v.checked += 1
             if bad.any():

@@ -68,5 +68,6 @@ def build_context(cfg: RunConfig, plans: list[SourcePlan], model_dir: Path, out:
     if controller is not None and bounds:
         controller.load_state_dict(bounds)
     return RunContext(lm=lm, fmt=get_format(lm.chat_format), model_dir=model_dir, sources=sources,
-                      signal=signal_settings(cfg.algo, plans), controller=controller, optim=optim_settings(cfg.rl),
+                      signal=signal_settings(cfg.algo, plans, cfg.distill.clip), controller=controller,
+                      optim=optim_settings(cfg.rl),
                       grading=Grading(cfg, sources, lm.decode, out) if cfg.grading.enabled else None)

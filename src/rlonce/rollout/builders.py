@@ -19,7 +19,7 @@ from rlonce.rollout.runner import RolloutSpec
 from rlonce.rollout.sources import Source
 
 
-def signal_settings(algo: AlgoConfig, plans=()) -> SignalSettings:
+def signal_settings(algo: AlgoConfig, plans=(), distill_clip: float | None = None) -> SignalSettings:
     """The rollout-side half of ``algo``: shaping, filtering, penalties; and the distilled sources
     of ``plans`` (``SourcePlan``s) with their weights."""
     length = None
@@ -31,7 +31,7 @@ def signal_settings(algo: AlgoConfig, plans=()) -> SignalSettings:
         zero_hacks=algo.zero_confirmed_hacks, grs=algo.grs, gar=algo.gar, gar_lambda_max=algo.gar_lambda_max,
         length=length, aggregation=algo.aggregation, export_contexts=algo.export_contexts,
         mask_unfinished=algo.mask_unfinished,
-        distill={p.label: (p.kl_weight, p.reward_weight) for p in plans if p.distills},
+        distill={p.label: (p.kl_weight, p.reward_weight) for p in plans if p.distills}, distill_clip=distill_clip,
         penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
                    for p in algo.penalties],
     )
