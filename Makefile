@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack yoro7 yoro7-pack system-deps venv venv-dev clean
+.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack yoro7 yoro7-pack mopd-teachers mopd-tiny system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -50,6 +50,18 @@ smollm2: $(VENV)/.installed-smollm2
 # The visual-design domain's tiny run (docs/visual.md): every page rendered by headless Chromium.
 visual: system-deps venv
 	$(VENV)/bin/rlonce train configs/visual.toml
+
+# MOPD2 on the embedded model (docs/distillation.md): three specialist teachers (toolfind under two
+# harness arms, count_bits) and a weak mixed student, each a short SFT run; then one student
+# distilled from all three teachers at once. summary.json: per source teacher, before, after, recovery.
+mopd-teachers: system-deps venv
+	$(VENV)/bin/rlonce train configs/mopd_teacher_toolfind.toml --quiet
+	$(VENV)/bin/rlonce train configs/mopd_teacher_claude.toml --quiet
+	$(VENV)/bin/rlonce train configs/mopd_teacher_countbits.toml --quiet
+	$(VENV)/bin/rlonce train configs/mopd_student.toml --quiet
+
+mopd-tiny: mopd-teachers
+	$(VENV)/bin/rlonce distill configs/mopd_tiny.toml
 
 $(VENV)/.installed-bench: $(VENV)/.installed-smollm2
 	$(PIP) -e '.[bench]'

@@ -34,6 +34,7 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     assert src["teacher"] == str(teacher) and src["prefix"] == "none" and src["reward_weight"] == 0.0
     assert src["teacher_success"] == src["baseline_success"]  # the same weights, the same seeded tasks
     assert (src["recovery"] is None) == (src["teacher_success"] == 0)
+    assert src["vs_teacher"]["attempts"] == 4  # the same held-out tasks, paired
     assert len((out / "eval" / "teacher.jsonl").read_text().splitlines()) == 4
     steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
     assert len(steps) == 2 and all(m["src/toolfind/distill_tokens"] > 0 for m in steps)

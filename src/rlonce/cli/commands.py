@@ -89,8 +89,10 @@ def _say_distill(summary: dict) -> None:
                   f"{src['final_success']:.3f}")
             continue
         rec = "n/a (the teacher scored 0)" if src["recovery"] is None else f"{src['recovery']:.2f}"
+        vs = src.get("vs_teacher")
+        paired = f"; after - teacher {vs['passed_change']:+.3f} ± {vs['passed_change_se']:.3f} paired" if vs else ""
         print(f"  distill {label}: teacher {src['teacher_success']:.3f}, student {src['baseline_success']:.3f} -> "
-              f"{src['final_success']:.3f}, recovery {rec} (student after / teacher)")
+              f"{src['final_success']:.3f}, recovery {rec} (student after / teacher{paired})")
 
 
 def _say_untrained(summary: dict) -> None:

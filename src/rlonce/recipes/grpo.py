@@ -390,7 +390,9 @@ class Job:
                             "heldout_change": paired_change(self.out / "eval" / "baseline.jsonl",
                                                             self.out / "eval" / "final.jsonl", source=k),
                             **trained[k], "audit_excluded": v.domain.audit_excluded,
-                            **distill_summary(v.plan, (st.teacher_per_source or {}).get(k), final["per_source"][k])}
+                            **distill_summary(v.plan, (st.teacher_per_source or {}).get(k), final["per_source"][k],
+                                              paired_change(self.out / "eval" / "teacher.jsonl",
+                                                            self.out / "eval" / "final.jsonl", source=k))}
                         for k, v in self.sources.items()},
             "executor": cfg.executor,
             "harness_arms": sorted({a for v in self.sources.values() for a in v.plan.arms}),
@@ -408,10 +410,11 @@ class Job:
         return summary
 
 
-def distill_summary(plan, teacher: dict | None, final: dict) -> dict:
+def distill_summary(plan, teacher: dict | None, final: dict, vs_teacher: dict | None = None) -> dict:
     """A distilled source's part of ``summary.json``: its teacher, the teacher's held-out score on the
-    same tasks, and the recovery ratio (student after / teacher; None when the teacher scored 0).
-    A teacher that was not evaluated (``teacher`` None: an endpoint) has neither score nor ratio."""
+    same tasks, the recovery ratio (student after / teacher; None when the teacher scored 0) and
+    ``vs_teacher``, the student's final attempts minus the teacher's on the same tasks, paired, with
+    its standard error. A teacher that was not evaluated (``teacher`` None: an endpoint) has none."""
     if not plan.distills:
         return {}
     out = {"teacher": plan.teacher, "prefix": plan.prefix, "kl_weight": plan.kl_weight,
@@ -419,7 +422,8 @@ def distill_summary(plan, teacher: dict | None, final: dict) -> dict:
     if teacher is not None:
         out.update(teacher_success=teacher["success"], teacher_reward=teacher["reward"],
                    recovery=final["success"] / teacher["success"] if teacher["success"] > 0 else None,
-                   recovery_reward=final["reward"] / teacher["reward"] if teacher["reward"] > 0 else None)
+                   recovery_reward=final["reward"] / teacher["reward"] if teacher["reward"] > 0 else None,
+                   vs_teacher=vs_teacher)
     return out
 
 
