@@ -72,6 +72,7 @@ def test_rlonce_distill_on_ray_keeps_the_teacher_in_an_actor_and_audits_clean(em
     assert a.returncode == 0, a.stdout
 
 
+@pytest.mark.slow  # ~30 s on a loaded machine; the endpoint's scores are checked in the default suite
 def test_rlonce_distill_from_an_endpoint_teacher_served_by_rlonce_serve(embedded_dir, tmp_path):
     """distill.teacher = http://…/v1: ``rlonce serve`` of the same weights scores the student's tokens
     (vLLM's prompt_logprobs); the endpoint is not evaluated, so the summary has no teacher score."""
