@@ -43,6 +43,10 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
     assert a.returncode == 0, a.stdout
     assert "[ok  ] advantages" in a.stdout
+    from rlonce.recipes.view_data import RunView
+
+    ctx = RunView(out).context(1, 0)  # rlonce view's token hover shows the teacher's log-prob
+    assert [x is not None for x in ctx["teacher_logprobs"]] == [m == 1 for m in ctx["loss_mask"]]
 
 
 def test_rlonce_distill_without_a_teacher_says_what_to_set(tmp_path):

@@ -236,6 +236,7 @@ class RunView:
         sampled = versions >= 0
         rollout = np.where(sampled, cols[p + "rollout_logprobs"][a:b], np.nan)
         trainer = cols[p + "trainer_logprobs"][a:b] if p + "trainer_logprobs" in cols else None
+        teacher = cols[p + "teacher_logprobs"][a:b] if p + "teacher_logprobs" in cols else None
         outcome, owner = _owner(meta, row, untrained)
         mask = cols[p + "loss_mask"][a:b]
         return {"step": step, "row": row, "kind": "untrained" if untrained else "trained", **owner,
@@ -245,6 +246,7 @@ class RunView:
                 "token_ids": ids, "pieces": pieces, "loss_mask": mask.astype(int).tolist(),
                 "versions": versions.tolist(), "rollout_logprobs": _finite(rollout),
                 "trainer_logprobs": None if trainer is None else _finite(trainer),
+                "teacher_logprobs": None if teacher is None else _finite(np.where(mask > 0, teacher, np.nan)),
                 "advantages": _finite(cols[p + "advantages"][a:b]),
                 "candidates": cols[p + "candidates"][a:b].tolist(), "segments": segments(versions, pieces, fmt)}
 

@@ -311,7 +311,8 @@ function hover(ev) {
     ` | version ${c.versions[i] < 0 ? "not sampled" : c.versions[i]} | rollout log-prob ${fmt(lp, 4)}` +
     ` | trainer log-prob ${tr ? fmt(tr[i], 4) : "not recorded"} | gap ${fmt(gap, 4)}` +
     ` | IS ratio ${gap === null ? "—" : fmt(Math.exp(gap), 4)} | advantage ${fmt(c.advantages[i], 4)}` +
-    (c.candidates[i] > 0 ? ` | candidates ${c.candidates[i]}` : "");
+    (c.candidates[i] > 0 ? ` | candidates ${c.candidates[i]}` : "") +
+    (c.teacher_logprobs && c.teacher_logprobs[i] !== null ? ` | teacher log-prob ${fmt(c.teacher_logprobs[i], 4)}` : "");
 }
 
 // ---- colour modes: each gives a colour per token and its legend ---------------------------
