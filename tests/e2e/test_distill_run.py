@@ -36,13 +36,7 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     assert (src["recovery"] is None) == (src["teacher_success"] == 0)
     assert src["vs_teacher"]["attempts"] == 4  # the same held-out tasks, paired
     assert len((out / "eval" / "teacher.jsonl").read_text().splitlines()) == 4
-    steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
-    assert len(steps) == 2 and all(m["src/toolfind/distill_tokens"] > 0 for m in steps)
-    # step 1 samples from the teacher's own weights: the reverse KL is round-off; then the student moves
-    assert abs(steps[0]["distill_reverse_kl"]) < 1e-5 and steps[0]["retained_rows"] > 0
-    a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
-    assert a.returncode == 0, a.stdout
-    assert "[ok  ] advantages" in a.stdout
+    _two_steps_at_the_teachers_weights_then_an_audit(out)
     from rlonce.recipes.view_data import RunView
 
     ctx = RunView(out).context(1, 0)  # rlonce view's token hover shows the teacher's log-prob
@@ -105,10 +99,16 @@ def test_rlonce_distill_from_an_endpoint_teacher_served_by_rlonce_serve(embedded
     assert src["teacher"] == f"{base}/v1" and src["reward_weight"] == 0.0
     assert "teacher_success" not in src and "recovery" not in src
     assert not (out / "eval" / "teacher.jsonl").exists()
+    _two_steps_at_the_teachers_weights_then_an_audit(out)  # the endpoint serves the student's weights
+
+
+def _two_steps_at_the_teachers_weights_then_an_audit(out) -> None:
+    """Two distilled steps, the first sampled from the teacher's own weights (its reverse KL is
+    round-off), and ``rlonce audit`` recomputing every distilled token's advantage."""
     steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
     assert len(steps) == 2 and all(m["src/toolfind/distill_tokens"] > 0 for m in steps)
-    # the endpoint serves the student's starting weights: step 1's reverse KL is round-off
     assert abs(steps[0]["distill_reverse_kl"]) < 1e-5 and steps[0]["retained_rows"] > 0
-    a = subprocess.run([*cli, "audit", str(out)], capture_output=True, text=True, timeout=600)
+    a = subprocess.run([sys.executable, "-m", "rlonce.cli", "audit", str(out)], capture_output=True, text=True,
+                       timeout=600)
     assert a.returncode == 0, a.stdout
     assert "[ok  ] advantages" in a.stdout
