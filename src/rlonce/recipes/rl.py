@@ -135,7 +135,8 @@ async def rl_phase(job) -> None:
     """RL steps until ``rl.steps``: an eval every ``eval.every`` steps and a checkpoint every
     ``checkpoint.every`` (the last step's eval and checkpoint are the job's final ones)."""
     cfg, st = job.cfg, job.state
-    bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc="grpo", unit="step", disable=not job.progress,
+    desc = "distill" if any(p.distills for p in job.plans) else "grpo"
+    bar = tqdm(total=cfg.rl.steps, initial=st.rl_step, desc=desc, unit="step", disable=not job.progress,
                dynamic_ncols=True)
     orch = job.orchestrator()
     try:
