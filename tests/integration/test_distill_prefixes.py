@@ -3,6 +3,7 @@ demonstration (or of the teacher's own rollout) through the harness, then the st
 the replayed turns are marked forced, never trained, never scored by the teacher."""
 
 import asyncio
+import copy
 import dataclasses
 import random
 from collections import Counter
@@ -78,7 +79,7 @@ def test_teacher_prefixes_replay_the_teachers_own_rollout_and_only_student_token
     student = ScriptedEngine([SUBMIT.format(task.answer)] * 3, lm.encode)
     inner = LocalExecutor(ToolfindEnv, student, _spec(lm))
     inner.prefixes = Prefixes("teacher", 0, domain=domain, encode=lm.encode, fmt=FMT, teacher_engine=teacher_engine)
-    teacher = LocalTeacher("embedded", lm.path, lm=dataclasses.replace(lm))
+    teacher = LocalTeacher("embedded", lm.path, lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)))
     ex = DistillExecutor(inner, teacher, counts := Counter())
     seqs = asyncio.run(ex.run_group(_group(task), 3))
     assert inner.prefixes.teacher_rollouts == 1 and teacher_engine.prompts  # the teacher's rollout ran

@@ -58,14 +58,18 @@ def check_tokenizer(teacher_lm, student_lm, name: str) -> None:
 
 
 class LocalTeacher:
-    """A teacher model loaded in this process (read-only; forward passes on worker threads, one at a time)."""
+    """A teacher model loaded in this process (read-only; forward passes on worker threads, one at a
+    time, without gradient). A model it loads itself is frozen; one given as ``lm`` is used as it is
+    (its owner may train it elsewhere)."""
 
     def __init__(self, name: str, path: Path, *, dtype: str = "float32", batch_tokens: int = 8192, lm=None):
         self.name, self.path, self.batch_tokens = name, path, batch_tokens
-        self.lm = lm or loader.load(path, dtype=dtype)
-        self.lm.model.eval()
-        for p in self.lm.model.parameters():
-            p.requires_grad_(False)
+        self.lm = lm
+        if lm is None:
+            self.lm = loader.load(path, dtype=dtype)
+            self.lm.model.eval()
+            for p in self.lm.model.parameters():
+                p.requires_grad_(False)
         self._lock = threading.Lock()
         self.scored_tokens = 0
         self.seconds = 0.0
