@@ -79,7 +79,8 @@ def test_teacher_prefixes_replay_the_teachers_own_rollout_and_only_student_token
     student = ScriptedEngine([SUBMIT.format(task.answer)] * 3, lm.encode)
     inner = LocalExecutor(ToolfindEnv, student, _spec(lm))
     inner.prefixes = Prefixes("teacher", 0, domain=domain, encode=lm.encode, fmt=FMT, teacher_engine=teacher_engine)
-    teacher = LocalTeacher("embedded", lm.path, lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)))
+    teacher = LocalTeacher("embedded", lm.path, batch_tokens=8192,
+                           lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)))
     ex = DistillExecutor(inner, teacher, counts := Counter())
     seqs = asyncio.run(ex.run_group(_group(task), 3))
     assert inner.prefixes.teacher_rollouts == 1 and teacher_engine.prompts  # the teacher's rollout ran

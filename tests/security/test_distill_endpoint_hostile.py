@@ -11,7 +11,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -20,7 +19,7 @@ from rlonce.algo.signal import SignalSettings
 from rlonce.core.records import Context, FailureCategory, Role, Segment, Sequence
 from rlonce.distill.endpoint import EndpointTeacher
 from rlonce.distill.executor import DistillExecutor
-from rlonce.engine.base import EngineError
+from rlonce.engine.base import EngineError, SamplingParams
 from rlonce.rollout.mixer import MixerSettings, SampleMixer, SourceStats
 from rlonce.rollout.orchestrator import Orchestrator, OrchestratorSettings
 
@@ -101,7 +100,7 @@ BROKEN = {"notjson": "not JSON", "missing": "no log-prob for prompt token 4 at p
 @pytest.mark.parametrize("mode", list(BROKEN))
 def test_a_broken_endpoint_is_an_engine_error_naming_it(endpoint, mode):
     url = f"{endpoint}/{mode}/v1"
-    teacher = EndpointTeacher(url, timeout=0.5, concurrency=2)
+    teacher = EndpointTeacher(url, "teacher", timeout=0.5, concurrency=2)
     seqs = _group()
     with pytest.raises(EngineError, match=re.escape(url)) as e:
         asyncio.run(teacher.score(seqs))
@@ -112,35 +111,40 @@ def test_a_broken_endpoint_is_an_engine_error_naming_it(endpoint, mode):
 def test_no_server_at_all_is_an_engine_error_naming_the_endpoint():
     url = f"http://127.0.0.1:{_closed_port()}/v1"
     with pytest.raises(EngineError, match=re.escape(url) + " is unreachable: ConnectError") as e:
-        asyncio.run(EndpointTeacher(url, timeout=5).score(_group()))
+        asyncio.run(EndpointTeacher(url, "teacher", timeout=5, concurrency=1).score(_group()))
     assert "\n" not in str(e.value)
 
 
 def test_an_honest_endpoints_log_probs_land_on_the_trained_tokens_only(endpoint):
     seqs = _group()
-    asyncio.run(EndpointTeacher(f"{endpoint}/ok/v1", concurrency=1).score(seqs))
+    asyncio.run(EndpointTeacher(f"{endpoint}/ok/v1", "teacher", timeout=5, concurrency=1).score(seqs))
     assert [s.teacher_logprobs for s in seqs[0].contexts[0].segments] == [None, [-1.0, -1.0], None, [-1.0]]
 
 
-@dataclass(frozen=True)
-class T:
-    task_id: str
+SUBMIT = '<tool_call>\n{{"name": "submit", "arguments": {{"answer": "{}"}}}}\n</tool_call><|im_end|>'
 
 
-class Ran:
-    """The sequences of a group, run (a local executor's result: the teacher scores after them)."""
+def _one_step(url: str, lm):
+    """One sync step of one toolfind group of 4, run in real sandboxes by a local executor (a scripted
+    student that submits the answer), distilled from the teacher at ``url``."""
+    from rlonce.engine.scripted import ScriptedEngine
+    from rlonce.envs.toolfind.env import ToolfindEnv
+    from rlonce.envs.toolfind.tasks import make_task
+    from rlonce.harness.loop import HarnessLimits
+    from rlonce.model.chat import get_format
+    from rlonce.rollout.runner import LocalExecutor, RolloutSpec
 
-    async def run_group(self, group, n):
-        return _group(n)
+    task = make_task("train", 2)
+    spec = RolloutSpec(encode=lm.encode, decode=lm.decode, chat_format=get_format("hermes"),
+                       sampling=SamplingParams(max_tokens=64), limits=HarnessLimits(max_turns=3))
 
-
-def _one_step(url: str):
-    """One sync step of one group of 4 on source ``s``, distilled from the teacher at ``url``."""
     async def go():
         mixer = SampleMixer({"s": SourceStats(target=1, acceptance=1.0, duration=0.01, seen=1, share=1.0)},
                             MixerSettings(budget=1.0))
-        executor = DistillExecutor(Ran(), EndpointTeacher(url, timeout=0.5), Counter())
-        o = Orchestrator(executor, lambda src, i: T(f"{src}/{i}"), mixer, SignalSettings(distill={"s": (1.0, 1.0)}),
+        student = ScriptedEngine([SUBMIT.format(task.answer)] * 4, lm.encode)
+        teacher = EndpointTeacher(url, "teacher", timeout=0.5, concurrency=2)
+        executor = DistillExecutor(LocalExecutor(ToolfindEnv, student, spec), teacher, Counter())
+        o = Orchestrator(executor, lambda src, i: task, mixer, SignalSettings(distill={"s": (1.0, 1.0)}),
                          OrchestratorSettings(mode="sync", group_size=4, staleness=1, batch=1, dispatch_cap=1.0,
                                               max_sessions=64))
         res = await o.collect(1)
@@ -150,15 +154,17 @@ def _one_step(url: str):
     return asyncio.run(go())
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("mode", ["missing", "500", "closed"])
-def test_a_group_whose_teacher_fails_is_an_infrastructure_failure_never_trained(endpoint, mode):
+def test_a_group_whose_teacher_fails_is_an_infrastructure_failure_never_trained(endpoint, mode, lm):
     url = f"http://127.0.0.1:{_closed_port()}/v1" if mode == "closed" else f"{endpoint}/{mode}/v1"
-    res = _one_step(url)
+    res = _one_step(url, lm)
     e = res.ledger["s"]
     assert e.dispatched == 4 and e.infra_failed == 4 and e.infra_by_category == {"engine_error": 4}
     assert e.retained == 0 and e.no_contrast_filtered == 0 and res.rows == [] and res.samples == []
     assert all(s.infra_failed and s.failure is FailureCategory.ENGINE_ERROR and s.reward is None for s in res.finished)
     e.check()
-    ok = _one_step(f"{endpoint}/ok/v1")  # the same group, the endpoint answering: it trains
+    ok = _one_step(f"{endpoint}/ok/v1", lm)  # the same group, the endpoint answering: it trains
     assert ok.ledger["s"].retained == 4 and ok.ledger["s"].infra_failed == 0 and len(ok.rows) == 4
-    assert all(r.teacher_logprobs == [0.0, 0.0, 0.0, -1.0, -1.0, 0.0, -1.0] for r in ok.rows)
+    for r in ok.rows:  # the honest endpoint's -1.0 on every trained token, 0.0 elsewhere
+        assert r.teacher_logprobs == [-1.0 if m else 0.0 for m in r.loss_mask] and sum(r.loss_mask) > 0

@@ -119,7 +119,7 @@ def test_at_identical_weights_the_distillation_advantage_loss_and_gradient_are_z
     from rlonce.train.trainer import OptimSettings, Trainer
 
     seqs = _sampled(lm, _copy(lm))
-    teacher = LocalTeacher("same", lm.path, lm=_copy(lm))
+    teacher = LocalTeacher("same", lm.path, batch_tokens=8192, lm=_copy(lm))
     asyncio.run(teacher.score(seqs))
     settings = SignalSettings(distill={"src": (1.0, 0.0)})
     rows, _, stats = learning_signal([Sample("t", "src", 1, seqs)], 1, settings)

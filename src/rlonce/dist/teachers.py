@@ -31,7 +31,6 @@ class TeacherActor:
         self.teacher = LocalTeacher(name, path, dtype=self.run.model.dtype,
                                     batch_tokens=self.run.distill.teacher_batch_tokens)
         self.engine = None
-        self.version = 0
 
     def ready(self) -> dict:
         return {"pid": os.getpid(), "teacher": self.teacher.name}

@@ -35,7 +35,6 @@ import asyncio
 import json
 import math
 import os
-import time
 
 import httpx
 
@@ -48,12 +47,9 @@ class EndpointTeacher:
     """``LocalTeacher.score`` over an endpoint: one scoring request per row, at most ``concurrency``
     in flight (across every group this teacher scores at once), each within ``timeout`` seconds."""
 
-    def __init__(self, base_url: str, model: str = "teacher", *, timeout: float = 600.0, concurrency: int = 8,
-                 api_key: str = "EMPTY"):
+    def __init__(self, base_url: str, model: str, *, timeout: float, concurrency: int, api_key: str = "EMPTY"):
         self.name = self.base_url = base_url.rstrip("/")
         self.model, self.timeout, self.concurrency, self.api_key = model, timeout, concurrency, api_key
-        self.scored_tokens = 0
-        self.seconds = 0.0
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     @classmethod
@@ -94,7 +90,6 @@ class EndpointTeacher:
                 raise ValueError(f"teacher {self.name} scores at temperature 1 over the whole vocabulary; a row at "
                                  f"temperature {r.temperature:g}{' with candidate sets' if r.candidates else ''} "
                                  "cannot be scored by it (rlonce.rollout.sources.endpoint_refusal refuses its source)")
-        t0 = time.perf_counter()
         gate = self._semaphore()
         async with httpx.AsyncClient(timeout=self.timeout, trust_env=False,
                                      limits=httpx.Limits(max_connections=self.concurrency)) as client:
@@ -105,8 +100,6 @@ class EndpointTeacher:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-        self.seconds += time.perf_counter() - t0
-        self.scored_tokens += sum(sum(r.loss_mask) for r in rows)
         return out
 
     async def _one(self, client: httpx.AsyncClient, gate: asyncio.Semaphore, row) -> list[float]:

@@ -41,10 +41,7 @@ class DistillExecutor:
         return getattr(self.inner, name)
 
     async def run_group(self, group, group_size: int):
-        out = await self.inner.run_group(group, group_size)
-        if not isinstance(out, list):
-            raise ConfigError("distillation runs on the local executor: a Ray harness pool judged this group "
-                              "before its teacher could score it; set executor = \"local\"")
+        out = await self.inner.run_group(group, group_size)  # a LocalExecutor's sequences (Ray: in a pool)
         t0 = time.perf_counter()
         try:
             await self.teacher.score(out)
@@ -149,9 +146,6 @@ class Distillation:
             return executor
         plan = self.prefixes[label]
         if plan.mode != "none" or plan.student_turns:
-            if not hasattr(executor, "prefixes"):
-                raise ConfigError("distillation prefixes and student_turns run on the local executor: "
-                                  "set executor = \"local\"")
             executor.prefixes = plan
         return DistillExecutor(executor, self.teacher(label), self.counts)
 

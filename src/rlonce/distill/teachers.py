@@ -62,7 +62,7 @@ class LocalTeacher:
     time, without gradient). A model it loads itself is frozen; one given as ``lm`` is used as it is
     (its owner may train it elsewhere)."""
 
-    def __init__(self, name: str, path: Path, *, dtype: str = "float32", batch_tokens: int = 8192, lm=None):
+    def __init__(self, name: str, path: Path, *, batch_tokens: int, dtype: str = "float32", lm=None):
         self.name, self.path, self.batch_tokens = name, path, batch_tokens
         self.lm = lm
         if lm is None:
@@ -71,14 +71,10 @@ class LocalTeacher:
             for p in self.lm.model.parameters():
                 p.requires_grad_(False)
         self._lock = threading.Lock()
-        self.scored_tokens = 0
-        self.seconds = 0.0
 
     def score_rows(self, rows) -> list[list[float]]:
         """Per row, the teacher's log-prob of each of its tokens (0.0 at position 0 and wherever the
         loss mask is 0), at the row's temperature and over its candidate sets."""
-        import time
-
         import torch
 
         from rlonce.train.trainer import pad_rows, token_logprobs
@@ -94,7 +90,6 @@ class LocalTeacher:
             cur.append(i)
         if cur:
             chunks.append(cur)
-        t0 = time.perf_counter()
         with self._lock, torch.no_grad():
             for idx in chunks:
                 b = pad_rows([rows[i] for i in idx])
@@ -104,8 +99,6 @@ class LocalTeacher:
                     n = len(rows[i])
                     out[i] = [0.0] + [float(x) if m else 0.0
                                       for x, m in zip(lp_BT[j, : n - 1].tolist(), rows[i].loss_mask[1:])]
-                    self.scored_tokens += sum(rows[i].loss_mask)
-        self.seconds += time.perf_counter() - t0
         return out
 
     async def score(self, seqs: list[Sequence]) -> None:
