@@ -1,6 +1,7 @@
 """``rlonce.model.omp``: a thread hands back its OpenMP team; the engine's idle worker and the
 trainer do; concurrent use stays correct."""
 
+import ctypes
 import os
 import queue
 import threading
@@ -14,12 +15,26 @@ from rlonce.model import omp
 pytestmark = pytest.mark.skipif(omp._libgomp() is None, reason="torch here does not run on libgomp")
 
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+_libc = ctypes.CDLL(None)
+PR_SET_NAME = 15
 
 
-def _tids() -> set[str]:
-    return set(os.listdir("/proc/self/task"))
+def _name_this_thread(name: str) -> None:
+    """Name the calling OS thread; the OpenMP helpers it starts inherit the name."""
+    _libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def _named(name: str) -> int:
+    """Threads of this process named ``name``: one worker and its team's helpers, whatever other
+    threads (left by other tests in this process) start or end meanwhile."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().strip() == name
+        except OSError:  # the thread ended while we listed
+            continue
+    return count
 
 
 def _parallel_op() -> torch.Tensor:
@@ -30,38 +45,43 @@ def _parallel_op() -> torch.Tensor:
 
 def test_release_frees_the_calling_threads_team_and_the_next_op_builds_a_new_one():
     out = {}
+    name = f"omp-rel-{os.getpid() % 10000}"
 
-    def work():  # by thread id: threads other tests left in this process may start or end meanwhile
-        before = _tids()
+    def work():  # by thread name: threads other tests left in this process may start or end meanwhile
+        _name_this_thread(name)
         _parallel_op()
-        out["new"] = _tids() - before
+        out["with_team"] = _named(name)
         out["released"] = omp.release()
-        out["gone"] = out["new"] - _tids()
+        out["after"] = _named(name)
         y = _parallel_op()  # a fresh team: still correct
         out["ok"] = torch.allclose(y, y.clone())
+        out["rebuilt"] = _named(name)
         omp.release()
 
     t = threading.Thread(target=work)
     t.start()
     t.join()
     assert out["released"] is True
-    assert len(out["gone"]) == 1, out  # the one helper thread of a 2-thread team is gone
+    assert (out["with_team"], out["after"], out["rebuilt"]) == (2, 1, 2), out  # one helper, gone, back
     assert out["ok"]
 
 
 def test_get_idle_releases_only_when_it_would_wait():
     """A worker with a team keeps it while work is queued, and hands it back once it would wait:
-    its helper thread is gone while it waits on the empty queue (watched from here, so a busy
-    machine cannot reorder the wait and the put)."""
+    its helper thread is gone while it waits on the empty queue (watched from here by thread
+    name, so a busy machine cannot reorder the wait and the put, and threads other tests left in
+    this process do not count)."""
     q = queue.Queue()
     out, waiting = {}, threading.Event()
+    name = f"omp-idle-{os.getpid() % 10000}"
 
     def worker():
+        _name_this_thread(name)
         _parallel_op()
-        out["with_team"] = _threads()
+        out["with_team"] = _named(name)
         q.put("ready")
         out["first"] = omp.get_idle(q)  # queued: no wait, the team stays
-        out["kept"] = _threads()
+        out["kept"] = _named(name)
         waiting.set()
         out["second"] = omp.get_idle(q)  # empty until the test has seen the team go
 
@@ -69,14 +89,15 @@ def test_get_idle_releases_only_when_it_would_wait():
     t.start()
     assert waiting.wait(60)
     deadline = time.monotonic() + 60
-    while _threads() != out["with_team"] - 1 and time.monotonic() < deadline:
+    while _named(name) != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    out["while_waiting"] = _threads()
+    out["while_waiting"] = _named(name)
     q.put("later")
     t.join()
     assert (out["first"], out["second"]) == ("ready", "later")
-    assert out["kept"] == out["with_team"]
-    assert out["while_waiting"] == out["with_team"] - 1
+    assert out["with_team"] == 2  # the worker and the one helper of its 2-thread team
+    assert out["kept"] == 2
+    assert out["while_waiting"] == 1  # the worker alone, waiting on the queue
 
 
 def test_releasing_while_another_thread_computes_keeps_both_correct():
