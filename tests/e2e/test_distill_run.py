@@ -1,6 +1,7 @@
 """``rlonce distill`` end to end on the embedded model: a teacher named by a run directory (its latest
-checkpoint), the teacher's held-out score on the student's tasks, the reverse KL in the metrics, the
-recovery ratio in summary.json, and an audit that recomputes every distilled token's advantage."""
+checkpoint), the teacher's held-out score on the student's tasks, the reverse KL and the top-k term
+in the metrics, the recovery ratio in summary.json, the teacher's top-k stored and shown by the
+viewer, and an audit that recomputes every distilled token's advantage."""
 
 import json
 import re
@@ -25,7 +26,8 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     out = tmp_path / "distill"
     cli = [sys.executable, "-m", "rlonce.cli"]
     r = subprocess.run([*cli, "distill", "configs/tiny.toml", f"out={out}", f"model.name={embedded_dir}",
-                        "sft.demos=0", f"distill.teacher={teacher}", "rl.reward_weight=0", "rl.steps=2",
+                        "sft.demos=0", f"distill.teacher={teacher}", "distill.topk=4", "rl.reward_weight=0",
+                        "rl.steps=2",
                         "eval.heldout_tasks=4", "eval.every=0", "checkpoint.every=1", "--quiet"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -39,8 +41,10 @@ def test_rlonce_distill_runs_records_and_audits_clean_with_a_run_directory_as_te
     _two_steps_at_the_teachers_weights_then_an_audit(out)
     from rlonce.recipes.view_data import RunView
 
-    ctx = RunView(out).context(1, 0)  # rlonce view's token hover shows the teacher's log-prob
+    ctx = RunView(out).context(1, 0)  # rlonce view's token hover shows the teacher's log-prob and top-k
     assert [x is not None for x in ctx["teacher_logprobs"]] == [m == 1 for m in ctx["loss_mask"]]
+    assert [x is not None for x in ctx["teacher_topk"]] == [m == 1 for m in ctx["loss_mask"]]
+    assert all(len(t) == 4 and all(lp <= 0 for _, lp in t) for t in ctx["teacher_topk"] if t)
 
 
 def test_rlonce_distill_without_a_teacher_says_what_to_set(tmp_path):
@@ -108,6 +112,7 @@ def _two_steps_at_the_teachers_weights_then_an_audit(out) -> None:
     steps = [m for m in read_jsonl(out / "metrics.jsonl") if "reward_mean" in m]
     assert len(steps) == 2 and all(m["src/toolfind/distill_tokens"] > 0 for m in steps)
     assert abs(steps[0]["distill_reverse_kl"]) < 1e-5 and steps[0]["retained_rows"] > 0
+    assert abs(steps[0]["distill_topk_kl"]) < 1e-5 < steps[1]["distill_topk_kl"]  # distill.topk: 0 at equal weights
     a = subprocess.run([sys.executable, "-m", "rlonce.cli", "audit", str(out)], capture_output=True, text=True,
                        timeout=600)
     assert a.returncode == 0, a.stdout

@@ -75,7 +75,8 @@ def test_endpoint_teacher_scores_the_students_tokens_as_the_local_teacher_does(l
     assert all(a.teacher_logprobs is None for a, _ in pairs if not a.trainable)  # the forced turn, prompts
     # per row: 0.0 exactly wherever the loss mask is 0 (prompt, observation, the forced turn)
     rows, _ = scoring_rows(_seqs(lm))
-    for row, lps in zip(rows, asyncio.run(teacher.score_rows(rows)), strict=True):
+    for row, (lps, top) in zip(rows, asyncio.run(teacher.score_rows(rows)), strict=True):
+        assert top is None  # no distill.topk
         assert len(lps) == len(row) and all(x == 0.0 for x, m in zip(lps, row.loss_mask) if not m)
         assert all(x <= 0 for x, m in zip(lps, row.loss_mask) if m)
 

@@ -1,7 +1,8 @@
 """A hostile or broken teacher endpoint: whatever it answers — not JSON, no entry for a prompt token,
-a positive or non-finite log-prob, too few entries, a body too large, HTTP 500, nothing in time, or
-no server at all — the endpoint teacher raises a one-line ``EngineError`` naming it, and the group it
-was scoring is an infrastructure failure (engine_error) in the ledger: never trained, never the
+a positive or non-finite log-prob, too few entries, a body too large, HTTP 500, nothing in time, no
+server at all, and with ``distill.topk`` a token id past the student's vocabulary or fewer entries
+than asked — the endpoint teacher raises a one-line ``EngineError`` naming it, and the group it was
+scoring is an infrastructure failure (engine_error) in the ledger: never trained, never the
 student's failure. A loopback server started here plays the endpoint."""
 
 import asyncio
@@ -28,6 +29,9 @@ def _entries(prompt: list[int], mode: str) -> list:
     lp = {"positive": 0.5, "nan": float("nan"), "inf": float("-inf"), "string": "-1.0"}.get(mode, -1.0)
     out = [None] + [{str(t + 1 if mode == "missing" else t): {"logprob": lp, "rank": 1, "decoded_token": "x"}}
                     for t in prompt[1:]]
+    if mode in ("oov", "topk"):  # a second entry per position: token 9 (top-k honest) or past the vocabulary
+        for e in out[1:]:
+            e["99999" if mode == "oov" else "9"] = {"logprob": -2.0, "rank": 2, "decoded_token": "y"}
     return out[:-1] if mode == "short" else out
 
 
@@ -106,6 +110,26 @@ def test_a_broken_endpoint_is_an_engine_error_naming_it(endpoint, mode):
         asyncio.run(teacher.score(seqs))
     assert BROKEN[mode] in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert all(s.teacher_logprobs is None for q in seqs for s in q.contexts[0].segments)  # nothing half-set
+
+
+TOPK_BROKEN = {"oov": "entry key '99999' at position 3 is not a token id of the student's vocabulary",
+               "ok": "1 entries at position 3 where prompt_logprobs 2 asked for 2"}
+
+
+@pytest.mark.parametrize("mode", list(TOPK_BROKEN))
+def test_a_top_k_reply_past_the_vocabulary_or_short_of_k_is_an_engine_error(endpoint, mode):
+    """With ``distill.topk``: a token id the student's vocabulary lacks would index past the trainer's
+    logits; fewer entries than asked is no top-k. Both fail the group, naming the endpoint."""
+    url = f"{endpoint}/{mode}/v1"
+    seqs = _group()
+    with pytest.raises(EngineError, match=re.escape(url)) as e:
+        asyncio.run(EndpointTeacher(url, "teacher", timeout=5, concurrency=1, topk=2, vocab=10).score(seqs))
+    assert TOPK_BROKEN[mode] in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert all(s.teacher_topk is None for q in seqs for s in q.contexts[0].segments)
+    seqs = _group()  # an honest top-2
+    asyncio.run(EndpointTeacher(f"{endpoint}/topk/v1", "teacher", timeout=5, concurrency=1, topk=2,
+                                vocab=10).score(seqs))
+    assert seqs[0].contexts[0].segments[1].teacher_topk == [[(4, -1.0), (9, -2.0)], [(5, -1.0), (9, -2.0)]]
 
 
 def test_no_server_at_all_is_an_engine_error_naming_the_endpoint():

@@ -243,6 +243,30 @@ def kl_k3(logprobs_BT, ref_logprobs_BT, mask_BT):
     return (d_BT.exp() - d_BT - 1).clamp(max=K3_MAX) * mask_BT
 
 
+TAIL_FLOOR = 1e-6
+"""Least probability the top-k distillation term gives the student's tail bin (the mass outside the
+teacher's top-k): its log stays finite when the student puts all its mass on those k tokens."""
+
+
+def topk_kl(student_lp_BTK, teacher_lp_BTK, mask_BT):
+    """Per-token ``KL(p_teacher ‖ p_student)`` over k+1 bins: the teacher's k most likely tokens at the
+    position, and the rest of the vocabulary as one tail bin (on-policy distillation's top-k form,
+    docs/distillation.md). ``student_lp_BTK``: the student's log-probs of those k tokens;
+    ``teacher_lp_BTK``: the teacher's. Unlike the sampled reverse KL it reaches tokens the student
+    did not sample: the gradient in the student's logits at a position is ``p_student − p_teacher``
+    on the k+1 bins, so a teacher's answer gains mass however rarely the student draws it. At equal
+    distributions it is 0 and so is its gradient (the bins' probabilities sum to 1 on both sides).
+    Zero where masked; a bin the teacher gives no mass adds nothing."""
+    mask_BT = mask_BT.float()
+    p_BTK = teacher_lp_BTK.exp()
+    tail_t_BT = (1 - p_BTK.sum(-1)).clamp(min=0)
+    tail_s_BT = (1 - student_lp_BTK.exp().sum(-1)).clamp(min=TAIL_FLOOR)
+    head_BT = (p_BTK * (teacher_lp_BTK - student_lp_BTK)).sum(-1)
+    tail_BT = torch.where(tail_t_BT > 0, tail_t_BT * (tail_t_BT.clamp(min=1e-30).log() - tail_s_BT.log()),
+                          torch.zeros_like(tail_t_BT))
+    return (head_BT + tail_BT) * mask_BT
+
+
 OBJECTIVES: dict[str, Callable] = {
     "ppo": ppo_token_loss,
     "four_bound": four_bound_token_loss,

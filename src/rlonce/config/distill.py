@@ -60,6 +60,14 @@ class DistillConfig(Section):
     clip: float | None = Field(None, gt=0, le=1000)
     """Bound on each token's log π_teacher − log π_student in the advantage, to [−clip, clip]
     (unset: unbounded). The metric ``distill_reverse_kl`` stays unclipped."""
+    topk: int = Field(0, ge=0, le=1024)
+    """With k > 0 the teacher also gives its k most likely tokens at each trained position, and the
+    loss adds ``topk_weight`` times KL(teacher ‖ student) over those k tokens and the rest of the
+    vocabulary as one bin (``rlonce.algo.losses.topk_kl``): it reaches tokens the student rarely
+    samples, which the sampled reverse KL cannot. Scored over the whole vocabulary at the row's
+    temperature. An endpoint teacher is asked for ``prompt_logprobs`` = k."""
+    topk_weight: float = Field(1.0, ge=0, le=1000)
+    """Weight of the top-k term in the loss (with ``topk`` > 0)."""
     prefix: PrefixMode = "none"
     """Where each sequence starts: 'none' (the task's start: plain on-policy distillation), 'sft' (a
     scripted-expert demonstration's first j turns, SFT-prefix OPD), 'teacher' (the first j turns of

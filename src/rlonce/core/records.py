@@ -172,12 +172,17 @@ class Segment:
     teacher_logprobs: list[float] | None = None
     """Model segments of a distilled source: per token, its log-prob under the source's teacher at the
     segment's temperature (``rlonce.distill.teachers``), scored once after the sequence ended."""
+    teacher_topk: list[list[tuple[int, float]]] | None = None
+    """With ``distill.topk`` = k: per token, the teacher's k most likely tokens at its position as
+    (token id, log-prob) pairs, scored with ``teacher_logprobs``."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if self.teacher_logprobs is not None and (self.role is not Role.MODEL or len(self.teacher_logprobs) != n
                                                   or not all(math.isfinite(x) for x in self.teacher_logprobs)):
             raise RecordError("teacher log-probs belong to a model segment: one finite value per token")
+        if self.teacher_topk is not None:
+            _check_topk(self.teacher_topk, n, self.teacher_logprobs is not None)
         if self.role is Role.MODEL:
             _check_temperature(self.temperature, "model segment")
             if self.logprobs is None or self.versions is None:
@@ -309,6 +314,10 @@ class TrainingRow:
     teacher_logprobs: list[float] | None = None
     """A distilled source's rows: per token, the teacher's log-prob of it where the loss mask is 1
     (``Segment.teacher_logprobs``), 0.0 elsewhere. None: no teacher."""
+    teacher_topk: list[list[tuple[int, float]]] | None = None
+    """With ``distill.topk`` = k: per token where the loss mask is 1, the teacher's k most likely
+    tokens there as (token id, log-prob) pairs (``Segment.teacher_topk``); [] where no token was
+    scored (a rollout correction that masks a token keeps its pairs)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -327,9 +336,30 @@ class TrainingRow:
                 raise RecordError("every trained token needs a rollout log-prob and a policy version")
         _check_candidates(self.candidates, n, "training row")
         _check_temperature(self.temperature, "training row")
+        if self.teacher_topk is not None:
+            if len(self.teacher_topk) != n:
+                raise RecordError(f"a training row's teacher top-k has one entry per token ({n})")
+            _check_topk([t for t, m in zip(self.teacher_topk, self.loss_mask) if m], sum(self.loss_mask),
+                        self.teacher_logprobs is not None)
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def _check_topk(topk: list, n: int, scored: bool) -> None:
+    """Per token, k > 0 (token id, finite log-prob ≤ 0) pairs, the same k throughout, beside teacher log-probs."""
+    if not scored or len(topk) != n:
+        raise RecordError("a teacher's top-k comes with its log-probs: one list of (token, log-prob) pairs per token")
+    ks = {len(t) for t in topk}
+    if len(ks) > 1 or 0 in ks or any(
+            not isinstance(tok, int) or tok < 0 or not math.isfinite(lp) or lp > 1e-6 for t in topk for tok, lp in t):
+        raise RecordError("a teacher's top-k holds, per token, the same number k > 0 of (token id >= 0, finite "
+                          "log-prob <= 0) pairs")
+
+
+def _topk_from(data: list | None) -> list[list[tuple[int, float]]] | None:
+    """``Segment.teacher_topk`` from its plain data (lists of [token, log-prob] pairs)."""
+    return None if data is None else [[(int(tok), float(lp)) for tok, lp in t] for t in data]
 
 
 def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", weight: float = 1.0) -> list[TrainingRow]:
@@ -345,6 +375,7 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
         vers: list[int] = []
         cands: list[int] = []
         teacher: list[float] = []
+        topk: list[list[tuple[int, float]]] = []
         for seg in ctx.segments:
             n = len(seg.token_ids)
             ids += seg.token_ids
@@ -354,11 +385,13 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
                 lps += seg.logprobs  # type: ignore[arg-type]
                 vers += seg.versions  # type: ignore[arg-type]
                 teacher += seg.teacher_logprobs or [math.nan] * n
+                topk += seg.teacher_topk or [None] * n
             else:
                 mask += [0] * n
                 lps += [0.0] * n
                 vers += [-1] * n
                 teacher += [0.0] * n
+                topk += [[] for _ in range(n)]
         adv = [advantage if m else 0.0 for m in mask]
         temps = {seg.temperature for seg in ctx.segments if seg.trainable}
         if len(temps) > 1:
@@ -367,9 +400,12 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
         scored = any(s.teacher_logprobs is not None for s in ctx.segments if s.trainable)
         if scored and any(math.isnan(x) for x in teacher):
             raise RecordError(f"a context of {seq.task_id} has model turns the teacher scored and turns it did not")
+        with_topk = any(s.teacher_topk is not None for s in ctx.segments if s.trainable)
+        if with_topk and any(t is None for t in topk):
+            raise RecordError(f"a context of {seq.task_id} has model turns with the teacher's top-k and turns without")
         rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id,
                                 candidates=cands if any(cands) else None, temperature=temps.pop() if temps else 1.0,
-                                teacher_logprobs=teacher if scored else None))
+                                teacher_logprobs=teacher if scored else None, teacher_topk=topk if with_topk else None))
     return rows
 
 
@@ -383,7 +419,8 @@ def sequence_to_dict(seq: Sequence) -> dict:
             "contexts": [{"label": c.label, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates,
-                 "temperature": s.temperature, "forced": s.forced, "teacher_logprobs": s.teacher_logprobs}
+                 "temperature": s.temperature, "forced": s.forced, "teacher_logprobs": s.teacher_logprobs,
+                 "teacher_topk": s.teacher_topk}
                 for s in c.segments]} for c in seq.contexts]}
 
 
@@ -394,7 +431,8 @@ def sequence_from_dict(d: dict) -> Sequence:
     contexts = [Context([Segment(Role(s["role"]), s["token_ids"], s["logprobs"], s["versions"], s["finish_reason"],
                                  s["flags"], s.get("candidates"),
                                  s.get("temperature", 1.0),  # older checkpoints: harness.temperature's default
-                                 s.get("forced", False), s.get("teacher_logprobs"))
+                                 s.get("forced", False), s.get("teacher_logprobs"),
+                                 _topk_from(s.get("teacher_topk")))
                           for s in c["segments"]], c["label"])
                 for c in d["contexts"]]
     metrics = dict(d["metrics"])

@@ -55,7 +55,7 @@ class HarnessPool:
         if teachers:
             from rlonce.dist.teachers import PoolDistillation
 
-            self.distill = PoolDistillation(run, sources, teachers, call_timeout)
+            self.distill = PoolDistillation(run, sources, teachers, call_timeout, vocab=len(lm.tokenizer))
             self.executors = self.distill.wrap(self.executors)
         self.grading = (Grading(run, sources, self.decode, Path(run_dir), processes=pools)
                         if run.grading.enabled else None)

@@ -29,13 +29,13 @@ class TeacherActor:
         self.run = validate(cfg)
         torch.set_num_threads(self.run.runtime.rollout_threads)
         self.teacher = LocalTeacher(name, path, dtype=self.run.model.dtype,
-                                    batch_tokens=self.run.distill.teacher_batch_tokens)
+                                    batch_tokens=self.run.distill.teacher_batch_tokens, topk=self.run.distill.topk)
         self.engine = None
 
     def ready(self) -> dict:
         return {"pid": os.getpid(), "teacher": self.teacher.name}
 
-    def score_rows(self, rows: list) -> list[list[float]]:
+    def score_rows(self, rows: list) -> list:
         return self.teacher.score_rows(rows)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
@@ -107,7 +107,7 @@ class PoolDistillation:
     teacher actor (or its endpoint) scores a group before the pool judges it; what they did goes
     into the group's signal stats (``take_counts``)."""
 
-    def __init__(self, run, sources: dict, teachers: dict[str, str], timeout: float):
+    def __init__(self, run, sources: dict, teachers: dict[str, str], timeout: float, *, vocab: int | None = None):
         from rlonce.dist.engines import RemoteEngine
         from rlonce.distill.prefixes import Prefixes
 
@@ -119,7 +119,7 @@ class PoolDistillation:
             plan = sources[label].plan
             if is_endpoint(name):  # no actor, and no teacher prefixes (refused by check_sources)
                 actor, engine = None, None
-                teacher = endpoints.setdefault(name, EndpointTeacher.from_config(run.distill, name))
+                teacher = endpoints.setdefault(name, EndpointTeacher.from_config(run.distill, name, vocab=vocab))
             else:
                 actor = ray.get_actor(name)
                 engine = RemoteEngine([actor], timeout) if plan.prefix == "teacher" else None

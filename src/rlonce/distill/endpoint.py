@@ -16,6 +16,9 @@ being ``(logprob, rank, decoded_token)`` (vllm/logprobs.py), the first prompt to
 strings, and a log-prob of −inf arrives as −9999.0 (``clamp_prompt_logprobs`` in vLLM's serving
 code). Read in vllm-project/vllm at 002032ee. A prompt of token ids is taken as given (no special
 tokens added); ``max_tokens`` 1 because vLLM samples at least one token (its text is ignored).
+With ``distill.topk`` = k the request asks ``"prompt_logprobs": k``, and the k entries of highest
+log-prob at each trained position are the teacher's top-k (the prompt's own token is among them
+only when it ranks there).
 
 What it cannot do, refused when the config is checked (``rlonce.rollout.sources.endpoint_refusal``):
 such a server returns the model's raw log-probs over the whole vocabulary at temperature 1, so a
@@ -39,7 +42,7 @@ import os
 import httpx
 
 from rlonce.core.records import Sequence
-from rlonce.distill.teachers import assign, scoring_rows
+from rlonce.distill.teachers import Scored, assign, scoring_rows
 from rlonce.engine.base import EngineError
 
 
@@ -47,13 +50,16 @@ class EndpointTeacher:
     """``LocalTeacher.score`` over an endpoint: one scoring request per row, at most ``concurrency``
     in flight (across every group this teacher scores at once), each within ``timeout`` seconds."""
 
-    def __init__(self, base_url: str, model: str, *, timeout: float, concurrency: int, api_key: str = "EMPTY"):
+    def __init__(self, base_url: str, model: str, *, timeout: float, concurrency: int, api_key: str = "EMPTY",
+                 topk: int = 0, vocab: int | None = None):
         self.name = self.base_url = base_url.rstrip("/")
+        self.topk, self.vocab = topk, vocab
+        """``vocab``: the student tokenizer's size; a top-k token id at or past it is a malformed reply."""
         self.model, self.timeout, self.concurrency, self.api_key = model, timeout, concurrency, api_key
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     @classmethod
-    def from_config(cls, distill, url: str) -> EndpointTeacher:
+    def from_config(cls, distill, url: str, *, vocab: int | None = None) -> EndpointTeacher:
         """The teacher at ``url`` with the ``[distill]`` table's model name, timeout, concurrency and
         key (read from the environment variable ``teacher_api_key_env`` names; a missing one is a
         one-line ``ConfigError`` now, not a run of failed groups)."""
@@ -66,7 +72,7 @@ class EndpointTeacher:
                 raise ConfigError(f"distill.teacher_api_key_env names {distill.teacher_api_key_env}, which is not set "
                                   "in the environment: export the teacher endpoint's key in it")
         return cls(url, distill.teacher_model, timeout=distill.teacher_timeout_s,
-                   concurrency=distill.teacher_concurrency, api_key=key)
+                   concurrency=distill.teacher_concurrency, api_key=key, topk=distill.topk, vocab=vocab)
 
     def _semaphore(self) -> asyncio.Semaphore:
         """This event loop's gate (a run calls ``asyncio.run`` once per phase: each loop gets its own)."""
@@ -82,9 +88,10 @@ class EndpointTeacher:
         if rows:
             assign(where, await self.score_rows(rows))
 
-    async def score_rows(self, rows) -> list[list[float]]:
+    async def score_rows(self, rows) -> list[Scored]:
         """Per row, the endpoint's log-prob of each trained token (0.0 at position 0 and wherever the
-        loss mask is 0). The first failure cancels the row requests still in flight."""
+        loss mask is 0), and with ``topk`` its k most likely tokens there. The first failure cancels
+        the row requests still in flight."""
         for r in rows:
             if r.temperature != 1.0 or r.candidates:
                 raise ValueError(f"teacher {self.name} scores at temperature 1 over the whole vocabulary; a row at "
@@ -102,9 +109,9 @@ class EndpointTeacher:
                 await asyncio.gather(*tasks, return_exceptions=True)
         return out
 
-    async def _one(self, client: httpx.AsyncClient, gate: asyncio.Semaphore, row) -> list[float]:
+    async def _one(self, client: httpx.AsyncClient, gate: asyncio.Semaphore, row) -> Scored:
         body = {"model": self.model, "prompt": list(row.token_ids), "max_tokens": 1, "temperature": 1.0,
-                "prompt_logprobs": 0}
+                "prompt_logprobs": self.topk}
         async with gate:
             try:
                 async with asyncio.timeout(self.timeout):
@@ -116,7 +123,7 @@ class EndpointTeacher:
                 raise EngineError(f"teacher endpoint {self.base_url} is unreachable: {type(e).__name__}: "
                                   f"{_line(str(e)) or 'no detail'}") from None
         try:
-            return read_reply(raw, row)
+            return read_reply(raw, row, self.topk, self.vocab)
         except ValueError as e:
             raise EngineError(f"teacher endpoint {self.base_url} sent a malformed reply: {e}") from None
 
@@ -143,10 +150,12 @@ def reply_bytes(tokens: int) -> int:
     return (1 << 20) + 2048 * tokens
 
 
-def read_reply(raw: bytes, row) -> list[float]:
+def read_reply(raw: bytes, row, topk: int = 0, vocab: int | None = None) -> Scored:
     """The row's teacher log-probs from a vLLM-shaped reply (``ValueError`` saying what is wrong):
     each trained token's own entry, a finite log-prob ≤ 0; 0.0 at position 0 and wherever the loss
-    mask is 0 (those entries are not read)."""
+    mask is 0 (those entries are not read). With ``topk`` = k also, per trained position, the k
+    entries of highest log-prob as (token id, log-prob) pairs, each a token id below ``vocab`` and
+    a finite log-prob ≤ 0 (None without)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -160,9 +169,11 @@ def read_reply(raw: bytes, row) -> list[float]:
         n = len(entries) if isinstance(entries, list) else type(entries).__name__
         raise ValueError(f"prompt_logprobs has {n} entries for a prompt of {len(row)} tokens")
     out = [0.0]
+    top: list[list[tuple[int, float]]] = [[]]
     for t in range(1, len(row)):
         if not row.loss_mask[t]:
             out.append(0.0)
+            top.append([])
             continue
         token = row.token_ids[t]
         entry = entries[t].get(str(token)) if isinstance(entries[t], dict) else None
@@ -172,7 +183,27 @@ def read_reply(raw: bytes, row) -> list[float]:
         if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 0:
             raise ValueError(f"log-prob {lp!r} for prompt token {token} at position {t} is not a finite number <= 0")
         out.append(float(lp))
-    return out
+        if topk:
+            top.append(_top(entries[t], topk, t, vocab))
+    return out, (top if topk else None)
+
+
+def _top(entry: dict, k: int, t: int, vocab: int | None) -> list[tuple[int, float]]:
+    """The k (token id, log-prob) pairs of highest log-prob in one position's entry."""
+    pairs = []
+    for key, v in entry.items():
+        lp = v.get("logprob") if isinstance(v, dict) else None
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10
+                and (vocab is None or int(key) < vocab)):
+            raise ValueError(f"entry key {str(key)[:20]!r} at position {t} is not a token id of the student's "
+                             "vocabulary")
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 0:
+            raise ValueError(f"log-prob {lp!r} for token {key} at position {t} is not a finite number <= 0")
+        pairs.append((int(key), float(lp)))
+    if len(pairs) < k:
+        raise ValueError(f"{len(pairs)} entries at position {t} where prompt_logprobs {k} asked for {k}")
+    pairs.sort(key=lambda p: -p[1])
+    return pairs[:k]
 
 
 def _line(text: str) -> str:

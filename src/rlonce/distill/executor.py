@@ -105,14 +105,14 @@ class Distillation:
                 if key not in teachers:
                     say(f"teacher {key} for {label}: an endpoint (its tokenizer cannot be checked; it must be the "
                         "student's)")
-                    teachers[key] = EndpointTeacher.from_config(cfg.distill, key)
+                    teachers[key] = EndpointTeacher.from_config(cfg.distill, key, vocab=len(student_lm.tokenizer))
                 continue
             path = resolve(src.plan.teacher, cache_dir)
             key = of_source[label] = str(path.resolve())
             if key not in teachers:
                 say(f"loading teacher {src.plan.teacher} ({path}) for {label}")
                 teachers[key] = LocalTeacher(src.plan.teacher, path, dtype=cfg.model.dtype,
-                                             batch_tokens=cfg.distill.teacher_batch_tokens)
+                                             batch_tokens=cfg.distill.teacher_batch_tokens, topk=cfg.distill.topk)
                 check_tokenizer(teachers[key].lm, student_lm, src.plan.teacher)
         self = cls(cfg, teachers, of_source)
         for label, src in distilled.items():

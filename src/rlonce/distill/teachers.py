@@ -3,8 +3,10 @@
 A teacher scores the student's sampled tokens once per sequence, after it ended: each context of
 the sequence becomes a row (``sequence_to_rows``; prefix turns are not trained and not scored),
 the rows run through the teacher in batches of about ``batch_tokens`` tokens with the trainer's
-own log-prob code (``rlonce.train.trainer.token_logprobs``: the row's temperature, its
-candidate-set sizes), and each model segment gets ``Segment.teacher_logprobs``. At identical
+own log-prob code (``rlonce.train.trainer.score_tokens``: the row's temperature, its
+candidate-set sizes), and each model segment gets ``Segment.teacher_logprobs`` — and with
+``distill.topk`` = k, from the same forward, ``Segment.teacher_topk``: the teacher's k most likely
+tokens at each position over the whole vocabulary. At identical
 weights the teacher's log-probs are the trainer's, so the distillation advantage is 0 up to the
 engine/trainer mismatch (``tests/unit/test_distill.py``).
 
@@ -24,6 +26,11 @@ from typing import Protocol
 from rlonce.config import ConfigError
 from rlonce.core.records import RecordError, Sequence, sequence_to_rows
 from rlonce.model import loader
+
+Scored = tuple[list[float], list[list[tuple[int, float]]] | None]
+"""One row as a teacher scored it: per token its log-prob (0.0 at position 0 and wherever the loss
+mask is 0), and with top-k the (token id, log-prob) pairs of the k most likely tokens there ([]
+where the loss mask is 0), else None."""
 
 
 class Teacher(Protocol):
@@ -62,8 +69,8 @@ class LocalTeacher:
     time, without gradient). A model it loads itself is frozen; one given as ``lm`` is used as it is
     (its owner may train it elsewhere)."""
 
-    def __init__(self, name: str, path: Path, *, batch_tokens: int, dtype: str = "float32", lm=None):
-        self.name, self.path, self.batch_tokens = name, path, batch_tokens
+    def __init__(self, name: str, path: Path, *, batch_tokens: int, dtype: str = "float32", lm=None, topk: int = 0):
+        self.name, self.path, self.batch_tokens, self.topk = name, path, batch_tokens, topk
         self.lm = lm
         if lm is None:
             self.lm = loader.load(path, dtype=dtype)
@@ -72,14 +79,14 @@ class LocalTeacher:
                 p.requires_grad_(False)
         self._lock = threading.Lock()
 
-    def score_rows(self, rows) -> list[list[float]]:
-        """Per row, the teacher's log-prob of each of its tokens (0.0 at position 0 and wherever the
-        loss mask is 0), at the row's temperature and over its candidate sets."""
+    def score_rows(self, rows) -> list[Scored]:
+        """Per row, the teacher's log-prob of each of its tokens at the row's temperature and over its
+        candidate sets, and with ``topk`` its k most likely tokens at each trained position."""
         import torch
 
-        from rlonce.train.trainer import pad_rows, token_logprobs
+        from rlonce.train.trainer import pad_rows, score_tokens
 
-        out: list[list[float]] = [[] for _ in rows]
+        out: list[Scored] = [([], None) for _ in rows]
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
         chunks, cur, width = [], [], 0
         for i in order:  # rows of similar length together, about batch_tokens padded tokens each
@@ -93,12 +100,16 @@ class LocalTeacher:
         with self._lock, torch.no_grad():
             for idx in chunks:
                 b = pad_rows([rows[i] for i in idx])
-                lp_BT, _ = token_logprobs(self.lm.model, b.ids_BT, b.attn_BT, b.temp_B, mask_BT=b.mask_BT,
-                                          cand_BT=b.cand_BT)
+                sc = score_tokens(self.lm.model, b.ids_BT, b.attn_BT, b.temp_B, mask_BT=b.mask_BT, cand_BT=b.cand_BT,
+                                  topk=self.topk)
                 for j, i in enumerate(idx):
-                    n = len(rows[i])
-                    out[i] = [0.0] + [float(x) if m else 0.0
-                                      for x, m in zip(lp_BT[j, : n - 1].tolist(), rows[i].loss_mask[1:])]
+                    n, mask = len(rows[i]), rows[i].loss_mask[1:]
+                    lps = [0.0] + [float(x) if m else 0.0 for x, m in zip(sc.lp_BT[j, : n - 1].tolist(), mask)]
+                    top = None
+                    if self.topk:
+                        ids, lp = sc.top_ids_BTK[j, : n - 1].tolist(), sc.top_lp_BTK[j, : n - 1].tolist()
+                        top = [[]] + [list(zip(a, c)) if m else [] for a, c, m in zip(ids, lp, mask)]
+                    out[i] = (lps, top)
         return out
 
     async def score(self, seqs: list[Sequence]) -> None:
@@ -127,12 +138,14 @@ def scoring_rows(seqs: list[Sequence]) -> tuple[list, list]:
     return rows, where
 
 
-def assign(where: list, scored: list[list[float]]) -> None:
-    """Each context's trainable model segments take their slice of its row's teacher log-probs."""
-    for ctx, lp in zip(where, scored, strict=True):
+def assign(where: list, scored: list[Scored]) -> None:
+    """Each context's trainable model segments take their slice of its row's teacher log-probs (and
+    top-k)."""
+    for ctx, (lp, top) in zip(where, scored, strict=True):
         at = 0
         for seg in ctx.segments:
             n = len(seg.token_ids)
             if seg.trainable:
                 seg.teacher_logprobs = lp[at: at + n]
+                seg.teacher_topk = None if top is None else top[at: at + n]
             at += n

@@ -237,6 +237,10 @@ class RunView:
         rollout = np.where(sampled, cols[p + "rollout_logprobs"][a:b], np.nan)
         trainer = cols[p + "trainer_logprobs"][a:b] if p + "trainer_logprobs" in cols else None
         teacher = cols[p + "teacher_logprobs"][a:b] if p + "teacher_logprobs" in cols else None
+        top = None
+        if p + "teacher_topk_ids" in cols:  # distill.topk: per token the teacher's k most likely, [piece, log-prob]
+            top = [None if t[0] < 0 else [[decode([int(i)]) if decode else f"⟨{i}⟩", float(x)] for i, x in zip(t, v)]
+                   for t, v in zip(cols[p + "teacher_topk_ids"][a:b], cols[p + "teacher_topk_logprobs"][a:b])]
         outcome, owner = _owner(meta, row, untrained)
         mask = cols[p + "loss_mask"][a:b]
         return {"step": step, "row": row, "kind": "untrained" if untrained else "trained", **owner,
@@ -247,6 +251,7 @@ class RunView:
                 "versions": versions.tolist(), "rollout_logprobs": _finite(rollout),
                 "trainer_logprobs": None if trainer is None else _finite(trainer),
                 "teacher_logprobs": None if teacher is None else _finite(np.where(mask > 0, teacher, np.nan)),
+                "teacher_topk": top,
                 "advantages": _finite(cols[p + "advantages"][a:b]),
                 "candidates": cols[p + "candidates"][a:b].tolist(), "segments": segments(versions, pieces, fmt)}
 

@@ -142,8 +142,10 @@ def check_sources(cfg: RunConfig) -> list[SourcePlan]:
         if not p.distills and p.reward_weight != 1.0:
             raise ConfigError(f"{where(p)} has reward_weight {p.reward_weight} but no teacher: the reward weight "
                               "only scales the reward beside a distillation term; set a teacher or leave it 1")
-    if any(p.distills and p.reward_weight == 0 and p.kl_weight == 0 for p in plans):
-        raise ConfigError("a distilled source with kl_weight 0 and reward_weight 0 trains on nothing: raise one")
+    topk = cfg.distill.topk > 0 and cfg.distill.topk_weight > 0
+    if any(p.distills and p.reward_weight == 0 and p.kl_weight == 0 and not topk for p in plans):
+        raise ConfigError("a distilled source with kl_weight 0 and reward_weight 0 trains on nothing: raise one "
+                          "(or set distill.topk)")
     return plans
 
 

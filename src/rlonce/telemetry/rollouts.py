@@ -4,7 +4,9 @@ The ``.npz`` (numpy, deflate-compressed) holds the step's trained rows as flat c
 ``token_ids``, ``loss_mask``, ``rollout_logprobs``, ``advantages``, ``policy_versions``,
 ``candidates`` (-1 where no top-k/top-p cut was recorded), ``weights``, ``temperatures`` (one per
 row: the temperature it was sampled at) — and ``row_offsets`` (row i is
-``[row_offsets[i], row_offsets[i+1])``), and on the local trainer ``trainer_logprobs``: the
+``[row_offsets[i], row_offsets[i+1])``); a distilled source's ``teacher_logprobs`` (NaN where no
+teacher scored) and with ``distill.topk`` = k ``teacher_topk_ids``/``teacher_topk_logprobs`` (N×k,
+-1/NaN where none); and on the local trainer ``trainer_logprobs``: the
 trainer's log-prob of each trained token when its gradient was taken (NaN elsewhere). The ``.json``
 holds what the rows mean: the policy version the step trained (``train_version``), each source's
 staleness bound, per row its group and the sequence it came from, and per group its task, source,
@@ -51,6 +53,18 @@ def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
     if any(r.teacher_logprobs is not None for r in rows):  # a distilled source's: NaN where no teacher scored
         cols["teacher_logprobs"] = np.array([x for r in rows for x in (r.teacher_logprobs or [np.nan] * len(r))],
                                             dtype=np.float32)
+    top_k = max((len(t) for r in rows if r.teacher_topk for t in r.teacher_topk), default=0)
+    if top_k:  # the teacher's top-k (distill.topk): per token k ids (-1) and log-probs (NaN) where none
+        n = len(cols["token_ids"])
+        ids, lps = np.full((n, top_k), -1, np.int32), np.full((n, top_k), np.nan, np.float32)
+        at = 0
+        for r in rows:
+            for t, pairs in enumerate(r.teacher_topk or []):
+                if pairs:
+                    ids[at + t] = [tok for tok, _ in pairs]
+                    lps[at + t] = [lp for _, lp in pairs]
+            at += len(r)
+        cols["teacher_topk_ids"], cols["teacher_topk_logprobs"] = ids, lps
     return {prefix + k: v for k, v in cols.items()}
 
 

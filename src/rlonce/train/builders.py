@@ -23,4 +23,5 @@ def rl_request(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dic
     return RLRequest(objective=a.objective.name, params=objective_params(a) | (bounds or {}), agg=a.aggregation,
                      minibatches=min(cfg.rl.minibatches, n_rows), seed=step, correction=a.rollout_correction,
                      correction_cap=a.correction_cap, geometric_bounds=(a.geometric_low, a.geometric_high),
-                     kl_coef=a.kl_coef, version=version)
+                     kl_coef=a.kl_coef, topk_weight=cfg.distill.topk_weight if cfg.distill.topk else 0.0,
+                     version=version)

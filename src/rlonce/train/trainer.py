@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss
+from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss, topk_kl
 from rlonce.core.records import TrainingRow
 from rlonce.model.logits import selected_logits, token_logprobs_over
 from rlonce.model.packing import micro_batches
@@ -55,6 +55,13 @@ class Batch:
     group_ids: list[str]
     cand_BT: torch.Tensor | None = None
     """Candidate-set size of each next token (0: the whole vocabulary); None when no row has one."""
+    topk_ids_BTK: torch.Tensor | None = None
+    """The teacher's k most likely next tokens at each position (``TrainingRow.teacher_topk``; 0 where
+    a row has none); None when no row has them."""
+    topk_lp_BTK: torch.Tensor | None = None
+    """Their teacher log-probs (0 where a row has none)."""
+    topk_BT: torch.Tensor | None = None
+    """1 where a position has the teacher's top-k."""
 
 
 def pad_rows(rows: list[TrainingRow]) -> Batch:
@@ -66,6 +73,9 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
     mask = torch.zeros((B, T))
     old, adv = torch.zeros((B, T)), torch.zeros((B, T))
     cand = torch.zeros((B, T), dtype=torch.long) if any(r.candidates for r in rows) else None
+    K = max((len(t) for r in rows if r.teacher_topk for t in r.teacher_topk), default=0)
+    top_ids, top_lp, has_top = (torch.zeros((B, T, K), dtype=torch.long), torch.zeros((B, T, K)),
+                                torch.zeros((B, T))) if K else (None, None, None)
     for b, r in enumerate(rows):
         n = len(r)
         ids[b, :n] = torch.tensor(r.token_ids)
@@ -75,14 +85,42 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
         adv[b, : n - 1] = torch.tensor(r.advantages[1:])
         if cand is not None and r.candidates:
             cand[b, : n - 1] = torch.tensor(r.candidates[1:])
+        if K and r.teacher_topk:
+            for t, pairs in enumerate(r.teacher_topk[1:]):
+                if pairs:
+                    top_ids[b, t] = torch.tensor([tok for tok, _ in pairs])
+                    top_lp[b, t] = torch.tensor([lp for _, lp in pairs])
+                    has_top[b, t] = 1.0
     weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
     temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
-    return Batch(ids, attn, mask, old, adv, weight, temp, [r.group_id for r in rows], cand_BT=cand)
+    return Batch(ids, attn, mask, old, adv, weight, temp, [r.group_id for r in rows], cand_BT=cand,
+                 topk_ids_BTK=top_ids, topk_lp_BTK=top_lp, topk_BT=has_top)
+
+
+@dataclass
+class TokenScores:
+    """What one forward of ``score_tokens`` gives, each B×T-1 (×K) on the CPU, 0 where not computed."""
+
+    lp_BT: torch.Tensor
+    ent_BT: torch.Tensor | None = None
+    at_BTK: torch.Tensor | None = None
+    """The log-prob of each token ``at_BTK`` names, over the whole vocabulary (differentiable)."""
+    top_ids_BTK: torch.Tensor | None = None
+    """The k most likely tokens at each position (without gradient), with ``top_lp_BTK``."""
+    top_lp_BTK: torch.Tensor | None = None
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float | torch.Tensor = 1.0,
                    with_entropy: bool = False, mask_BT: torch.Tensor | None = None,
                    cand_BT: torch.Tensor | None = None):
+    """``score_tokens``' log-probs and entropy: (lp_BT, ent_BT or None)."""
+    s = score_tokens(model, ids_BT, attn_BT, temperature, with_entropy=with_entropy, mask_BT=mask_BT, cand_BT=cand_BT)
+    return s.lp_BT, s.ent_BT
+
+
+def score_tokens(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperature: float | torch.Tensor = 1.0, *,
+                 with_entropy: bool = False, mask_BT: torch.Tensor | None = None, cand_BT: torch.Tensor | None = None,
+                 at_BTK: torch.Tensor | None = None, topk: int = 0) -> TokenScores:
     """Log-prob of each next token (length T-1) under ``model`` at ``temperature``, and entropy.
 
     ``temperature`` is one for all rows or one per row (B, ``Batch.temp_B``): each row's logits
@@ -98,16 +136,21 @@ def token_logprobs(model, ids_BT: torch.Tensor, attn_BT: torch.Tensor, temperatu
     decoder but not the vocabulary-wide head (a quarter of a 135M model's FLOPs, and most of its
     memory traffic).
 
+    With ``at_BTK`` (B×T-1×K token ids) the same forward also gives each named token's log-prob
+    over the whole vocabulary at the row's temperature (the top-k distillation term's student
+    side), and with ``topk`` = k the k most likely tokens at each position and their log-probs
+    (its teacher side), both only where ``mask_BT`` is 1.
+
     The forward runs on the model's device (under ``model.autocast``); the B×T results come back
     on the CPU, where the objective is computed, and gradients flow back through the copy.
     """
     dev = _device(model)
     temp_B = torch.as_tensor(temperature, dtype=torch.float32).expand(ids_BT.shape[0])
     with autocast(model):  # bfloat16 products where ``model.autocast`` asks; the head stays float32
-        lp_BT, ent_BT = _token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), temp_B.to(dev), with_entropy,
-                                        None if mask_BT is None else mask_BT.to(dev),
-                                        None if cand_BT is None else cand_BT.to(dev))
-    return lp_BT.cpu(), None if ent_BT is None else ent_BT.cpu()
+        out = _score_tokens(model, ids_BT.to(dev), attn_BT.to(dev), temp_B.to(dev), with_entropy,
+                            None if mask_BT is None else mask_BT.to(dev), None if cand_BT is None else cand_BT.to(dev),
+                            None if at_BTK is None else at_BTK.to(dev), topk)
+    return TokenScores(*(None if x is None else x.cpu() for x in out))
 
 
 def _device(model) -> torch.device:
@@ -115,23 +158,39 @@ def _device(model) -> torch.device:
     return torch.device("cpu") if p is None else p.device
 
 
-def _token_logprobs(model, ids_BT, attn_BT, temp_B, with_entropy, mask_BT, cand_BT):
+def _score_tokens(model, ids_BT, attn_BT, temp_B, with_entropy, mask_BT, cand_BT, at_BTK, topk):
     decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if mask_BT is None or decoder is None or head is None:
         logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT).logits[:, :-1].float() / temp_B[:, None, None]
-        B, T, V = logits_BTV.shape
-        lp_N, ent_N = token_logprobs_over(logits_BTV.reshape(B * T, V), ids_BT[:, 1:].reshape(-1),
-                                          None if cand_BT is None else cand_BT.reshape(-1), with_entropy)
-        return lp_N.view(B, T), None if ent_N is None else ent_N.view(B, T)
-    sel_BT = mask_BT > 0
-    # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
-    forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
-    logits_NV = forward(ids_BT, attn_BT, sel_BT).float() / temp_B[:, None].expand(sel_BT.shape)[sel_BT][:, None]
+        sel_BT = torch.ones(logits_BTV.shape[:2], dtype=torch.bool, device=logits_BTV.device)
+        if mask_BT is not None and (at_BTK is not None or topk):
+            sel_BT = mask_BT > 0
+        logits_NV = logits_BTV[sel_BT] if not bool(sel_BT.all()) else logits_BTV.reshape(-1, logits_BTV.shape[-1])
+    else:
+        sel_BT = mask_BT > 0
+        # shard_model makes selected_logits a method FSDP treats as a forward: it gathers the root's weights
+        forward = getattr(model, "selected_logits", functools.partial(selected_logits, model))
+        logits_NV = forward(ids_BT, attn_BT, sel_BT).float() / temp_B[:, None].expand(sel_BT.shape)[sel_BT][:, None]
     lp_N, ent_N = token_logprobs_over(logits_NV, ids_BT[:, 1:][sel_BT], None if cand_BT is None else cand_BT[sel_BT],
                                       with_entropy)
-    zeros_BT = torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=sel_BT.device)
-    return zeros_BT.masked_scatter(sel_BT, lp_N), None if ent_N is None else zeros_BT.masked_scatter(sel_BT, ent_N)
+
+    def scatter(x_N):  # N(×K) values back to B×T(×K), 0 where not selected
+        if x_N is None:
+            return None
+        out = torch.zeros((*sel_BT.shape, *x_N.shape[1:]), dtype=x_N.dtype, device=sel_BT.device)
+        return out.masked_scatter(sel_BT.view(*sel_BT.shape, *([1] * (x_N.dim() - 1))).expand_as(out), x_N)
+
+    at_NK = top_ids_NK = top_lp_NK = None
+    if at_BTK is not None or topk:
+        logz_N1 = logits_NV.logsumexp(-1, keepdim=True)
+        if at_BTK is not None:
+            at_NK = logits_NV.gather(-1, at_BTK[sel_BT]) - logz_N1
+        if topk:
+            with torch.no_grad():
+                top = logits_NV.detach().topk(min(topk, logits_NV.shape[-1]), dim=-1)
+                top_ids_NK, top_lp_NK = top.indices, top.values - logz_N1.detach()
+    return (scatter(lp_N), scatter(ent_N), scatter(at_NK), scatter(top_ids_NK), scatter(top_lp_NK))
 
 
 class Trainer:
@@ -240,7 +299,8 @@ class Trainer:
             measure = k_split == 0 and "old" not in aux and version is not None
             stats = self._rl_minibatch([rows[i] for i in split], loss_fn, request.agg,
                                        aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=request.kl_coef,
-                                       pairs=pairs if measure else None, version=version)
+                                       pairs=pairs if measure else None, version=version,
+                                       topk_weight=request.topk_weight)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
         out.update({k: v / len(splits) for k, v in sums.items()})
@@ -253,12 +313,14 @@ class Trainer:
         return out
 
     def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
-                      kl_coef: float, pairs: list | None, version: int | None) -> dict:
+                      kl_coef: float, pairs: list | None, version: int | None, topk_weight: float = 0.0) -> dict:
         """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
         metrics (token-weighted, summed over ranks) and the gradient norm. ``aux``: per row of
         ``mb``, π_old ('old') and the correction's weights ('corr') when rollout correction is
         on, the reference log-probs ('ref') when ``kl_coef`` > 0. ``pairs``: where to collect the
-        (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None."""
+        (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None. With
+        ``topk_weight`` > 0, rows with the teacher's top-k add ``topk_weight`` times its per-token
+        KL (``rlonce.algo.losses.topk_kl``) under the same weights (metric ``distill_topk_kl``)."""
         w_BT, ntok = self._weights(mb, agg)
         stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         for idx in self._chunks(mb):
@@ -266,8 +328,10 @@ class Trainer:
                 self._idle_pass()
                 continue
             b = pad_rows([mb[i] for i in idx])
-            lp_BT, ent_BT = token_logprobs(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True,
-                                           mask_BT=b.mask_BT, cand_BT=b.cand_BT)
+            topk = topk_weight > 0 and b.topk_ids_BTK is not None
+            sc = score_tokens(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True, mask_BT=b.mask_BT,
+                              cand_BT=b.cand_BT, at_BTK=b.topk_ids_BTK if topk else None)
+            lp_BT, ent_BT = sc.lp_BT, sc.ent_BT
             for j, i in enumerate(idx):
                 self._seen[id(mb[i])] = lp_BT[j, : len(mb[i]) - 1].detach()
                 if pairs is not None:
@@ -279,6 +343,10 @@ class Trainer:
                 kl_BT = kl_k3(lp_BT, x["ref"], b.mask_BT)
                 loss = loss + kl_coef * (w * kl_BT).sum()
                 m = {**m, "kl": float(kl_BT.detach().sum() / b.mask_BT.sum().clamp(min=1))}
+            if topk:
+                tk_BT = topk_kl(sc.at_BTK, b.topk_lp_BTK, b.mask_BT * b.topk_BT)
+                loss = loss + topk_weight * (w * tk_BT).sum()
+                m = {**m, "distill_topk_kl": float(tk_BT.detach().sum() / b.mask_BT.sum().clamp(min=1))}
             loss.backward()
             share = float(b.mask_BT.sum()) / max(ntok, 1.0)
             stats["loss"] += float(loss.detach())

@@ -312,7 +312,9 @@ function hover(ev) {
     ` | trainer log-prob ${tr ? fmt(tr[i], 4) : "not recorded"} | gap ${fmt(gap, 4)}` +
     ` | IS ratio ${gap === null ? "—" : fmt(Math.exp(gap), 4)} | advantage ${fmt(c.advantages[i], 4)}` +
     (c.candidates[i] > 0 ? ` | candidates ${c.candidates[i]}` : "") +
-    (c.teacher_logprobs && c.teacher_logprobs[i] !== null ? ` | teacher log-prob ${fmt(c.teacher_logprobs[i], 4)}` : "");
+    (c.teacher_logprobs && c.teacher_logprobs[i] !== null ? ` | teacher log-prob ${fmt(c.teacher_logprobs[i], 4)}` : "") +
+    (c.teacher_topk && c.teacher_topk[i] ? ` | teacher top-${c.teacher_topk[i].length}: ` +
+      c.teacher_topk[i].map(([p, x]) => `${JSON.stringify(p)} ${fmt(Math.exp(x), 3)}`).join(", ") : "");
 }
 
 // ---- colour modes: each gives a colour per token and its legend ---------------------------
