@@ -1,10 +1,11 @@
 """Two engine hot-path measurements of ``run.py``:
 
-* fastdecode: the engine with the written-out Llama-family decode step (``engine.fast_decode``,
-  the default) vs transformers' forward, at 1, 16 and 64 concurrent sessions, one torch thread
-  and (at 64) two;
+* fastdecode: the engine with the written-out Llama-family decode step
+  (``TorchEngine(fast_decode=...)``, on with ``engine.fast_path``, the default) vs transformers'
+  forward, at 1, 16 and 64 concurrent sessions, one torch thread and (at 64) two;
 * native: the same, with the decode step's work besides its matrix products in
-  ``rlonce.engine.native``'s C loops (``engine.native_kernels``, the default) vs torch's operations;
+  ``rlonce.engine.fast.native``'s C loops (``TorchEngine(native_kernels=...)``, on with
+  ``engine.fast_path``) vs torch's operations;
 * omp: a local run's two compute threads in turn — the engine's worker decoding 64 sessions, the
   main thread running a training step, both with two torch threads — with each handing back its
   OpenMP team when its phase ends (``rlonce.model.omp``, the default) vs without (``release`` made

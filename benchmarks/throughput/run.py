@@ -28,8 +28,9 @@
   time apart; and the engine's log-prob gap to the trainer, eager and compiled, float32 and
   bfloat16 autocast (``compiled.py``).
 * fastdecode, native, omp: the written-out Llama decode step vs transformers' forward; its work
-  besides the matrix products in C loops (``engine.native_kernels``) vs torch's operations; and a local
-  run's two compute threads handing back their OpenMP teams vs keeping them (``hotpath.py``).
+  besides the matrix products in C loops (``TorchEngine(native_kernels=...)``, on with
+  ``engine.fast_path``) vs torch's operations; and a local run's two compute threads handing back
+  their OpenMP teams vs keeping them (``hotpath.py``).
 * adamw: an AdamW step, torch's default per-tensor loop vs the fused kernel the trainer uses
   (``hotpath.py``).
 * gqa: masked attention keeping grouped key/value heads (the model's attention route) vs

@@ -1,18 +1,21 @@
-"""The torch engine's written-out decode step and prefill (``rlonce.engine.decode``) against
+"""The torch engine's written-out decode step and prefill (``rlonce.engine.fast.decode``) against
 transformers' own forward: the same logits and the same cache after every step and prefill, on
 the embedded model (Llama, grouped-query attention), a Qwen2 model (biased q/k/v projections) and
-bfloat16 weights; left padding and holes masked; with ``rlonce.engine.native``'s C loops (the
+bfloat16 weights; left padding and holes masked; with ``rlonce.engine.fast.native``'s C loops (the
 step's rotary positions and attention, norms and MLP activation; a prefill's norms and activation)
 and with torch's operations; the engine's tokens and log-probs with the fast step on and off."""
 
 import copy
+import dataclasses
+import re
 
 import pytest
 import torch
 from conftest import gen_many
 
-from rlonce.engine import decode, kvcache, native
+from rlonce.engine import forward, kvcache
 from rlonce.engine.base import SamplingParams
+from rlonce.engine.fast import decode, native
 from rlonce.engine.torch_engine import TorchEngine
 from rlonce.train.trainer import token_logprobs
 
@@ -60,7 +63,7 @@ def test_the_written_out_step_equals_transformers_forward(lm, which, dense, nati
     if which.endswith("bf16"):
         model = model.to(torch.bfloat16)
     assert decode.why_not(model) is None
-    fast, generic = decode.stepper(model, KW, native_kernels=native_kernels), decode.stepper(model, KW, fast=False)
+    fast, generic = forward.stepper(model, KW, native_kernels=native_kernels), forward.stepper(model, KW, fast=False)
     assert isinstance(fast, decode.FastDecode) and not isinstance(generic, decode.FastDecode)
     assert (fast.kernel is not None) == (native_kernels and not isinstance(native.kernel(), str))
     got, got_keys = _steps(model, fast, dense)
@@ -68,7 +71,7 @@ def test_the_written_out_step_equals_transformers_forward(lm, which, dense, nati
     assert torch.isfinite(got).all()
     if which.endswith("bf16"):  # both round to bfloat16 in different places: neither is further from float32
         ref_model = copy.deepcopy(lm.model).eval()
-        ref, ref_keys = _steps(ref_model, decode.stepper(ref_model, KW, fast=False), dense)
+        ref, ref_keys = _steps(ref_model, forward.stepper(ref_model, KW, fast=False), dense)
         err, base = (got - ref).abs().mean(), (want - ref).abs().mean()
         assert err < 1.5 * base + 1e-3, (err, base)
         assert (got_keys - ref_keys).abs().mean() < 1.5 * (want_keys - ref_keys).abs().mean() + 1e-3
@@ -104,12 +107,12 @@ def test_the_written_out_prefill_equals_transformers_forward(lm, which, native_k
     model = _qwen2() if which == "qwen2" else copy.deepcopy(lm.model).eval()
     if which.endswith("bf16"):
         model = model.to(torch.bfloat16)
-    got, got_keys = _prefills(model, decode.stepper(model, KW, native_kernels=native_kernels))
-    want, want_keys = _prefills(model, decode.stepper(model, KW, fast=False))
+    got, got_keys = _prefills(model, forward.stepper(model, KW, native_kernels=native_kernels))
+    want, want_keys = _prefills(model, forward.stepper(model, KW, fast=False))
     assert torch.isfinite(got).all() and torch.isfinite(got_keys).all()
     if which.endswith("bf16"):
         ref_model = copy.deepcopy(lm.model).eval()
-        ref, ref_keys = _prefills(ref_model, decode.stepper(ref_model, KW, fast=False))
+        ref, ref_keys = _prefills(ref_model, forward.stepper(ref_model, KW, fast=False))
         assert (got - ref).abs().mean() < 1.5 * (want - ref).abs().mean() + 1e-3
         assert (got_keys - ref_keys).abs().mean() < 1.5 * (want_keys - ref_keys).abs().mean() + 1e-3
     else:
@@ -143,10 +146,52 @@ def test_other_architectures_take_transformers_forward(lm):
     gpt2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt2", vocab_size=300, n_embd=32, n_layer=1,
                                                                  n_head=2, n_positions=64)).eval()
     assert "gpt2" in decode.why_not(gpt2)
-    assert not isinstance(decode.stepper(gpt2, KW), decode.FastDecode)
+    assert not isinstance(forward.stepper(gpt2, KW), decode.FastDecode)
     eng = TorchEngine(gpt2, eos_token_ids=[], pad_token_id=0, max_batch_size=4, batch_wait_s=0.01)
     try:
         g = gen_many(eng, [[5, 6, 7]], [SamplingParams(max_tokens=4, seed=0)])[0]
     finally:
         eng.close()
     assert len(g.token_ids) == 4
+
+
+def test_the_fast_path_is_taken_only_after_its_parity_check_and_one_switch_turns_it_off(lm, monkeypatch):
+    """``engine.fast_path``: the engine checks the written-out step against transformers' forward on
+    its own model before decoding through it; a step that disagrees (here: RMSNorm off by 0.1 %)
+    is not taken, and the engine runs the reference and says why."""
+    from rlonce.engine.factory import EngineSpec
+
+    model = copy.deepcopy(lm.model).eval()
+    fast = forward.stepper(model, KW)
+    assert isinstance(fast, decode.FastDecode) and fast.status.startswith("fast path: parity ok")
+    off = forward.stepper(model, KW, fast=False)
+    assert isinstance(off, forward.Generic) and "engine.fast_path is false" in off.status
+    spec = EngineSpec(backend="torch", model_dir=str(lm.path), fast_path=False, compile_solo=True)
+    eng = spec.build(lm=dataclasses.replace(lm, model=copy.deepcopy(lm.model)))
+    try:
+        assert isinstance(eng._fwd, forward.Generic) and eng.solo is None  # one switch: compiled solo too
+    finally:
+        eng.close()
+    norm = decode.FastDecode._norm
+    monkeypatch.setattr(decode.FastDecode, "_norm", lambda self, x, m: norm(self, x, m) * 1.001)
+    broken = forward.stepper(model, KW)
+    assert isinstance(broken, forward.Generic)
+    assert re.search(r"parity FAILED .*\(logits \S+, cached keys \S+ relative; tolerance 1e-05\)$", broken.status)
+    eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0)
+    try:
+        assert isinstance(eng._fwd, forward.Generic) and "parity FAILED" in eng.fast_path
+        g = gen_many(eng, PROMPTS[:1], [SamplingParams(max_tokens=4, seed=0)])[0]  # the reference decodes
+        assert len(g.token_ids) == 4
+    finally:
+        eng.close()
+
+
+def test_doctor_shows_the_fast_paths_parity_on_the_jobs_model(tmp_path):
+    from rlonce.cli.doctor import check_fast_path
+    from rlonce.config import load_config
+
+    checks = check_fast_path(load_config(None, [f"out={tmp_path / 'run'}"]))
+    assert checks[-1].ok and re.search(r"^embedded: fast path: parity ok with (C loops|torch's operations) \(logits",
+                                       checks[-1].detail), checks[-1].detail
+    (off,) = check_fast_path(load_config(None, [f"out={tmp_path / 'run'}", "engine.fast_path=false"]))
+    assert off.ok and "engine.fast_path is false" in off.detail

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from rlonce.core import faults
 from rlonce.engine.base import SamplingParams
-from rlonce.engine.solo import columns_for
+from rlonce.engine.fast.solo import columns_for
 from rlonce.engine.torch_engine import TorchEngine
 from rlonce.train.trainer import token_logprobs
 

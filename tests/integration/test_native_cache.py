@@ -1,4 +1,4 @@
-"""``rlonce.engine.native``'s per-machine cache, with the real compiler behind a wrapper that logs
+"""``rlonce.engine.fast.native``'s per-machine cache, with the real compiler behind a wrapper that logs
 each command line (and, given ``RLONCE_TEST_NO_BUILD``, refuses anything but ``--version``):
 
 - a second process, and a Ray actor, load the first one's build without compiling;
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import slack
 
-from rlonce.engine import native
+from rlonce.engine.fast import native
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason=native.NO_COMPILER)
 
@@ -30,7 +30,7 @@ exec "{cc}" "$@"
 
 PROBE = """
 import torch
-from rlonce.engine import native
+from rlonce.engine.fast import native
 k = native.kernel()
 if not isinstance(k, str):
     gate = torch.linspace(-4, 4, 40)

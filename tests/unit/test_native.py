@@ -1,4 +1,4 @@
-"""``rlonce.engine.native``: the decode step's attention, rotary positions, RMSNorm and
+"""``rlonce.engine.fast.native``: the decode step's attention, rotary positions, RMSNorm and
 ``silu(gate) * up`` as C loops, against the same computed in float64 (attention also against
 torch's float32 products: within twice their error), with masked columns, tails of fewer than 16
 keys or values, the head sizes it is built for, cache views with spare columns, one and two
@@ -10,7 +10,7 @@ import tempfile
 import pytest
 import torch
 
-from rlonce.engine import decode, native
+from rlonce.engine.fast import decode, native
 
 FN = native.kernel()
 needs_loop = pytest.mark.skipif(isinstance(FN, str), reason=f"no native kernels here: {FN}")

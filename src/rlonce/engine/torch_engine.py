@@ -18,14 +18,13 @@ kept cache (they belong to the old weights), so a partial rollout continued afte
 re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joiners.
 
 **Compiled one-row decoding** (``compile_solo``): a batch down to one row decodes with the model
-``torch.compile``-d over a static cache (``rlonce.engine.solo``); off by default. Otherwise a
-Llama-family model decodes through ``rlonce.engine.decode``'s written-out step (``fast_decode``).
+``torch.compile``-d over a static cache (``rlonce.engine.fast.solo``); off by default. Otherwise a
+Llama-family model decodes through ``rlonce.engine.fast.decode``'s written-out step (``fast_decode``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import queue
 import threading
 import time
@@ -33,10 +32,10 @@ import time
 import torch
 
 from rlonce.core import faults
-from rlonce.engine import constrain, decode, kvcache, prefill
+from rlonce.engine import constrain, forward, kvcache, prefill
 from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, check_prompt
+from rlonce.engine.fast.solo import Solo
 from rlonce.engine.rows import Batch, Part, Request, Row, draw, left_pad
-from rlonce.engine.solo import Solo
 from rlonce.errors import is_internal
 from rlonce.model import lora, omp, precision
 
@@ -80,17 +79,18 @@ class TorchEngine:
         """W0 of the adapted weights, copied before the first adapter sent without it is merged."""
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 1 << 30)
         self._gen = torch.Generator().manual_seed(seed)
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = forward.cache_keyword(model)
         self.compact_fraction = compact_fraction
         """Drop finished rows from the cache once this share of the batch's rows is done."""
         self.continuous = continuous
         """Requests arriving while a batch decodes join it at the next step (else they wait for it to end)."""
-        self._fwd = decode.stepper(self.model, self._cache_kw, fast_decode, native_kernels)
-        """The decode step and the prefill: written out for the Llama family (``rlonce.engine.decode``),
-        or transformers' forward."""
+        self._fwd = forward.stepper(self.model, self._cache_kw, fast_decode, native_kernels)
+        """The decode step and the prefill: the fast path's (``rlonce.engine.fast``) where it is on and
+        passed its parity check on this model, else transformers' forward (``rlonce.engine.forward``)."""
+        self.fast_path: str = self._fwd.status
+        """Which forward the engine runs, and why, in one line (``engine.fast_path``)."""
         self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
-        """A batch down to one row decodes compiled over a static cache (``rlonce.engine.solo``)."""
+        """A batch down to one row decodes compiled over a static cache (``rlonce.engine.fast.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._kv_bytes = prefill.kv_bytes_per_token(model)
         self._masks = constrain.Masks(tokenizer, model.config.vocab_size, eos_token_ids)

@@ -25,8 +25,8 @@ first builds racing leave one whole library (the last rename wins); its SHA-256 
 ``/proc/self/fd`` (no path to swap in between): a library that does not match is rebuilt. That
 catches a truncated or damaged file, not a forged pair written by someone with our uid — who
 could replace the Python code as well. No compiler, no AVX-512, or a failed build: ``kernel()``
-says why and the engine keeps torch's operations (``engine.native_kernels = false`` asks for
-them).
+says why and the engine keeps torch's operations (``engine.fast_path = false`` turns the whole fast
+path off).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ query attention with rotary positions, a gated SiLU MLP) both are written out he
 plain sequence of tensor operations, over the same weights: transformers' generic forward spends
 most of a small model's one-token step in per-call work around the arithmetic (masks built
 for any shape, cache bookkeeping, output records, attention dispatch), which this skips. Where
-``rlonce.engine.native``'s C loops build and the tensors are float32 (``engine.native_kernels``),
+``rlonce.engine.fast.native``'s C loops build and the tensors are float32,
 the step's rotary positions and attention of one query per row run in one of them, and RMSNorm and
 the MLP's ``silu(gate) * up`` in others (in a prefill too): each one call where torch makes several.
 Otherwise attention is two batched products against the cached keys and values; either way each
@@ -23,54 +23,21 @@ transformers' forward and a one-row step 0.45×, a prefill 0.74–0.79× (one-of
 log-probs with the trainer's recomputation, within float32 rounding
 (``tests/integration/test_engine_decode.py``).
 
-Other architectures, or ``engine.fast_decode = false``, run transformers' forward.
+Other architectures, a failed parity check (``rlonce.engine.fast.parity``), or
+``engine.fast_path = false`` run transformers' forward (``rlonce.engine.forward``).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from rlonce.engine import kvcache, native
+from rlonce.engine import kvcache
+from rlonce.engine.fast import native
 
 FAMILY = ("llama", "qwen2")
 """``config.model_type`` values whose decoder layers this step reproduces."""
-
-
-def stepper(model, cache_kw: str, fast: bool = True, native_kernels: bool = True):
-    """The engine's forward passes: ``step(ids_B1, pos_B1, cache, attn_BN) -> logits_BV`` (one new
-    token per row; ``attn_BN`` None: every column attended), ``prefill(ids_BT, pos_BT, cache,
-    attn_BN)`` (several, the last position's logits) and ``new_cache()`` — written out when
-    ``fast`` and the model is of the family, else transformers' forward. ``native_kernels``: the
-    written-out step uses ``rlonce.engine.native``'s loops where it can."""
-    if fast and why_not(model) is None:
-        return FastDecode(model, native_kernels)
-    return Generic(model, cache_kw)
-
-
-class Generic:
-    """transformers' forward, for every architecture."""
-
-    def __init__(self, model, cache_kw: str):
-        self.model, self.cache_kw = model, cache_kw
-        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters \
-            else {}
-
-    def new_cache(self) -> DynamicCache:
-        return kvcache.new_cache()  # transformers adds the layers the model's config asks for
-
-    def __call__(self, ids_B1, pos_B1, cache, attn_BN):
-        out = self.model(input_ids=ids_B1, attention_mask=attn_BN, position_ids=pos_B1, use_cache=True,
-                         **{self.cache_kw: cache})
-        return out.logits[:, -1]
-
-    def prefill(self, ids_BT, pos_BT, cache, attn_BN):
-        out = self.model(input_ids=ids_BT, attention_mask=attn_BN, position_ids=pos_BT, use_cache=True,
-                         **{self.cache_kw: cache}, **self.last_only)
-        return out.logits[:, -1]
 
 
 def why_not(model) -> str | None:
@@ -103,7 +70,7 @@ class FastDecode:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         found = native.kernel() if native_kernels else None
         self.kernel = None if isinstance(found, str) else found
-        """``rlonce.engine.native``'s loops (None: torch's operations)."""
+        """``rlonce.engine.fast.native``'s loops (None: torch's operations)."""
 
     def new_cache(self) -> DynamicCache:
         return kvcache.new_cache(layers=len(self.inner.layers))
@@ -123,7 +90,7 @@ class FastDecode:
     def _attention(self, h_BH: torch.Tensor, a, cached, step: dict) -> torch.Tensor:
         """A layer's attention for one new token per row: its query, key and value, the key and
         value appended to ``cached``, the query against the row's cache; (B, kv heads, G, D).
-        ``rlonce.engine.native``'s loop where it takes these tensors and the cache is a ``GrowLayer``
+        ``rlonce.engine.fast.native``'s loop where it takes these tensors and the cache is a ``GrowLayer``
         (whose ``update`` hands back views of its buffers: the key is appended as it comes and
         rotated there, in place), else torch's rotations and ``_attend``."""
         B, d, kvh = h_BH.shape[0], self.head_dim, self.kv_heads
@@ -146,7 +113,7 @@ class FastDecode:
         return _attend(q.reshape(B * kvh, -1, d), keys, values, step.get("R1N"))
 
     def _norm(self, x: torch.Tensor, m) -> torch.Tensor:
-        """The RMSNorm ``m`` of ``x``: ``rlonce.engine.native``'s loop where it takes these, else ``_norm``."""
+        """The RMSNorm ``m`` of ``x``: ``rlonce.engine.fast.native``'s loop where it takes these, else ``_norm``."""
         if self.kernel is not None and native.norm_usable(x, m.weight):
             return native.rms_norm(self.kernel, x, m.weight, _eps(m))
         return _norm(x, m)

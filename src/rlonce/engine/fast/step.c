@@ -1,5 +1,5 @@
 /* The torch engine's decode step, all but its matrix products, in float32 with AVX-512
- * (rlonce/engine/native.py builds this file and calls it; decode.py says when):
+ * (rlonce/engine/fast/native.py builds this file and calls it; decode.py says when):
  *
  * - rl_attend: one query per row and head against the row's cached keys and values. For each row
  *   b and key/value head h, the G query heads that read h are scored against the N cached keys,
