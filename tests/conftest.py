@@ -282,3 +282,30 @@ def untimed(x):
     if isinstance(x, list):
         return [untimed(v) for v in x]
     return x
+
+
+def sampled_turns(lm, engine_lm, n: int = 3):
+    """``n`` sequences the torch engine sampled from ``engine_lm`` for a chat prompt, at temperature 0.8."""
+    from rlonce.core.records import Context, Role, Segment, Sequence
+    from rlonce.engine.base import SamplingParams
+    from rlonce.engine.factory import EngineSpec
+
+    engine = EngineSpec(backend="torch", model_dir=str(lm.path)).build(lm=engine_lm)
+    prompt = lm.encode("<|im_start|>user\nWhere is the key?<|im_end|>\n<|im_start|>assistant\n")
+    try:
+        gens = [asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.8, seed=s)))
+                for s in range(n)]
+    finally:
+        engine.close()
+    return [Sequence("t", "single-turn", [Context([Segment(Role.PROMPT, prompt),
+                                                   Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions,
+                                                           g.finish_reason, temperature=0.8)])],
+                     reward=0.0) for g in gens]
+
+
+def lm_copy(lm):
+    """``lm`` with its own copy of the model (the session's ``lm`` is shared: never train it)."""
+    import copy
+    import dataclasses
+
+    return dataclasses.replace(lm, model=copy.deepcopy(lm.model))

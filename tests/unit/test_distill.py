@@ -4,12 +4,12 @@ loss and the gradient vanish."""
 
 import asyncio
 import copy
-import dataclasses
 import math
 import re
 
 import pytest
 import torch
+from conftest import lm_copy, sampled_turns
 
 from rlonce.algo.signal import SignalSettings, distill_advantages, learning_signal
 from rlonce.config import ConfigError, load_config
@@ -26,7 +26,6 @@ from rlonce.core.records import (
     sequence_to_rows,
 )
 from rlonce.distill.teachers import LocalTeacher
-from rlonce.engine.base import SamplingParams
 from rlonce.rollout.sources import check_sources
 
 
@@ -93,33 +92,12 @@ def test_a_trained_token_without_a_teacher_log_prob_is_refused():
         Segment(Role.MODEL, [1], [-1.0], [0], teacher_logprobs=[math.nan])
 
 
-def _sampled(lm, engine_lm, n: int = 3):
-    """``n`` sequences the torch engine sampled from ``engine_lm`` for a chat prompt, at temperature 0.8."""
-    from rlonce.engine.factory import EngineSpec
-
-    engine = EngineSpec(backend="torch", model_dir=str(lm.path)).build(lm=engine_lm)
-    prompt = lm.encode("<|im_start|>user\nWhere is the key?<|im_end|>\n<|im_start|>assistant\n")
-    try:
-        gens = [asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.8, seed=s)))
-                for s in range(n)]
-    finally:
-        engine.close()
-    return [Sequence("t", "single-turn", [Context([Segment(Role.PROMPT, prompt),
-                                                   Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions,
-                                                           g.finish_reason, temperature=0.8)])],
-                     reward=0.0) for g in gens]
-
-
-def _copy(lm):
-    return dataclasses.replace(lm, model=copy.deepcopy(lm.model))
-
-
 def test_at_identical_weights_the_distillation_advantage_loss_and_gradient_are_zero(lm):
     from rlonce.train.builders import rl_request
     from rlonce.train.trainer import OptimSettings, Trainer
 
-    seqs = _sampled(lm, _copy(lm))
-    teacher = LocalTeacher("same", lm.path, batch_tokens=8192, lm=_copy(lm))
+    seqs = sampled_turns(lm, lm_copy(lm))
+    teacher = LocalTeacher("same", lm.path, batch_tokens=8192, lm=lm_copy(lm))
     asyncio.run(teacher.score(seqs))
     settings = SignalSettings(distill={"src": (1.0, 0.0)})
     rows, _, stats = learning_signal([Sample("t", "src", 1, seqs)], 1, settings)

@@ -6,13 +6,13 @@ weights the term and its gradient are 0."""
 
 import asyncio
 import copy
-import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import lm_copy, sampled_turns
 
 from rlonce.algo.losses import topk_kl
 from rlonce.algo.signal import SignalSettings, learning_signal
@@ -34,28 +34,6 @@ from rlonce.distill.teachers import LocalTeacher, scoring_rows
 from rlonce.rollout.sources import check_sources
 from rlonce.telemetry.rollouts import _columns
 from rlonce.train.trainer import OptimSettings, Trainer, score_tokens
-
-
-def _sampled(lm, engine_lm, n: int = 3):
-    """``n`` sequences the torch engine sampled from ``engine_lm`` for a chat prompt, at temperature 0.8."""
-    from rlonce.engine.base import SamplingParams
-    from rlonce.engine.factory import EngineSpec
-
-    engine = EngineSpec(backend="torch", model_dir=str(lm.path)).build(lm=engine_lm)
-    prompt = lm.encode("<|im_start|>user\nWhere is the key?<|im_end|>\n<|im_start|>assistant\n")
-    try:
-        gens = [asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.8, seed=s)))
-                for s in range(n)]
-    finally:
-        engine.close()
-    return [Sequence("t", "single-turn", [Context([Segment(Role.PROMPT, prompt),
-                                                   Segment(Role.MODEL, g.token_ids, g.logprobs, g.versions,
-                                                           g.finish_reason, temperature=0.8)])],
-                     reward=0.0) for g in gens]
-
-
-def _copy(lm):
-    return dataclasses.replace(lm, model=copy.deepcopy(lm.model))
 
 
 def test_the_term_is_kl_over_the_teachers_top_k_and_the_tail_by_hand():
@@ -147,8 +125,8 @@ def test_an_endpoints_top_k_is_its_k_most_likely_entries_and_a_hostile_one_is_re
 
 
 def test_the_local_teachers_top_k_is_the_models_and_the_term_vanishes_at_identical_weights(lm):
-    seqs = _sampled(lm, _copy(lm))
-    teacher = LocalTeacher("same", lm.path, batch_tokens=8192, lm=_copy(lm), topk=4)
+    seqs = sampled_turns(lm, lm_copy(lm))
+    teacher = LocalTeacher("same", lm.path, batch_tokens=8192, lm=lm_copy(lm), topk=4)
     asyncio.run(teacher.score(seqs))
     rows, _ = scoring_rows(seqs)
     seg = seqs[0].contexts[0].segments[1]
@@ -179,7 +157,7 @@ def test_the_local_teachers_top_k_is_the_models_and_the_term_vanishes_at_identic
     assert all(p.grad is None or float(p.grad.abs().max()) < 1e-5 for p in student.parameters())
 
 
-def test_the_term_moves_mass_to_a_token_the_student_never_sampled(lm):
+def test_the_term_moves_mass_to_a_token_the_student_neversampled_turns(lm):
     """One position, the student's favourite wrong token sampled; the teacher's top-1 is another
     token. The top-k term raises that token's probability in one step; the sampled reverse KL alone
     (top-k off) cannot aim at it."""
