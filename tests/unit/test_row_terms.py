@@ -34,7 +34,8 @@ def _step(lm, rows, correction: str, cap: float = 2.0, bounds=(0.999, 1.001)):
     tr.optimizer.step = lambda: None  # keep the gradient for inspection
     tr.optimizer.zero_grad = lambda set_to_none=True: None
     m = tr.rl_step(rows, RLRequest(objective="ppo", params=objective_params(AlgoConfig()), agg="token-mean",
-                                   correction=correction, correction_cap=cap, geometric_bounds=bounds, kl_coef=0.0))
+                                   correction=correction, correction_cap=cap, geometric_bounds=bounds, kl_coef=0.0,
+                                   topk_weight=0.0))
     return model.model.embed_tokens.weight.grad.clone(), m
 
 

@@ -84,12 +84,12 @@ class SignalSettings:
     mask_unfinished: bool = False
     """Sequences cut by a budget without a pass get no rows (their score stays in the group's statistics)."""
     distill: dict[str, tuple[float, float]] = field(default_factory=dict)
-    distill_clip: float | None = None
-    """Bound on each token's |teacher log-prob − rollout log-prob| in the distillation advantage
-    (None: unbounded)."""
     """Distilled sources by label: (kl_weight, reward_weight). Their groups are never filtered for
     lacking contrast, their group advantages are scaled by reward_weight, and each trained token
     gains ``kl_weight · (teacher log-prob − rollout log-prob)`` (``distill_advantages``)."""
+    distill_clip: float | None = None
+    """Bound on each token's |teacher log-prob − rollout log-prob| in the distillation advantage
+    (None: unbounded)."""
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:

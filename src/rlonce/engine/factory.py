@@ -39,7 +39,7 @@ class EngineSpec:
                    threads=cfg.runtime.rollout_threads, gpu_memory_utilization=e.gpu_memory_utilization,
                    max_model_len=e.max_model_len, tensor_parallel_size=e.tensor_parallel_size,
                    continuous=e.continuous, prefix_cache_mb=e.prefix_cache_mb, autocast=wants_autocast(m.autocast),
-                   compile_solo=e.compile_solo and e.fast_path, fast_path=e.fast_path,
+                   compile_solo=e.compile_solo, fast_path=e.fast_path,
                    lora_rank=m.lora.rank)
 
     def check(self) -> None:

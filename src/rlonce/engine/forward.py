@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 class Generic:
     """transformers' forward, for every architecture: the reference path."""
 
+    status = ""
+    """Why the engine runs this path (set by ``stepper``)."""
+
     def __init__(self, model, cache_kw: str):
         self.model, self.cache_kw = model, cache_kw
         self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters \

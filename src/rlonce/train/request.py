@@ -41,7 +41,7 @@ class RLRequest:
     frozen copy of the weights the trainer held at its first step with KL on — the policy RL
     starts from — kept in its ``state_dict`` so that a resumed run measures against the same
     reference; its log-probs cost one more forward per row."""
-    topk_weight: float = 0.0
+    topk_weight: float
     """With ``topk_weight`` > 0, rows that carry their teacher's top-k (``distill.topk``) add
     ``topk_weight`` times the per-token KL from the teacher over those k tokens and the tail
     (``rlonce.algo.losses.topk_kl``; ``distill.topk_weight``), under the aggregation's weights."""

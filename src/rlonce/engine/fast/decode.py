@@ -64,6 +64,9 @@ def why_not(model) -> str | None:
 class FastDecode:
     """The written-out one-token step of a Llama-family model (module docstring)."""
 
+    status = ""
+    """Its parity check's verdict (set by ``rlonce.engine.forward.stepper``)."""
+
     def __init__(self, model, native_kernels: bool = True):
         self.model, self.inner, cfg = model, model.model, model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
