@@ -43,7 +43,7 @@ def _request(objective: str, agg: str, correction: str = "none", correction_cap:
     gives its seed and version."""
     return RLRequest(objective=objective, params=objective_params(AlgoConfig(objective=objective)) | params, agg=agg,
                      correction=correction, correction_cap=correction_cap, geometric_bounds=(0.999, 1.001),
-                     kl_coef=0.0, topk_weight=0.0, minibatches=minibatches)
+                     kl_coef=0.0, topk_weight=0.0, routing_replay=True, qdq_align=False, minibatches=minibatches)
 
 
 CASES = {

@@ -108,7 +108,8 @@ def test_trainer_micro_batches_equal_one_batch_and_row_weights_apply(lm):
         tr.optimizer.zero_grad = lambda set_to_none=True: None
         tr.rl_step(rows(w0), RLRequest(objective="ppo", params={"clip_low": 0.2, "clip_high": 0.2, "clip_c": None},
                                        agg="prompt-mean", correction="none", correction_cap=2.0,
-                                       geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0))
+                                       geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0,
+                                       routing_replay=True, qdq_align=False))
         grads.append(model.model.embed_tokens.weight.grad.clone())
     scale = grads[0].abs().max()
     assert scale > 1e-4
@@ -142,7 +143,8 @@ def test_trainer_rollout_correction_and_objectives_by_name(lm):
         tr.optimizer.zero_grad = lambda set_to_none=True: None
         m = tr.rl_step(rs, RLRequest(objective=objective, params=objective_params(AlgoConfig(objective=objective)),
                                      agg="token-mean", correction=correction, correction_cap=correction_cap,
-                                     geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0))
+                                     geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0,
+                                     routing_replay=True, qdq_align=False))
         return model.model.embed_tokens.weight.grad.clone(), m
 
     plain, _ = grad(rows(0.0))

@@ -17,7 +17,8 @@ def test_rl_request_carries_the_objective_and_the_controller_bounds():
     request = rl_request(cfg, 3, step=7, version=2)
     assert request == RLRequest(objective="ppo", params={"clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0},
                                 agg="prompt-mean", minibatches=3, seed=7, correction="none", correction_cap=2.0,
-                                geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0, version=2)
+                                geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0,
+                                routing_replay=True, qdq_align=False, version=2)
     four = load_config(None, ["algo.objective=four_bound"])
     request = rl_request(four, 10, step=1, version=0, bounds={"pos_high": 4.0})
     assert request.objective == "four_bound" and request.params["pos_high"] == 4.0 and request.params["neg_high"] == 5.0

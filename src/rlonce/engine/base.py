@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import numpy as np
+
 from rlonce.errors import RlonceError
 
 
@@ -103,6 +105,10 @@ class Generation:
     listed. None when not asked for, or when the engine cannot give them (the vLLM engine)."""
     forced: bool = False
     """Tokens the policy did not sample: a distillation prefix's replayed turn (``Segment.forced``)."""
+    routes: np.ndarray | None = None
+    """A sparse model's routing (``rlonce.model.moe``): per position of the prompt and of the sampled
+    tokens but the last (which was never run), the experts each sparse layer sent it to, as an
+    unsigned (positions, layers, k) array. None for a dense model or an engine that cannot record it."""
 
 
 class EngineError(RuntimeError):
@@ -154,7 +160,8 @@ def watch_after(gen: Generation, watch: Watch | None) -> Generation:
             return replace(gen, token_ids=gen.token_ids[:n], logprobs=gen.logprobs[:n], versions=gen.versions[:n],
                            finish_reason="stop_sequence",
                            candidates=None if gen.candidates is None else gen.candidates[:n],
-                           top_logprobs=None if gen.top_logprobs is None else gen.top_logprobs[:n])
+                           top_logprobs=None if gen.top_logprobs is None else gen.top_logprobs[:n],
+                           routes=None if gen.routes is None else gen.routes[:len(gen.routes) - len(gen.token_ids) + n])
     return gen
 
 

@@ -30,6 +30,8 @@ class EngineSpec:
     fast_path: bool = True
     lora_rank: int = 0
     """``model.lora.rank``: a vLLM engine is started with LoRA enabled and takes each publish's adapter."""
+    rollout_quant: str = "none"
+    """``model.rollout_quant``: 'mxfp4' samples from quantize-dequantized experts (torch engine)."""
 
     @classmethod
     def from_config(cls, cfg, model_dir: str | Path) -> EngineSpec:
@@ -40,14 +42,18 @@ class EngineSpec:
                    max_model_len=e.max_model_len, tensor_parallel_size=e.tensor_parallel_size,
                    continuous=e.continuous, prefix_cache_mb=e.prefix_cache_mb, autocast=wants_autocast(m.autocast),
                    compile_solo=e.compile_solo, fast_path=e.fast_path,
-                   lora_rank=m.lora.rank)
+                   lora_rank=m.lora.rank, rollout_quant=m.rollout_quant)
 
     def check(self) -> None:
         """Raise ``BackendMissing`` now if this engine's backend is not installed: a run checks
         before SFT, not after it."""
         if self.backend == "vllm":
+            from rlonce.engine.base import BackendError
             from rlonce.engine.vllm_engine import require_vllm
 
+            if self.rollout_quant != "none":
+                raise BackendError(f"model.rollout_quant = {self.rollout_quant!r} is the torch engine's; with vLLM "
+                                   "serve an MXFP4 checkpoint instead, or set model.rollout_quant = 'none'")
             require_vllm()
 
     def build(self, index: int = 0, *, lm=None, version: int = 0):
@@ -77,7 +83,8 @@ class EngineSpec:
                            max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s, seed=seed,
                            version=version, continuous=self.continuous, prefix_cache_mb=self.prefix_cache_mb,
                            threads=self.threads, compile_solo=self.compile_solo and self.fast_path,
-                           fast_decode=self.fast_path, native_kernels=self.fast_path, tokenizer=lm.tokenizer)
+                           fast_decode=self.fast_path, native_kernels=self.fast_path, tokenizer=lm.tokenizer,
+                           rollout_quant=self.rollout_quant)
 
     def __call__(self, index: int):
         return self.build(index)

@@ -143,6 +143,8 @@ class _Entry:
     size: int
     last: int
     """The last token, as a Python int: a store compares it against every entry."""
+    routes: np.ndarray | None = None
+    """A sparse model's experts at each of ``tokens`` (``rlonce.model.moe``), kept with the cache they made."""
 
 
 class PrefixStore:
@@ -159,17 +161,19 @@ class PrefixStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, prompt: list[int], lane: str) -> tuple[int, KV | None]:
+    def lookup(self, prompt: list[int], lane: str) -> tuple[int, KV | None, np.ndarray | None]:
         """The longest kept prefix of ``prompt`` (leaving at least its last token to run): its
-        length and its cache, sliced to that length; (0, None) when nothing matches."""
+        length, its cache and its experts (None: not kept), sliced to that length; (0, None, None)
+        when nothing matches."""
         self.stats["lookups"] += 1
         best, best_key = self._longest(np.asarray(prompt, dtype=np.int64), lane, len(prompt) - 1)
         if best_key is None:
-            return 0, None
+            return 0, None, None
         self._entries.move_to_end(best_key)
         self.stats["hits"] += 1
         self.stats["reused_tokens"] += best
-        return best, [(k[:, :, :best], v[:, :, :best]) for k, v in self._entries[best_key].kv]
+        e = self._entries[best_key]
+        return best, [(k[:, :, :best], v[:, :, :best]) for k, v in e.kv], None if e.routes is None else e.routes[:best]
 
     def covered(self, tokens: list[int], lane: str) -> int:
         """How many leading tokens of ``tokens`` a kept entry of ``lane`` holds (no statistics)."""
@@ -193,10 +197,11 @@ class PrefixStore:
         lanes = ("free",) if lane == "free" else ("free", lane)  # a free entry never pushes out a wave's
         return self.used - sum(self._lane_used.get(x, 0) for x in lanes) + size <= self.budget
 
-    def put(self, tokens: list[int], kv: KV, lane: str) -> bool:
-        """Keep ``kv`` (one row) for ``tokens`` if it fits — kept prefixes of it are dropped, being
-        redundant; whether it was kept (if not, what is there stays)."""
-        size = nbytes(kv)
+    def put(self, tokens: list[int], kv: KV, lane: str, routes: np.ndarray | None = None) -> bool:
+        """Keep ``kv`` (one row) for ``tokens`` if it fits, with ``routes`` (a sparse model's experts
+        at each token) — kept prefixes of it are dropped, being redundant; whether it was kept (if
+        not, what is there stays)."""
+        size = nbytes(kv) + (0 if routes is None else routes.nbytes)
         if not self.fits(size, lane):
             return False
         t, n = np.asarray(tokens, dtype=np.int64), len(tokens)
@@ -212,7 +217,7 @@ class PrefixStore:
                     break
                 self._drop(key)
                 self.stats["evicted"] += 1
-        self._entries[self._next] = _Entry(t, kv, lane, size, int(tokens[-1]) if n else -1)
+        self._entries[self._next] = _Entry(t, kv, lane, size, int(tokens[-1]) if n else -1, routes)
         self._next += 1
         self.used += size
         self._lane_used[lane] = self._lane_used.get(lane, 0) + size

@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -125,6 +126,13 @@ class Row:
         self.compiled = 0
         """Tokens whose logits came from the compiled one-row decode (``rlonce.engine.fast.solo``)."""
         self.matcher = req.matcher
+        self.routes: list[np.ndarray] | None = None
+        """A sparse model's experts at each position run for this row so far, in pieces (prompt
+        kept, prompt run, then one per decode step); None for a dense model."""
+
+    def routes_array(self) -> np.ndarray | None:
+        """``routes`` as one (positions, layers, k) array: the prompt and every sampled token but the last."""
+        return None if self.routes is None else np.concatenate(self.routes)
 
     def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event,
                top: list[tuple[int, float]] | None = None) -> bool:
@@ -158,7 +166,7 @@ class Row:
                                    "prefill_seconds": self.prefill_s, "prompt_tokens": len(self.req.prompt_ids),
                                    "cached_prompt_tokens": self.reused, "compiled_tokens": self.compiled,
                                    "constrained_tokens": len(self.tokens) if self.matcher is not None else 0},
-                          candidates=self.sizes, top_logprobs=self.tops)
+                          candidates=self.sizes, top_logprobs=self.tops, routes=self.routes_array())
 
 
 @dataclass

@@ -25,6 +25,7 @@ Llama-family model decodes through ``rlonce.engine.fast.decode``'s written-out s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -37,7 +38,7 @@ from rlonce.engine.base import EngineError, Generation, SamplingParams, Watch, c
 from rlonce.engine.fast.solo import Solo
 from rlonce.engine.rows import Batch, Part, Request, Row, draw, left_pad
 from rlonce.errors import is_internal
-from rlonce.model import lora, omp, precision
+from rlonce.model import lora, moe, mxfp4, omp, precision
 
 
 def process_logits(logits_BV: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
@@ -68,8 +69,13 @@ class TorchEngine:
                  batch_wait_s: float = 0.01, seed: int = 0, version: int = 0, max_context: int | None = None,
                  compact_fraction: float = 0.25, continuous: bool = True, prefix_cache_mb: float = 1024,
                  threads: int | None = None, compile_solo: bool = False, fast_decode: bool = True,
-                 native_kernels: bool = True, tokenizer=None):
+                 native_kernels: bool = True, tokenizer=None, rollout_quant: str = "none"):
         self.model = model.eval()
+        self.rollout_quant = rollout_quant
+        """'mxfp4': the experts are quantize-dequantized after every weight load (``rlonce.model.mxfp4``)."""
+        if rollout_quant == "mxfp4" and not mxfp4.quantize_experts_(self.model):
+            raise ValueError("model.rollout_quant = 'mxfp4' quantizes a mixture-of-experts model's experts; this "
+                             "model has none (it is dense): set it to 'none'")
         self.eos = set(eos_token_ids)
         self.pad = pad_token_id
         self.max_batch_size = max_batch_size
@@ -89,7 +95,12 @@ class TorchEngine:
         passed its parity check on this model, else transformers' forward (``rlonce.engine.forward``)."""
         self.fast_path: str = self._fwd.status
         """Which forward the engine runs, and why, in one line (``engine.fast_path``)."""
-        self.solo = Solo(self.model, self._cache_kw) if compile_solo else None
+        self.route_shape = moe.install(self.model)
+        """A sparse model's routing (``rlonce.model.moe``): every answer carries the experts of each
+        position the engine ran for it (``Generation.routes``); None for a dense model."""
+        self._rec = None
+        """While a batch runs on a sparse model: the routers' record of the last forward."""
+        self.solo = Solo(self.model, self._cache_kw) if compile_solo and self.route_shape is None else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.fast.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._kv_bytes = prefill.kv_bytes_per_token(model)
@@ -156,6 +167,8 @@ class TorchEngine:
                     lora.merge_into(self.model, state, None if state.base else self._lora_base)
                 else:
                     self.model.load_state_dict(state)
+                if self.rollout_quant == "mxfp4":
+                    mxfp4.quantize_experts_(self.model)
                 self.version = version
                 if self.prefixes is not None:
                     self.prefixes.clear()
@@ -233,6 +246,26 @@ class TorchEngine:
                 wave, held = self._gather(wave, self.max_batch_size, time.monotonic() + self.batch_wait_s)
             held, carry = self._run(wave, lane="free", held=held)
 
+    @contextlib.contextmanager
+    def _recording(self):
+        """Record the routers' choices while a batch runs (a sparse model), for ``_routes``."""
+        if self.route_shape is None:
+            yield
+            return
+        with moe.recording() as self._rec:
+            try:
+                yield
+            finally:
+                self._rec = None
+
+    def _routes(self, B: int, T: int):
+        """The experts of the forward just run over B×T tokens, (B, T, layers, k) in their storage
+        type; None for a dense model."""
+        if self._rec is None:
+            return None
+        got = self._rec.take(B, T)
+        return got.astype(self.route_shape.dtype, copy=False)
+
     def _gather(self, got: list[Request], room: int, deadline: float | None):
         """Add queued requests to ``got`` up to ``room`` (waiting until ``deadline``, or not at all);
         a whole wave, the end or a command met on the way is handed back to be served after."""
@@ -255,7 +288,7 @@ class TorchEngine:
         while self._paused.is_set():
             time.sleep(0.005)
         pending: list[Request] = []
-        with self._lock, torch.inference_mode(), precision.autocast(self.model):
+        with self._lock, torch.inference_mode(), precision.autocast(self.model), self._recording():
             batch = None
             self._stats["waves"] += 1
             while True:
@@ -315,25 +348,26 @@ class TorchEngine:
         Equal prompts run once; a prefix several share runs once first (``rlonce.engine.prefill``)."""
         t0 = time.perf_counter()
         fresh = self._keep_shared([r.prompt_ids for r in reqs], lane) if self.prefixes is not None else []
-        reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None)
+        reuse = [self.prefixes.lookup(r.prompt_ids, lane) if self.prefixes is not None else (0, None, None)
                  for r in reqs]
-        kept, unread = prefill.charge(fresh, [r.prompt_ids for r in reqs], [m for m, _ in reuse])
+        kept, unread = prefill.charge(fresh, [r.prompt_ids for r in reqs], [m for m, _, _ in reuse])
         self._stats["prefill_tokens"] += unread
         parts = []
-        cold = [r for r, (m, _) in zip(reqs, reuse) if not m]
+        cold = [r for r, (m, _, _) in zip(reqs, reuse) if not m]
         if cold:
             first, of, reused = prefill.dedupe([r.prompt_ids for r in cold], [0] * len(cold))
             ids_BL, attn_BL, pos_BL = left_pad([cold[i].prompt_ids for i in first], self.pad)
-            parts.append(self._forward_part(cold, self._fwd.new_cache(), ids_BL, attn_BL, pos_BL, reused, of))
-        hits = [(r, m, kv, k) for r, (m, kv), k in zip(reqs, reuse, kept) if m]
+            parts.append(self._forward_part(cold, self._fwd.new_cache(), ids_BL, attn_BL, pos_BL, reused, of,
+                                            [None] * len(first)))
+        hits = [(r, m, kv, k, routes) for r, (m, kv, routes), k in zip(reqs, reuse, kept) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
             first, of, reused = prefill.dedupe([h[0].prompt_ids for h in hits], [h[3] for h in hits])
             hits_u = [hits[i] for i in first]
-            cache, kept_BK = kvcache.merge([(kv, torch.ones((1, m), dtype=torch.long)) for _, m, kv, _ in hits_u])
-            ids_BL, new_BL, pos_BL = left_pad([r.prompt_ids[m:] for r, m, _, _ in hits_u], self.pad)
-            pos_BL = pos_BL + torch.tensor([[m] for _, m, _, _ in hits_u])
+            cache, kept_BK = kvcache.merge([(h[2], torch.ones((1, h[1]), dtype=torch.long)) for h in hits_u])
+            ids_BL, new_BL, pos_BL = left_pad([h[0].prompt_ids[h[1]:] for h in hits_u], self.pad)
+            pos_BL = pos_BL + torch.tensor([[h[1]] for h in hits_u])
             parts.append(self._forward_part([h[0] for h in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
-                                            pos_BL, reused, of))
+                                            pos_BL, reused, of, [h[4] for h in hits_u]))
         for p in parts:
             self._stats["prefill_tokens"] += sum(len(row.req.prompt_ids) - row.reused for row in p.rows)
             for row in p.rows:
@@ -349,17 +383,28 @@ class TorchEngine:
                 cache, attn_1L = self._fwd.new_cache(), torch.ones((1, len(prefix)), dtype=torch.long)
                 self._fwd.prefill(torch.tensor([prefix]), torch.arange(len(prefix))[None], cache, attn_1L)
                 kv = kvcache.row_of(kvcache.kv_of(cache), attn_1L, 0)
-                self.prefixes.put(prefix, kv, lane)  # refused (the estimate was short): no one reads it
+                routes = self._routes(1, len(prefix))
+                # refused (the estimate was short): no one reads it
+                self.prefixes.put(prefix, kv, lane, None if routes is None else routes[0])
                 fresh.append(prefix)
         return fresh
 
-    def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of=None) -> Part:
+    def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of, kept_routes) -> Part:
         """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row
-        request i reads (None: row i)."""
+        request i reads (None: row i); ``kept_routes[b]``: a sparse model's experts at batch row
+        b's kept tokens (None: none kept, or not recorded)."""
         logits_BV = self._fwd.prefill(ids_BL, pos_BL, cache, attn_BL)
         if not kvcache.mergeable(cache):
             raise EngineError("this model's cache layers (sliding windows?) cannot be batched by the torch engine")
         rows = [Row(r, m) for r, m in zip(reqs, reused)]
+        new = self._routes(*ids_BL.shape)
+        if new is not None:
+            L = ids_BL.shape[1]
+            for i, (row, r) in enumerate(zip(rows, reqs)):
+                b = i if rows_of is None else rows_of[i]
+                kept = kept_routes[b]
+                run = len(r.prompt_ids) - (0 if kept is None else len(kept))
+                row.routes = ([] if kept is None else [kept]) + [new[b, L - run:]]
         kv = kvcache.kv_of(cache)
         if rows_of is not None:
             i = torch.tensor(rows_of)
@@ -405,6 +450,11 @@ class TorchEngine:
             and len(b.rows) == 1 else None
         b.logits_BV = logits if logits is not None else \
             self._fwd(next_R, b.pos_R[:, None], b.cache, None if b.dense else b.attn_BL)
+        got = self._routes(len(b.rows), 1)
+        if got is not None:
+            for r, row in enumerate(b.rows):
+                if row.reason is None:
+                    row.routes.append(got[r])
         return True
 
     def _solo_step(self, b: Batch, next_R: torch.Tensor) -> torch.Tensor | None:
@@ -433,7 +483,8 @@ class TorchEngine:
         copying for the interpreter lock)."""
         for r, row in done:
             if self.prefixes is not None and row.reason != "abort":  # the last token was sampled, not yet run
-                self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_of(b.kv(), b.attn_BL, r), lane)
+                self.prefixes.put(row.req.prompt_ids + row.tokens[:-1], kvcache.row_of(b.kv(), b.attn_BL, r), lane,
+                                  row.routes_array())
             self._stats["generated_tokens"] += len(row.tokens)
         for _, row in done:
             row.req.answer(row.generation(self.version))

@@ -165,6 +165,21 @@ class WeightSync:
         return len(weights)
 
 
+def sparse_route_dtype(model):
+    """The type a sparse model's routes are kept in (``rlonce.model.moe.Shape.dtype``), read from its
+    folder's config.json (experts under any of the names Hugging Face configs give them); None for a
+    dense model or a hub name without a local folder."""
+    import numpy as np
+
+    cfg_file = Path(model) / "config.json"
+    if not cfg_file.is_file():
+        return None
+    cfg = json.loads(cfg_file.read_text())
+    cfg = cfg.get("text_config", cfg)
+    experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
+    return None if not experts else (np.uint8 if experts <= 256 else np.uint16)
+
+
 # ---- the engine ----------------------------------------------------------------------------------
 
 class VLLMEngine:
@@ -192,6 +207,13 @@ class VLLMEngine:
             engine_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         self.eos_token_ids = sorted(set(eos_token_ids)) if eos_token_ids else None
         self.pause_timeout_s = pause_timeout_s
+        self.route_dtype = sparse_route_dtype(model)
+        """A sparse model's routes are asked of vLLM (``enable_return_routed_experts``) and returned as
+        ``Generation.routes`` in this type (``rlonce.model.moe``); None for a dense model. Written to
+        vLLM's documented fields (``RequestOutput.prompt_routed_experts``, ``CompletionOutput.routed_experts``)
+        and not run here: no GPU in this project's CI."""
+        if self.route_dtype is not None:
+            engine_kwargs.setdefault("enable_return_routed_experts", True)
         self.max_context = 0
         self._args = AsyncEngineArgs(
             model=str(model), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
@@ -324,6 +346,7 @@ class VLLMEngine:
         sizes: list[int] | None = [] if s.records_candidates else None
         reason: str | None = None
         cached, run, run_thr = 0, 0, math.log(s.confident_p)
+        prompt_routes, gen_routes = None, []
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), self._params(s), rid,
                                     lora_request=self._lora)
         try:
@@ -331,6 +354,11 @@ class VLLMEngine:
                 async for out in stream:
                     cached = max(cached, out.num_cached_tokens or 0)
                     c = out.outputs[0]
+                    if self.route_dtype is not None:
+                        if getattr(out, "prompt_routed_experts", None) is not None:
+                            prompt_routes = out.prompt_routed_experts
+                        if getattr(c, "routed_experts", None) is not None:  # per delta: the new tokens'
+                            gen_routes.append(c.routed_experts)
                     if reason is None:  # after the stop rule fired, the rest of the stream is dropped
                         ids, lps = list(c.token_ids), c.logprobs or []
                         if len(lps) != len(ids):
@@ -367,7 +395,19 @@ class VLLMEngine:
                           metrics={"prompt_tokens": len(prompt_ids), "cached_prompt_tokens": cached,
                                    "seconds": time.perf_counter() - t0,
                                    "candidate_sets_unknown": float(sizes.count(0) if sizes else 0)},
-                          candidates=sizes)
+                          candidates=sizes, routes=self._routes(prompt_routes, gen_routes, len(prompt_ids), tokens))
+
+    def _routes(self, prompt_routes, gen_routes: list, n_prompt: int, tokens: list[int]):
+        """The experts of the prompt and of every sampled token but the last, as the torch engine
+        gives them (``Generation.routes``); None where vLLM returned none or fewer than that."""
+        if self.route_dtype is None or prompt_routes is None:
+            return None
+        import numpy as np
+
+        parts = [np.asarray(prompt_routes)] + [np.asarray(r) for r in gen_routes]
+        routes = np.concatenate([p.reshape(-1, *parts[0].shape[1:]) for p in parts])
+        want = n_prompt + len(tokens) - 1
+        return routes[:want].astype(self.route_dtype) if len(routes) >= want else None
 
     @staticmethod
     def _check_spans(rid: str, spans, version: int) -> None:

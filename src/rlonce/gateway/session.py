@@ -317,13 +317,14 @@ class Session:
             if k in gen.metrics or k in more.metrics:
                 metrics[k] = gen.metrics.get(k, 0) + more.metrics.get(k, 0)
         return Generation(gen.token_ids + more.token_ids, gen.logprobs + more.logprobs, gen.versions + more.versions,
-                          more.finish_reason, metrics, sizes, tops)
+                          more.finish_reason, metrics, sizes, tops, routes=more.routes)  # ``more`` ran it all
 
     def _commit_prompt_only(self, plan: _Plan) -> None:
         if plan.new_branch:
             return  # nothing of it was ever sampled from; no context to keep
         b = plan.branch
         b.context.segments[plan.keep_segments:] = [plan.delta] if plan.delta else []
+        _keep_routes(b.context, plan)
 
     def _commit(self, plan: _Plan, req: ChatRequest, gen: Generation, budget_bound: bool, temperature: float,
                 stops: tuple[str, ...] = ()) -> Turn:
@@ -351,6 +352,10 @@ class Session:
             b.marks += [len(b.context.segments)] * len(new)
         if plan.event:
             self.events.append(plan.event)
+        if gen.routes is not None:  # it ran the whole prompt: the routing of every position as it now stands
+            b.context.routes = gen.routes
+        else:
+            _keep_routes(b.context, plan)
         seg = Segment(Role.MODEL, list(gen.token_ids), list(gen.logprobs), list(gen.versions), gen.finish_reason,
                       candidates=None if gen.candidates is None else list(gen.candidates), temperature=temperature,
                       forced=gen.forced)
@@ -402,6 +407,13 @@ class Session:
                              for s in b.context.segments],
             } for b in self.branches],
         }
+
+
+def _keep_routes(ctx: Context, plan: _Plan) -> None:
+    """Cut a context's recorded routing (R3) to the tokens the plan kept before its new ones."""
+    if ctx.routes is not None:
+        kept = 0 if plan.new_branch else len(plan.prompt_ids) - (len(plan.delta.token_ids) if plan.delta else 0)
+        ctx.routes = ctx.routes[:kept] if kept else None
 
 
 def _lost(previous: Branch | None, opened: Branch, msgs: list[Message]) -> list[str]:

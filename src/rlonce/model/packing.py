@@ -313,6 +313,11 @@ def micro_batches(model, rows, budget: int) -> list[list[int]]:
     return chunks
 
 
+def current_layout() -> Layout | None:
+    """The layout of the packed forward running now in this thread, or None."""
+    return _LAYOUT.get()
+
+
 @contextlib.contextmanager
 def packed(layout: Layout):
     """Within this block, attention through the packed route treats its input as ``layout``'s rows."""

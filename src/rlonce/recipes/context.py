@@ -69,5 +69,5 @@ def build_context(cfg: RunConfig, plans: list[SourcePlan], model_dir: Path, out:
         controller.load_state_dict(bounds)
     return RunContext(lm=lm, fmt=get_format(lm.chat_format), model_dir=model_dir, sources=sources,
                       signal=signal_settings(cfg.algo, plans, cfg.distill.clip), controller=controller,
-                      optim=optim_settings(cfg.rl),
+                      optim=optim_settings(cfg.rl, cfg.model.freeze_router),
                       grading=Grading(cfg, sources, lm.decode, out) if cfg.grading.enabled else None)

@@ -241,6 +241,9 @@ class RunView:
         if p + "teacher_topk_ids" in cols:  # distill.topk: per token the teacher's k most likely, [piece, log-prob]
             top = [None if t[0] < 0 else [[decode([int(i)]) if decode else f"⟨{i}⟩", float(x)] for i, x in zip(t, v)]
                    for t, v in zip(cols[p + "teacher_topk_ids"][a:b], cols[p + "teacher_topk_logprobs"][a:b])]
+        routes = None
+        if p + "routes" in cols:  # a sparse policy: per token, per layer, the experts it was routed to
+            routes = [None if t[0][0] < 0 else t.tolist() for t in cols[p + "routes"][a:b]]
         outcome, owner = _owner(meta, row, untrained)
         mask = cols[p + "loss_mask"][a:b]
         return {"step": step, "row": row, "kind": "untrained" if untrained else "trained", **owner,
@@ -251,14 +254,15 @@ class RunView:
                 "versions": versions.tolist(), "rollout_logprobs": _finite(rollout),
                 "trainer_logprobs": None if trainer is None else _finite(trainer),
                 "teacher_logprobs": None if teacher is None else _finite(np.where(mask > 0, teacher, np.nan)),
-                "teacher_topk": top,
+                "teacher_topk": top, "routes": routes,
                 "advantages": _finite(cols[p + "advantages"][a:b]),
                 "candidates": cols[p + "candidates"][a:b].tolist(), "segments": segments(versions, pieces, fmt)}
 
     def _plot_specs(self) -> list[tuple]:
-        from rlonce.telemetry.report import PLOTS, source_plots
+        from rlonce.telemetry.report import PLOTS, moe_plots, source_plots
 
-        return PLOTS + source_plots(read_jsonl(self.run_dir / "metrics.jsonl"))
+        rows = read_jsonl(self.run_dir / "metrics.jsonl")
+        return PLOTS + source_plots(rows) + moe_plots(rows)
 
     def plot(self, plot_id: int) -> bytes | None:
         """The PNG of plot ``plot_id``, drawn by ``rlonce.telemetry.report`` (as in report.html)."""

@@ -62,6 +62,22 @@ def grading_plots(rows: list[dict]) -> list[tuple]:
               "cost/grading_token_share"))]
 
 
+def moe_plots(rows: list[dict]) -> list[tuple]:
+    """A sparse model's run (``rlonce.model.moe``): expert load per layer (coefficient of variation,
+    busiest expert over the mean, share of cold experts) and the share of recorded tokens whose
+    experts the trainer's router would have changed (what routing replay fixes)."""
+    if not any(k.startswith("moe/") for r in rows for k in r):
+        return []
+    layers = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("moe/l") and k.count("/") == 2},
+                    key=lambda x: int(x[1:]))
+    return [("moe_load_cv", "Expert load: coefficient of variation of tokens per expert, per layer",
+             tuple(f"moe/{x}/load_cv" for x in layers)),
+            ("moe_load", "Expert load: busiest expert / mean, and share of cold experts (mean over layers)",
+             ("moe/load_peak", "moe/cold")),
+            ("moe_route_differ", "Routing: share of recorded tokens the trainer's router sends elsewhere, per layer",
+             ("moe/route_differ", *(f"moe/{x}/route_differ" for x in layers)))]
+
+
 HELDOUT_KEYS = ("heldout_success", "heldout_reward")
 """Curves of held-out evaluations: drawn per kind of evaluation (``_heldout_series``)."""
 
@@ -163,7 +179,7 @@ def write_report(run_dir: Path) -> Path:
     figs = "".join(
         f'<figure><img src="data:image/png;base64,{_plot(rows, key, title, baseline, counts)}" alt="">'
         f"<figcaption>{html.escape(title)}</figcaption></figure>"
-        for _, title, key in PLOTS + source_plots(rows) + grading_plots(rows)
+        for _, title, key in PLOTS + source_plots(rows) + grading_plots(rows) + moe_plots(rows)
     )
     table = summary_table(summary)
     ledger = read_jsonl(run_dir / "ledger.jsonl")

@@ -65,6 +65,15 @@ def _columns(rows, prefix: str = "") -> dict[str, np.ndarray]:
                     lps[at + t] = [lp for _, lp in pairs]
             at += len(r)
         cols["teacher_topk_ids"], cols["teacher_topk_logprobs"] = ids, lps
+    shapes = {r.routes.shape[1:] for r in rows if r.routes is not None}
+    if len(shapes) == 1:  # a sparse policy's recorded experts (R3): per token layers x k ids, -1 where none
+        routes = np.full((len(cols["token_ids"]), *shapes.pop()), -1, np.int16)
+        at = 0
+        for r in rows:
+            if r.routes is not None:
+                routes[at:at + len(r.routes)] = r.routes
+            at += len(r)
+        cols["routes"] = routes
     return {prefix + k: v for k, v in cols.items()}
 
 

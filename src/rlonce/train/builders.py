@@ -7,11 +7,13 @@ from rlonce.train.request import RLRequest
 from rlonce.train.trainer import OptimSettings
 
 
-def optim_settings(r: RLConfig) -> OptimSettings:
-    """AdamW for the RL phase: ``rl.optimizer`` names β and ε (``rl.adam_eps`` overrides ε)."""
+def optim_settings(r: RLConfig, freeze_router: bool = False) -> OptimSettings:
+    """AdamW for the RL phase: ``rl.optimizer`` names β and ε (``rl.adam_eps`` overrides ε);
+    ``freeze_router`` (``model.freeze_router``) keeps a sparse model's routers out of it."""
     adam = OPTIMIZERS[r.optimizer]
     return OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps, weight_decay=r.weight_decay,
-                         max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"])
+                         max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"],
+                         freeze_router=freeze_router)
 
 
 def rl_request(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dict | None = None) -> RLRequest:
@@ -24,4 +26,5 @@ def rl_request(cfg: RunConfig, n_rows: int, step: int, version: int, bounds: dic
                      minibatches=min(cfg.rl.minibatches, n_rows), seed=step, correction=a.rollout_correction,
                      correction_cap=a.correction_cap, geometric_bounds=(a.geometric_low, a.geometric_high),
                      kl_coef=a.kl_coef, topk_weight=cfg.distill.topk_weight if cfg.distill.topk else 0.0,
-                     version=version)
+                     routing_replay=cfg.model.routing_replay,
+                     qdq_align=cfg.model.qdq_align and cfg.model.rollout_quant == "mxfp4", version=version)

@@ -45,6 +45,14 @@ class RLRequest:
     """With ``topk_weight`` > 0, rows that carry their teacher's top-k (``distill.topk``) add
     ``topk_weight`` times the per-token KL from the teacher over those k tokens and the tail
     (``rlonce.algo.losses.topk_kl``; ``distill.topk_weight``), under the aggregation's weights."""
+    routing_replay: bool
+    """A sparse policy's forwards route each token to the experts the rollout recorded for it (R3,
+    ``model.routing_replay``; ``rlonce.model.moe``); off, they route as the trainer's routers say
+    (the expert-load metrics still count how many tokens would have changed). Dense: no effect."""
+    qdq_align: bool
+    """The experts' forward runs on their MXFP4 quantize-dequantize with a straight-through gradient
+    (``model.qdq_align`` with ``model.rollout_quant = "mxfp4"``; ``rlonce.model.mxfp4.align``), the
+    function the rollout engine sampled from."""
     minibatches: int = 1
     """Optimizer steps in this step: each on a seeded share of whole prompt groups
     (``rlonce.train.minibatch``)."""

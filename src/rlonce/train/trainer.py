@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from rlonce.algo.losses import aggregation_weights, kl_k3, policy_loss, topk_kl
 from rlonce.core.records import TrainingRow
+from rlonce.model import moe, mxfp4
 from rlonce.model.logits import selected_logits, token_logprobs_over
 from rlonce.model.packing import micro_batches
 from rlonce.model.precision import autocast
@@ -40,6 +41,9 @@ class OptimSettings:
     warmup_steps: int = 0
     total_steps: int = 0
     """With total_steps > 0 the rate follows a cosine to 10% after warm-up; else it stays flat."""
+    freeze_router: bool = False
+    """A sparse model's routers stay out of the optimizer (``model.freeze_router``): their weights
+    never change, so every published state carries them as they were."""
 
 
 @dataclass
@@ -62,6 +66,9 @@ class Batch:
     """Their teacher log-probs (0 where a row has none)."""
     topk_BT: torch.Tensor | None = None
     """1 where a position has the teacher's top-k."""
+    routes_BTLK: torch.Tensor | None = None
+    """A sparse policy's recorded experts at each input position (``TrainingRow.routes``; B×T×layers×k
+    aligned with ``ids_BT``, -1 where a row has none); None when no row has them."""
 
 
 def pad_rows(rows: list[TrainingRow]) -> Batch:
@@ -93,8 +100,17 @@ def pad_rows(rows: list[TrainingRow]) -> Batch:
                     has_top[b, t] = 1.0
     weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
     temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
+    routes = None
+    shapes = {r.routes.shape[1:] for r in rows if r.routes is not None}
+    if len(shapes) > 1:
+        raise ValueError(f"rows of one batch carry routes of different shapes {sorted(shapes)}")
+    if shapes:
+        routes = torch.full((B, T + 1, *shapes.pop()), -1, dtype=torch.long)
+        for b, r in enumerate(rows):
+            if r.routes is not None:
+                routes[b, : len(r.routes)] = torch.from_numpy(r.routes.astype("int64"))
     return Batch(ids, attn, mask, old, adv, weight, temp, [r.group_id for r in rows], cand_BT=cand,
-                 topk_ids_BTK=top_ids, topk_lp_BTK=top_lp, topk_BT=has_top)
+                 topk_ids_BTK=top_ids, topk_lp_BTK=top_lp, topk_BT=has_top, routes_BTLK=routes)
 
 
 @dataclass
@@ -210,6 +226,16 @@ class Trainer:
     def __init__(self, model, settings: OptimSettings, *, micro_batch_tokens: int = 2048, adapter=None):
         self.model, self.settings = model, settings
         self.micro_batch_tokens = micro_batch_tokens
+        self.route_shape = moe.install(model)
+        """A sparse model's routing: forwards replay the rows' recorded experts (``RLRequest.routing_replay``)
+        and each RL step reports its expert load (``rlonce.model.moe``); None for a dense model."""
+        if settings.freeze_router:
+            if self.route_shape is None:
+                raise ValueError("model.freeze_router is set but the model has no routers (it is dense); "
+                                 "unset it or train a mixture-of-experts model")
+            moe.freeze_routers(model)
+        self._load: moe.Load | None = None
+        self._replay = True
         self.adapter = adapter
         """With LoRA: the ``PeftModel`` around ``model`` (``LoadedModel.peft``); its frozen base,
         the adapters disabled, is the KL term's reference."""
@@ -278,6 +304,19 @@ class Trainer:
         Metrics are token-weighted means over the step."""
         self.model.train()
         self._seen: dict[int, torch.Tensor] = {}
+        self._replay = request.routing_replay
+        self._load = moe.Load() if self.route_shape is not None else None
+        if request.qdq_align and not mxfp4.align(self.model):
+            raise ValueError("model.qdq_align with rollout_quant 'mxfp4' needs a mixture-of-experts model; this one "
+                             "has no experts")
+        try:
+            return self._rl_step(rows, request)
+        finally:
+            if request.qdq_align:
+                mxfp4.unalign(self.model)
+
+    def _rl_step(self, rows: list[TrainingRow], request: RLRequest) -> dict[str, float]:
+        """``rl_step`` under its routing and alignment."""
         aux: dict[str, list[torch.Tensor]] = {}
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         out: dict[str, float] = {}
@@ -310,6 +349,9 @@ class Trainer:
         if version is not None:
             out.update(mismatch_metrics(cat_over_ranks(self.group, [p[0] for p in pairs]),
                                         cat_over_ranks(self.group, [p[1] for p in pairs])))
+        if self._load is not None:
+            out.update(self._load.metrics())
+            self._load = None
         return out
 
     def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
@@ -329,8 +371,9 @@ class Trainer:
                 continue
             b = pad_rows([mb[i] for i in idx])
             topk = topk_weight > 0 and b.topk_ids_BTK is not None
-            sc = score_tokens(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True, mask_BT=b.mask_BT,
-                              cand_BT=b.cand_BT, at_BTK=b.topk_ids_BTK if topk else None)
+            with self._routing(b, self._load):
+                sc = score_tokens(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True, mask_BT=b.mask_BT,
+                                  cand_BT=b.cand_BT, at_BTK=b.topk_ids_BTK if topk else None)
             lp_BT, ent_BT = sc.lp_BT, sc.ent_BT
             for j, i in enumerate(idx):
                 self._seen[id(mb[i])] = lp_BT[j, : len(mb[i]) - 1].detach()
@@ -367,11 +410,19 @@ class Trainer:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, b.temp_B,
-                                      mask_BT=b.mask_BT, cand_BT=b.cand_BT)
+            with self._routing(b):
+                lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, b.temp_B,
+                                          mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
+
+    def _routing(self, b: Batch, load: moe.Load | None = None):
+        """The routing of a sparse model's forward over ``b``: the rows' recorded experts replayed
+        (when the step's request asks), the load counted into ``load``; nothing for a dense model."""
+        if self.route_shape is None:
+            return contextlib.nullcontext()
+        return moe.replaying(b.routes_BTLK, b.attn_BT, replay=self._replay, load=load)
 
     # ---- data parallelism: each helper is the single-process computation when not sharded ----
     def _weights(self, rows: list[TrainingRow], agg: str) -> tuple[torch.Tensor, float]:

@@ -314,7 +314,8 @@ function hover(ev) {
     (c.candidates[i] > 0 ? ` | candidates ${c.candidates[i]}` : "") +
     (c.teacher_logprobs && c.teacher_logprobs[i] !== null ? ` | teacher log-prob ${fmt(c.teacher_logprobs[i], 4)}` : "") +
     (c.teacher_topk && c.teacher_topk[i] ? ` | teacher top-${c.teacher_topk[i].length}: ` +
-      c.teacher_topk[i].map(([p, x]) => `${JSON.stringify(p)} ${fmt(Math.exp(x), 3)}`).join(", ") : "");
+      c.teacher_topk[i].map(([p, x]) => `${JSON.stringify(p)} ${fmt(Math.exp(x), 3)}`).join(", ") : "") +
+    (c.routes && c.routes[i] ? ` | experts ${c.routes[i].map((e, l) => `L${l}:${e.join("+")}`).join(" ")}` : "");
 }
 
 // ---- colour modes: each gives a colour per token and its legend ---------------------------
