@@ -84,3 +84,9 @@ def test_eval_reads_a_config_file(tmp_path):
     assert "on 2 tasks" in r.stdout and "single-turn" in r.stdout, r.stdout
     check_one_line_error(rlonce("eval", "--model", "embedded", "--config", str(cfg), str(cfg), "--tasks", "2"),
                          "two configs given")
+
+
+def test_sparse_only_settings_on_a_dense_model(tmp_path):
+    check_one_line_error(rlonce("quickstart", "--out", str(tmp_path / "o"), "model.freeze_router=true",
+                                "model.rollout_quant=mxfp4"),
+                         "model.freeze_router and model.rollout_quant need a mixture-of-experts model", "'embedded'")

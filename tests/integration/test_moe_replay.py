@@ -24,6 +24,7 @@ from rlonce.core.records import (
     sequence_to_rows,
 )
 from rlonce.engine.base import SamplingParams
+from rlonce.engine.forward import cache_keyword
 from rlonce.engine.torch_engine import TorchEngine
 from rlonce.model import moe
 from rlonce.train.request import RLRequest
@@ -32,8 +33,8 @@ from rlonce.train.trainer import OptimSettings, Trainer
 VOCAB = 64
 
 
-def tiny_moe(seed: int = 0):
-    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+def tiny_moe(seed: int = 0, vocab: int = VOCAB):
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=vocab, hidden_size=64, num_hidden_layers=2,
                                num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=64,
                                moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                                max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=1)
@@ -212,9 +213,9 @@ def test_cache_of_a_sparse_model_is_reused_with_its_experts():
     ids = list(range(3, 20))
     cache = DynamicCache()
     with torch.no_grad(), moe.recording() as rec:
-        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[:-1]]), use_cache=True, **{cache_keyword(model): cache})
         rec.take(1, len(ids) - 1)
-        model(input_ids=torch.tensor([ids[-1:]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[-1:]]), use_cache=True, **{cache_keyword(model): cache})
         step = rec.take(1, 1)[0, 0]
     assert same_sets(step[None], own_routes(model, ids)[-1:]).all()
 
@@ -244,3 +245,55 @@ def test_mxfp4_rollout_and_aligned_training_compute_one_function():
         TorchEngine(AutoModelForCausalLM.from_config(AutoConfig.for_model(
             "llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
             num_attention_heads=2)), eos_token_ids=[1], pad_token_id=0, rollout_quant="mxfp4")
+
+
+def test_a_gateway_session_keeps_the_routing_of_every_position_through_turns_and_a_rollback(lm):
+    """Two turns, then a request that rewrites the second tool result: the context's routes always
+    cover its tokens but the last sampled one, and equal a plain forward's routing of them."""
+    from rlonce.gateway.core import Gateway
+    from rlonce.gateway.messages import ChatRequest, Message
+    from rlonce.gateway.session import GatewaySettings
+    from rlonce.model.chat import get_format
+
+    model = tiny_moe(vocab=len(lm.tokenizer))
+    engine = TorchEngine(model, eos_token_ids=lm.eos_token_ids, pad_token_id=0, threads=1)
+    gw = Gateway(GatewaySettings(engine=engine, encode=lm.encode, decode=lm.decode, fmt=get_format(lm.chat_format),
+                                 sampling=SamplingParams(max_tokens=8, seed=3)))
+    session = gw.open("s")
+
+    async def run():
+        msgs = [Message("system", "find the key"), Message("user", "go")]
+        first = await session.turn(ChatRequest(msgs))
+        msgs += [Message("assistant", first.content), Message("user", "again")]
+        second = await session.turn(ChatRequest(msgs))
+        ctx = session.contexts[-1]
+        check(ctx)
+        msgs[-1] = Message("user", "something else")  # rewrites the last observation: the turn after it goes
+        await session.turn(ChatRequest(msgs))
+        return second
+
+    def check(ctx):
+        ids = ctx.token_ids()
+        assert len(ctx.routes) == len(ids) - 1
+        assert same_sets(ctx.routes, own_routes(model, ids)[:-1]).all()
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.close()
+    check(session.contexts[-1])
+
+
+def test_vllm_engine_asks_sparse_models_for_their_routes(tmp_path):
+    """Which folders the vLLM engine asks for routed experts (its config names the experts), and in
+    what type they are kept; the rest of that path needs a GPU."""
+    from rlonce.engine.vllm_engine import sparse_route_dtype
+
+    tiny_moe().config.save_pretrained(tmp_path / "moe")
+    assert sparse_route_dtype(tmp_path / "moe") is np.uint8
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "config.json").write_text('{"text_config": {"n_routed_experts": 384}}')
+    assert sparse_route_dtype(tmp_path / "wide") is np.uint16
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "config.json").write_text('{"model_type": "llama"}')
+    assert sparse_route_dtype(tmp_path / "dense") is None and sparse_route_dtype("org/name") is None

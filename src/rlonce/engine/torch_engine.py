@@ -358,7 +358,7 @@ class TorchEngine:
             first, of, reused = prefill.dedupe([r.prompt_ids for r in cold], [0] * len(cold))
             ids_BL, attn_BL, pos_BL = left_pad([cold[i].prompt_ids for i in first], self.pad)
             parts.append(self._forward_part(cold, self._fwd.new_cache(), ids_BL, attn_BL, pos_BL, reused, of,
-                                            [None] * len(first)))
+                                            [(0, None)] * len(first)))
         hits = [(r, m, kv, k, routes) for r, (m, kv, routes), k in zip(reqs, reuse, kept) if m]
         if hits:  # each row: [pad | kept cache | pad | new tokens], the holes masked out
             first, of, reused = prefill.dedupe([h[0].prompt_ids for h in hits], [h[3] for h in hits])
@@ -367,7 +367,7 @@ class TorchEngine:
             ids_BL, new_BL, pos_BL = left_pad([h[0].prompt_ids[h[1]:] for h in hits_u], self.pad)
             pos_BL = pos_BL + torch.tensor([[h[1]] for h in hits_u])
             parts.append(self._forward_part([h[0] for h in hits], cache, ids_BL, torch.cat([kept_BK, new_BL], 1),
-                                            pos_BL, reused, of, [h[4] for h in hits_u]))
+                                            pos_BL, reused, of, [(h[1], h[4]) for h in hits_u]))
         for p in parts:
             self._stats["prefill_tokens"] += sum(len(row.req.prompt_ids) - row.reused for row in p.rows)
             for row in p.rows:
@@ -391,8 +391,8 @@ class TorchEngine:
 
     def _forward_part(self, reqs, cache, ids_BL, attn_BL, pos_BL, reused, rows_of, kept_routes) -> Part:
         """Run the model on a left-padded batch after ``cache``; ``rows_of[i]``: the batch row
-        request i reads (None: row i); ``kept_routes[b]``: a sparse model's experts at batch row
-        b's kept tokens (None: none kept, or not recorded)."""
+        request i reads (None: row i); ``kept_routes[b]``: how many tokens batch row b read from a
+        kept cache, and a sparse model's experts at them (None: not recorded)."""
         logits_BV = self._fwd.prefill(ids_BL, pos_BL, cache, attn_BL)
         if not kvcache.mergeable(cache):
             raise EngineError("this model's cache layers (sliding windows?) cannot be batched by the torch engine")
@@ -402,9 +402,10 @@ class TorchEngine:
             L = ids_BL.shape[1]
             for i, (row, r) in enumerate(zip(rows, reqs)):
                 b = i if rows_of is None else rows_of[i]
-                kept = kept_routes[b]
-                run = len(r.prompt_ids) - (0 if kept is None else len(kept))
-                row.routes = ([] if kept is None else [kept]) + [new[b, L - run:]]
+                m, kept = kept_routes[b]
+                if m and kept is None:  # a kept cache without its experts: this row's routing is unknown
+                    continue
+                row.routes = ([kept] if m else []) + [new[b, L - (len(r.prompt_ids) - m):]]
         kv = kvcache.kv_of(cache)
         if rows_of is not None:
             i = torch.tensor(rows_of)
@@ -453,7 +454,7 @@ class TorchEngine:
         got = self._routes(len(b.rows), 1)
         if got is not None:
             for r, row in enumerate(b.rows):
-                if row.reason is None:
+                if row.reason is None and row.routes is not None:
                     row.routes.append(got[r])
         return True
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from rlonce.algo.correction import EntropyBoundController
 from rlonce.algo.signal import SignalSettings
-from rlonce.config import RunConfig
+from rlonce.config import ConfigError, RunConfig
 from rlonce.dist.backends import check_backend
 from rlonce.envs.domains import Domain
-from rlonce.model import loader
+from rlonce.model import loader, moe
 from rlonce.model.chat import ChatFormat, get_format
 from rlonce.model.precision import wants_autocast
 from rlonce.rollout.builders import bound_controller, rollout_spec, signal_settings
@@ -55,6 +55,17 @@ class RunContext:
         return next(iter(self.sources.values())).domain
 
 
+def check_sparse(cfg: RunConfig, model) -> None:
+    """Refuse, before SFT, the settings that need a mixture-of-experts model on a dense one."""
+    m = cfg.model
+    asked = [k for k, on in (("model.freeze_router", m.freeze_router),
+                             ("model.rollout_quant", m.rollout_quant != "none")) if on]
+    if asked and model is not None and moe.shape(model) is None:
+        verb = "needs" if len(asked) == 1 else "need"
+        raise ConfigError(f"{' and '.join(asked)} {verb} a mixture-of-experts model, and {m.name!r} is dense: "
+                          "unset them, or train a sparse model (model.name=embedded-moe; docs/moe.md)")
+
+
 def build_context(cfg: RunConfig, plans: list[SourcePlan], model_dir: Path, out: Path, *,
                   bounds: dict | None = None) -> RunContext:
     """Load the model from ``model_dir`` and build the run's parts around it (``bounds``: a resumed
@@ -63,6 +74,7 @@ def build_context(cfg: RunConfig, plans: list[SourcePlan], model_dir: Path, out:
                      lm_head_fp32=cfg.model.lm_head_fp32, autocast=wants_autocast(cfg.model.autocast),
                      packing=cfg.model.packing, share_prefix=cfg.model.share_prefix, lora_settings=cfg.model.lora)
     check_backend(cfg, model_dir)
+    check_sparse(cfg, lm.model)
     sources = build_sources(plans, rollout_spec(cfg, lm), run_dir=out, grading=cfg.grading)
     controller = bound_controller(cfg.algo)
     if controller is not None and bounds:
