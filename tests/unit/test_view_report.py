@@ -239,3 +239,25 @@ def test_an_evaluations_task_count_is_what_its_success_was_scored_on(tmp_path):
     (tmp_path / "eval" / "final.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert eval_task_counts(tmp_path) == {"final": 2}  # a: 5 scored attempts // 2 arms; b: none scored
     assert eval_task_counts(tmp_path / "nowhere") == {}
+
+
+def test_a_sparse_policys_experts_are_stored_and_shown_per_token(tmp_path):
+    """A context whose routing replay covers its first 6 of 7 tokens (2 layers, top-2): the stored
+    step keeps them, -1 past the last; the viewer's context lists them per token, and a token's
+    hover names each layer's experts."""
+    import numpy as np
+
+    run = _run(tmp_path, ALGO)
+    seq = _seq(1.0)
+    routes = (np.arange(6 * 2 * 2, dtype=np.uint8).reshape(6, 2, 2) % 8).astype(np.uint8)
+    seq.contexts[0].routes = routes
+    sample = Sample("t/1", "toolfind", 1, [seq, _seq(0.0)])
+    write_step(run, 1, sequence_to_rows(seq, 0.5, group_id=sample.group_id), [sample], train_version=0,
+               staleness={"toolfind": 1})
+    _, cols = read_step(run, 1)
+    assert cols["routes"].shape == (7, 2, 2) and (cols["routes"][6] == -1).all()
+    ctx = RunView(run).context(1, 0)
+    assert ctx["routes"][:6] == routes.tolist() and ctx["routes"][6] is None
+    shown = run_js("(() => { const box = {}; document.getElementById = () => box; state.ctx = " + json.dumps(ctx)
+                   + "; hover({target: {closest: () => ({dataset: {i: '5'}})}}); return box.textContent; })()")
+    assert shown.endswith("| experts L0:4+5 L1:6+7")
