@@ -26,8 +26,10 @@ batch positions through the packed layout when the forward is packed (``rlonce.m
 
 **Statistics.** ``Load`` counts, per layer, the tokens routed to each expert in a step's
 training forwards (real tokens only, after replay), and how many recorded (token, layer) pairs
-the trainer's own router would have sent to a different expert set than the rollout did —
-replay on or off, so a run with replay off measures what replay would fix.
+the trainer's own router would have sent to a different expert set than the rollout did, on the
+forward at the rollout's weights (later mini-batches of a step run on updated weights, where a
+different choice is the update's doing) — replay on or off, so a run with replay off measures
+what replay would fix.
 
 Routes are stored as unsigned integers (uint8 up to 256 experts, else uint16): ``layers · k``
 bytes a token for the usual model.
@@ -160,14 +162,18 @@ class Load:
     counts: dict[int, torch.Tensor] = field(default_factory=dict)
     """Per layer: tokens routed to each expert (k per token)."""
     differ: dict[int, int] = field(default_factory=dict)
-    """Per layer: recorded tokens the trainer's own router sent to another expert set."""
+    """Per layer: recorded tokens the trainer's own router sent to another expert set, on the
+    forward at the rollout's weights (the one the train/inference mismatch is measured on)."""
     compared: dict[int, int] = field(default_factory=dict)
     """Per layer: tokens with a recorded routing."""
 
-    def add(self, layer: int, idx_MK: torch.Tensor, experts: int, own_MK: torch.Tensor | None,
+    def add(self, layer: int, idx_MK: torch.Tensor | None, experts: int, own_MK: torch.Tensor | None,
             want_MK: torch.Tensor | None, have_M: torch.Tensor | None) -> None:
-        c = torch.bincount(idx_MK.reshape(-1).cpu(), minlength=experts).to(torch.float64)
-        self.counts[layer] = self.counts.get(layer, 0) + c
+        """Count the experts ``idx_MK`` took (None: none counted) and, where ``have_M``, how many of
+        the routers' own choices ``own_MK`` differ from the recorded ``want_MK``."""
+        if idx_MK is not None:
+            c = torch.bincount(idx_MK.reshape(-1).cpu(), minlength=experts).to(torch.float64)
+            self.counts[layer] = self.counts.get(layer, 0) + c
         if have_M is not None and bool(have_M.any()):
             own, want = own_MK[have_M].sort(-1).values, want_MK[have_M].sort(-1).values
             self.differ[layer] = self.differ.get(layer, 0) + int((own != want).any(-1).sum())
@@ -203,8 +209,10 @@ class Load:
 
 
 class _Replay:
-    def __init__(self, routes_BTLK: torch.Tensor | None, real_BT: torch.Tensor, replay: bool, load: Load | None):
+    def __init__(self, routes_BTLK: torch.Tensor | None, real_BT: torch.Tensor, replay: bool, load: Load | None,
+                 count: bool, compare: bool):
         self.routes_BTLK, self.real_BT, self.replay, self.load = routes_BTLK, real_BT, replay, load
+        self.count, self.compare = count, compare
 
     def _rows(self, x_BT: torch.Tensor, M: int) -> torch.Tensor:
         """``x_BT`` (B, T, …) at the M positions a router saw, in its order."""
@@ -236,18 +244,19 @@ class _Replay:
             scores_MK = w_MK.to(scores_MK.dtype)
         if self.load is not None:
             real_M = self._rows(self.real_BT, M).to(own_MK.device)
-            self.load.add(layer, idx_MK.detach()[real_M], _experts(gate), own_MK.detach(),
-                          None if want_MK is None else want_MK, have_M)
+            self.load.add(layer, idx_MK.detach()[real_M] if self.count else None, _experts(gate), own_MK.detach(),
+                          want_MK, have_M if self.compare else None)
         return (logits_MX, scores_MK, idx_MK) if idx_MK is not own_MK else None
 
 
 @contextlib.contextmanager
 def replaying(routes_BTLK: torch.Tensor | None, attn_BT: torch.Tensor, *, replay: bool = True,
-              load: Load | None = None):
+              load: Load | None = None, count: bool = True, compare: bool = True):
     """Within this block, forwards of the B×T batch ``attn_BT`` describes route each position
     with a recorded routing (``routes_BTLK``: B×T×layers×k expert ids, -1 where none) to the
-    recorded experts when ``replay``, and count into ``load``."""
-    token = _STATE.set(_Replay(routes_BTLK, attn_BT.bool(), replay, load))
+    recorded experts when ``replay``; into ``load`` they count each expert's tokens (``count``)
+    and the recorded tokens the routers would have sent elsewhere (``compare``)."""
+    token = _STATE.set(_Replay(routes_BTLK, attn_BT.bool(), replay, load, count, compare))
     try:
         yield
     finally:

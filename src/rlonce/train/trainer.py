@@ -371,7 +371,7 @@ class Trainer:
                 continue
             b = pad_rows([mb[i] for i in idx])
             topk = topk_weight > 0 and b.topk_ids_BTK is not None
-            with self._routing(b, self._load):
+            with self._routing(b, self._load, compare=pairs is not None):
                 sc = score_tokens(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True, mask_BT=b.mask_BT,
                                   cand_BT=b.cand_BT, at_BTK=b.topk_ids_BTK if topk else None)
             lp_BT, ent_BT = sc.lp_BT, sc.ent_BT
@@ -410,19 +410,21 @@ class Trainer:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            with self._routing(b):
+            with self._routing(b, None if model is not None else self._load, count=False, compare=model is None):
                 lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, b.temp_B,
                                           mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
 
-    def _routing(self, b: Batch, load: moe.Load | None = None):
+    def _routing(self, b: Batch, load: moe.Load | None = None, *, count: bool = True, compare: bool = False):
         """The routing of a sparse model's forward over ``b``: the rows' recorded experts replayed
-        (when the step's request asks), the load counted into ``load``; nothing for a dense model."""
+        (when the step's request asks); into ``load``, the experts' token counts (``count``) and, on
+        the forward at the rollout's weights (``compare``: the one ``mismatch_kl`` is measured on),
+        how often the trainer's routers would have chosen otherwise. Nothing for a dense model."""
         if self.route_shape is None:
             return contextlib.nullcontext()
-        return moe.replaying(b.routes_BTLK, b.attn_BT, replay=self._replay, load=load)
+        return moe.replaying(b.routes_BTLK, b.attn_BT, replay=self._replay, load=load, count=count, compare=compare)
 
     # ---- data parallelism: each helper is the single-process computation when not sharded ----
     def _weights(self, rows: list[TrainingRow], agg: str) -> tuple[torch.Tensor, float]:
