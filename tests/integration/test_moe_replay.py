@@ -297,3 +297,22 @@ def test_vllm_engine_asks_sparse_models_for_their_routes(tmp_path):
     (tmp_path / "dense").mkdir()
     (tmp_path / "dense" / "config.json").write_text('{"model_type": "llama"}')
     assert sparse_route_dtype(tmp_path / "dense") is None and sparse_route_dtype("org/name") is None
+
+
+def test_route_differ_is_measured_at_the_rollouts_weights_only(served):
+    """Two mini-batches at a large learning rate: the second runs on updated weights, where its
+    routers may choose otherwise; only the first forward (the rollout's weights, where the engine's
+    record is the routers' own choice) counts toward ``route_differ``, while the load counts both."""
+    _, calls, _ = served
+    rows = rows_of(calls)
+    split = dataclasses.replace(request(False), minibatches=2, seed=1)
+    trained = tiny_moe()
+    m = Trainer(trained, OptimSettings(lr=0.5)).rl_step(rows, split)
+    assert m["moe/route_differ"] == 0.0
+    moved = sum(int((~same_sets(r.routes, own_routes(trained, r.token_ids)[: len(r.routes)])).sum()) for r in rows)
+    assert moved > 0  # after the updates the routers do choose otherwise: counting that would not be 0
+    model, load = tiny_moe(), moe.Load()
+    moe.install(model)
+    with moe.replaying(None, torch.ones((1, 3)), load=load, compare=False):
+        moe.routers(model)[0](torch.randn(3, 64))
+    assert float(load.counts[0].sum()) == 3 * 2 and not load.compared  # k = 2 per token, nothing compared
