@@ -3,13 +3,15 @@ and off, on the embedded mixture-of-experts model.
 
     python benchmarks/moe/run.py --out DIR [--steps 20] [--top-p 0.7] [--heldout 50] [--only NAME ...]
 
-Each variant is one ``rlonce quickstart`` run (SFT, then ``--steps`` synchronous GRPO steps at
-``harness.top_p`` = ``--top-p``) on ``model.name = "embedded-moe"``, differing only in the
-settings the table names. From each run's ``metrics.jsonl`` it reads the train/inference mismatch
-(``mismatch_kl``: KL(rollout ‖ trainer) per token, measured on the first mini-batch's forward,
-before the update) at step 1 — engine and trainer hold identical weights there — and its mean
-over all steps, the share of recorded (token, layer) pairs whose experts the trainer's router
-would change (``moe/route_differ``), the expert load, and the held-out success before → after.
+SFT runs once (``rlonce quickstart … rl.steps=0`` on ``model.name = "embedded-moe"``, float32);
+each variant is then one ``rlonce quickstart`` run from that SFT checkpoint (``sft.demos=0``,
+``--steps`` synchronous GRPO steps at ``harness.top_p`` = ``--top-p``), differing only in the
+settings the table names, so every variant starts from the same weights. From each run's
+``metrics.jsonl`` it reads the train/inference mismatch (``mismatch_kl``: KL(rollout ‖ trainer)
+per token, measured on the first mini-batch's forward, before the update) at step 1 — engine and
+trainer hold identical weights there — and its mean over all steps, the share of recorded
+(token, layer) pairs whose experts the trainer's router would change (``moe/route_differ``), the
+expert load, and the held-out success before → after.
 
 The variants run one after another, each into its own folder under ``--out``; a variant whose
 folder already holds a finished run (``summary.json``) is read, not rerun, so an interrupted
@@ -30,11 +32,13 @@ from pathlib import Path
 VARIANTS = [
     ("float32, R3 on", []),
     ("float32, R3 off", ["model.routing_replay=false"]),
-    ("float32, R3 on, router frozen", ["model.freeze_router=true"]),
-    ("bf16 autocast, R3 on", ["model.autocast=bfloat16"]),
-    ("bf16 autocast, R3 off", ["model.autocast=bfloat16", "model.routing_replay=false"]),
     ("MXFP4 rollout, aligned", ["model.rollout_quant=mxfp4"]),
     ("MXFP4 rollout, not aligned", ["model.rollout_quant=mxfp4", "model.qdq_align=false"]),
+    ("MXFP4 rollout, not aligned, R3 off", ["model.rollout_quant=mxfp4", "model.qdq_align=false",
+                                            "model.routing_replay=false"]),
+    ("bf16 autocast, R3 on", ["model.autocast=bfloat16"]),
+    ("bf16 autocast, R3 off", ["model.autocast=bfloat16", "model.routing_replay=false"]),
+    ("float32, R3 on, router frozen", ["model.freeze_router=true"]),
 ]
 
 
@@ -42,16 +46,22 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-").replace("--", "-")
 
 
+def quickstart(run_dir: Path, overrides: list[str]) -> None:
+    """``rlonce quickstart --out run_dir OVERRIDES``, unless ``run_dir`` holds a finished run."""
+    if (run_dir / "summary.json").is_file():
+        return
+    cmd = [sys.executable, "-m", "rlonce.cli", "quickstart", "--out", str(run_dir), "--quiet", *overrides]
+    print("$", " ".join(cmd[2:]), flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    (run_dir / "bench_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+
+
 def run(out: Path, name: str, overrides: list[str], a) -> dict:
     run_dir = out / slug(name)
-    if not (run_dir / "summary.json").is_file():
-        cmd = [sys.executable, "-m", "rlonce.cli", "quickstart", "--out", str(run_dir), "--quiet",
-               "model.name=embedded-moe", f"rl.steps={a.steps}", f"harness.top_p={a.top_p}",
-               f"eval.heldout_tasks={a.heldout}", "eval.every=0", *overrides]
-        print("$", " ".join(cmd[2:]), flush=True)
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        (run_dir / "bench_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+    quickstart(run_dir, [f"model.name={out / 'sft' / 'checkpoints' / 'step-0000'}", "sft.demos=0",
+                         f"rl.steps={a.steps}", f"harness.top_p={a.top_p}", f"eval.heldout_tasks={a.heldout}",
+                         "eval.every=0", *overrides])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if "mismatch_kl" in r]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -60,11 +70,12 @@ def run(out: Path, name: str, overrides: list[str], a) -> dict:
         vals = [r[key] for r in steps if key in r]
         return sum(vals) / len(vals) if vals else None
 
-    first = steps[0] if steps else {}
+    first, last = (steps[0], steps[-1]) if steps else ({}, {})
     return {"overrides": overrides, "run_dir": str(run_dir), "trained_steps": len(steps),
             "step1_mismatch_kl": first.get("mismatch_kl"), "step1_route_differ": first.get("moe/route_differ"),
             "mean_mismatch_kl": mean("mismatch_kl"), "mean_route_differ": mean("moe/route_differ"),
-            "mean_load_cv": mean("moe/load_cv"), "mean_cold": mean("moe/cold"),
+            "load_cv_first": first.get("moe/load_cv"), "load_cv_last": last.get("moe/load_cv"),
+            "cold_first": first.get("moe/cold"), "cold_last": last.get("moe/cold"),
             "baseline_success": summary.get("baseline_success"), "final_success": summary.get("final_success"),
             "per_step_kl": [[r["step"], r["mismatch_kl"]] for r in steps]}
 
@@ -84,16 +95,19 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = [(n, o) for n, o in VARIANTS if not a.only or any(s in n for s in a.only)]
+    quickstart(out / "sft", ["model.name=embedded-moe", "rl.steps=0", f"eval.heldout_tasks={a.heldout}"])
     results = {"steps": a.steps, "top_p": a.top_p, "heldout_tasks": a.heldout,
                "variants": {name: run(out, name, o, a) for name, o in chosen}}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = ["| variant | step-1 mismatch KL | step-1 routes differing | mean mismatch KL (all steps) | "
-             "mean routes differing | expert load CV | held-out before → after |", "|---|---|---|---|---|---|---|"]
+             "mean routes differing | expert load CV, step 1 → last | cold experts, step 1 → last | "
+             "held-out before → after |", "|---|---|---|---|---|---|---|---|"]
     for name, r in results["variants"].items():
         lines.append(f"| {name} | {fmt(r['step1_mismatch_kl'])} | {fmt(r['step1_route_differ'], '.4f')} | "
                      f"{fmt(r['mean_mismatch_kl'])} | {fmt(r['mean_route_differ'], '.4f')} | "
-                     f"{fmt(r['mean_load_cv'], '.3f')} | {fmt(r['baseline_success'], '.3f')} → "
-                     f"{fmt(r['final_success'], '.3f')} |")
+                     f"{fmt(r['load_cv_first'], '.3f')} → {fmt(r['load_cv_last'], '.3f')} | "
+                     f"{fmt(r['cold_first'], '.3f')} → {fmt(r['cold_last'], '.3f')} | "
+                     f"{fmt(r['baseline_success'], '.3f')} → {fmt(r['final_success'], '.3f')} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -106,7 +120,7 @@ def main() -> None:
     for name, r in results["variants"].items():
         if r["per_step_kl"]:
             xs, ys = zip(*r["per_step_kl"])
-            ax.plot(xs, [max(y, 1e-12) for y in ys], marker=".", label=name)
+            ax.plot(xs, [max(y, 1e-16) for y in ys], marker=".", label=name)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("mismatch KL(rollout ‖ trainer) per token")

@@ -17,6 +17,11 @@ turn of an agent session — runs the model only on its new tokens. A weight loa
 kept cache (they belong to the old weights), so a partial rollout continued after an update
 re-prefills. ``generate_wave`` (lockstep) runs its requests alone, with no joiners.
 
+**Sparse models**: every prefill and decode step runs with the routers recording, and each answer
+carries the experts of every position it ran, kept caches carrying theirs (``Generation.routes``,
+``rlonce.model.moe``: routing replay); with ``rollout_quant = "mxfp4"`` the experts are
+quantize-dequantized after every weight load (``rlonce.model.mxfp4``).
+
 **Compiled one-row decoding** (``compile_solo``): a batch down to one row decodes with the model
 ``torch.compile``-d over a static cache (``rlonce.engine.fast.solo``); off by default. Otherwise a
 Llama-family model decodes through ``rlonce.engine.fast.decode``'s written-out step (``fast_decode``).
