@@ -105,7 +105,7 @@ def test_gate_weights_are_recomputed_at_the_replayed_experts():
     routes = torch.full((1, 1, 2, 2), -1, dtype=torch.long)
     routes[0, 0, 0] = torch.tensor([2, 3])
     load = moe.Load()
-    with moe.replaying(routes, torch.ones((1, 1)), load=load):
+    with moe.replaying(routes, torch.ones((1, 1)), load=load, compare_B=torch.ones(1)):
         _, scores, idx = gate(x)
     assert idx.tolist() == [[2, 3]]
     assert scores[0].tolist() == pytest.approx([1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))], abs=1e-7)
@@ -313,6 +313,19 @@ def test_route_differ_is_measured_at_the_rollouts_weights_only(served):
     assert moved > 0  # after the updates the routers do choose otherwise: counting that would not be 0
     model, load = tiny_moe(), moe.Load()
     moe.install(model)
-    with moe.replaying(None, torch.ones((1, 3)), load=load, compare=False):
+    with moe.replaying(None, torch.ones((1, 3)), load=load):
         moe.routers(model)[0](torch.randn(3, 64))
     assert float(load.counts[0].sum()) == 3 * 2 and not load.compared  # k = 2 per token, nothing compared
+
+
+def test_route_differ_leaves_out_rows_sampled_at_other_weights(served):
+    """Rows stamped with an older version than the trainer's (async staleness) were routed by other
+    weights: as for ``mismatch_kl``, their routing is not compared."""
+    _, calls, _ = served
+    old = [dataclasses.replace(r, routes=other_experts(r.routes),
+                               policy_versions=[v + 1 if v >= 0 else v for v in r.policy_versions])
+           for r in rows_of(calls)]
+    m = Trainer(tiny_moe(), OptimSettings(lr=0.0)).rl_step(old, dataclasses.replace(request(True), version=1))
+    assert m["moe/route_differ"] == pytest.approx(1.0)
+    m = Trainer(tiny_moe(), OptimSettings(lr=0.0)).rl_step(old, dataclasses.replace(request(True), version=2))
+    assert "moe/route_differ" not in m and "moe/load_cv" in m

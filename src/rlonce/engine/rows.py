@@ -131,8 +131,13 @@ class Row:
         kept, prompt run, then one per decode step); None for a dense model."""
 
     def routes_array(self) -> np.ndarray | None:
-        """``routes`` as one (positions, layers, k) array: the prompt and every sampled token but the last."""
-        return None if self.routes is None else np.concatenate(self.routes)
+        """``routes`` as one (positions, layers, k) array: the prompt and every sampled token but the
+        last (joined once: the prefix store and the answer both ask)."""
+        if self.routes is None:
+            return None
+        if len(self.routes) > 1:
+            self.routes = [np.concatenate(self.routes)]
+        return self.routes[0]
 
     def record(self, token: int, logp: float, size: int, eos: bool, paused: threading.Event,
                top: list[tuple[int, float]] | None = None) -> bool:

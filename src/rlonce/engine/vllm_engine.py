@@ -404,8 +404,11 @@ class VLLMEngine:
             return None
         import numpy as np
 
-        parts = [np.asarray(prompt_routes)] + [np.asarray(r) for r in gen_routes]
-        routes = np.concatenate([p.reshape(-1, *parts[0].shape[1:]) for p in parts])
+        prompt = np.asarray(prompt_routes)
+        gen = [np.asarray(r).reshape(-1, *prompt.shape[1:]) for r in gen_routes]
+        if sum(len(g) for g in gen) > len(tokens) and gen:  # each output held all the tokens so far, not a delta
+            gen = gen[-1:]
+        routes = np.concatenate([prompt, *gen])
         want = n_prompt + len(tokens) - 1
         return routes[:want].astype(self.route_dtype) if len(routes) >= want else None
 

@@ -27,9 +27,9 @@ batch positions through the packed layout when the forward is packed (``rlonce.m
 **Statistics.** ``Load`` counts, per layer, the tokens routed to each expert in a step's
 training forwards (real tokens only, after replay), and how many recorded (token, layer) pairs
 the trainer's own router would have sent to a different expert set than the rollout did, on the
-forward at the rollout's weights (later mini-batches of a step run on updated weights, where a
-different choice is the update's doing) — replay on or off, so a run with replay off measures
-what replay would fix.
+forward at the rollout's weights and in the rows sampled at them (later mini-batches of a step
+run on updated weights, and an older row was sampled under other ones: there a different choice
+is an update's doing) — replay on or off, so a run with replay off measures what replay would fix.
 
 Routes are stored as unsigned integers (uint8 up to 256 experts, else uint16): ``layers · k``
 bytes a token for the usual model.
@@ -210,9 +210,9 @@ class Load:
 
 class _Replay:
     def __init__(self, routes_BTLK: torch.Tensor | None, real_BT: torch.Tensor, replay: bool, load: Load | None,
-                 count: bool, compare: bool):
+                 count: bool, compare_BT: torch.Tensor | None):
         self.routes_BTLK, self.real_BT, self.replay, self.load = routes_BTLK, real_BT, replay, load
-        self.count, self.compare = count, compare
+        self.count, self.compare_BT = count, compare_BT
 
     def _rows(self, x_BT: torch.Tensor, M: int) -> torch.Tensor:
         """``x_BT`` (B, T, …) at the M positions a router saw, in its order."""
@@ -230,10 +230,11 @@ class _Replay:
     def on_router(self, gate, output):
         logits_MX, scores_MK, own_MK = output
         layer, M = gate._rlonce_layer, own_MK.shape[0]
+        real_M = self._rows(self.real_BT, M).to(own_MK.device)
         want_MK = have_M = None
         if self.routes_BTLK is not None:
             want_MK = self._rows(self.routes_BTLK[:, :, layer], M).to(own_MK.device)
-            have_M = (want_MK >= 0).all(-1) & self._rows(self.real_BT, M).to(own_MK.device)
+            have_M = (want_MK >= 0).all(-1) & real_M
         idx_MK = own_MK
         if self.replay and have_M is not None and bool(have_M.any()):
             idx_MK = torch.where(have_M[:, None], want_MK, own_MK)
@@ -243,29 +244,24 @@ class _Replay:
                 w_MK = w_MK / w_MK.sum(-1, keepdim=True)
             scores_MK = w_MK.to(scores_MK.dtype)
         if self.load is not None:
-            real_M = self._rows(self.real_BT, M).to(own_MK.device)
+            compared_M = None if have_M is None or self.compare_BT is None else have_M & self._rows(self.compare_BT, M)
             self.load.add(layer, idx_MK.detach()[real_M] if self.count else None, _experts(gate), own_MK.detach(),
-                          want_MK, have_M if self.compare else None)
+                          want_MK, compared_M)
         return (logits_MX, scores_MK, idx_MK) if idx_MK is not own_MK else None
 
 
 @contextlib.contextmanager
 def replaying(routes_BTLK: torch.Tensor | None, attn_BT: torch.Tensor, *, replay: bool = True,
-              load: Load | None = None, count: bool = True, compare: bool = True):
+              load: Load | None = None, count: bool = True, compare_B: torch.Tensor | None = None):
     """Within this block, forwards of the B×T batch ``attn_BT`` describes route each position
     with a recorded routing (``routes_BTLK``: B×T×layers×k expert ids, -1 where none) to the
     recorded experts when ``replay``; into ``load`` they count each expert's tokens (``count``)
-    and the recorded tokens the routers would have sent elsewhere (``compare``)."""
-    token = _STATE.set(_Replay(routes_BTLK, attn_BT.bool(), replay, load, count, compare))
+    and, in the rows ``compare_B`` marks (None: none), the recorded tokens the routers would have
+    sent elsewhere."""
+    real_BT = attn_BT.bool()
+    compare_BT = None if compare_B is None else compare_B.bool()[:, None].expand_as(real_BT)
+    token = _STATE.set(_Replay(routes_BTLK, real_BT, replay, load, count, compare_BT))
     try:
         yield
     finally:
         _STATE.reset(token)
-
-
-# ---- routes as records carry them ---------------------------------------------------------------
-def pack(routes: np.ndarray, shape_: Shape) -> np.ndarray:
-    """Recorded expert ids (n, layers, k) in their storage type."""
-    if routes.ndim != 3 or routes.shape[1:] != (shape_.layers, shape_.k):
-        raise ValueError(f"routes of shape {routes.shape} are not (tokens, {shape_.layers}, {shape_.k})")
-    return routes.astype(shape_.dtype, copy=False)

@@ -220,21 +220,3 @@ def unalign(model: torch.nn.Module) -> int:
             module.__dict__["forward"] = replaced
         n += 1
     return n
-
-
-def mismatch(model: torch.nn.Module) -> dict[str, float]:
-    """How far the expert weights are from what an MXFP4 rollout runs: the relative error
-    ||qdq(w) - w|| / ||w|| of each expert weight (0 for an all-zero one), its mean
-    (``mxfp4/rel_err``) and maximum (``mxfp4/rel_err_max``) over tensors. Empty for a dense
-    model."""
-    errs = []
-    with torch.no_grad():
-        for module, name in expert_weights(model):
-            w = module._parameters[name].float()
-            norm = w.norm()
-            err = (qdq(w, _axis(module)) - w).norm()
-            errs.append(torch.where(norm > 0, err / norm, torch.zeros_like(norm)))
-    if not errs:
-        return {}
-    rel = torch.stack(errs)
-    return {"mxfp4/rel_err": rel.mean().item(), "mxfp4/rel_err_max": rel.max().item()}

@@ -235,7 +235,7 @@ class Trainer:
                                  "unset it or train a mixture-of-experts model")
             moe.freeze_routers(model)
         self._load: moe.Load | None = None
-        self._replay = True
+        self._replay, self._version = True, None
         self.adapter = adapter
         """With LoRA: the ``PeftModel`` around ``model`` (``LoadedModel.peft``); its frozen base,
         the adapters disabled, is the KL term's reference."""
@@ -304,7 +304,7 @@ class Trainer:
         Metrics are token-weighted means over the step."""
         self.model.train()
         self._seen: dict[int, torch.Tensor] = {}
-        self._replay = request.routing_replay
+        self._replay, self._version = request.routing_replay, request.version
         self._load = moe.Load() if self.route_shape is not None else None
         if request.qdq_align and not mxfp4.align(self.model):
             raise ValueError("model.qdq_align with rollout_quant 'mxfp4' needs a mixture-of-experts model; this one "
@@ -371,7 +371,7 @@ class Trainer:
                 continue
             b = pad_rows([mb[i] for i in idx])
             topk = topk_weight > 0 and b.topk_ids_BTK is not None
-            with self._routing(b, self._load, compare=pairs is not None):
+            with self._routing(b, self._load, compare=[mb[i] for i in idx] if pairs is not None else None):
                 sc = score_tokens(self.model, b.ids_BT, b.attn_BT, b.temp_B, with_entropy=True, mask_BT=b.mask_BT,
                                   cand_BT=b.cand_BT, at_BTK=b.topk_ids_BTK if topk else None)
             lp_BT, ent_BT = sc.lp_BT, sc.ent_BT
@@ -410,21 +410,27 @@ class Trainer:
                 self._idle_pass(backward=False)
                 continue
             b = pad_rows([rows[i] for i in idx])
-            with self._routing(b, None if model is not None else self._load, count=False, compare=model is None):
+            with self._routing(b, None if model is not None else self._load, count=False,
+                               compare=[rows[i] for i in idx] if model is None else None):
                 lp_BT, _ = token_logprobs(model or self.model, b.ids_BT, b.attn_BT, b.temp_B,
                                           mask_BT=b.mask_BT, cand_BT=b.cand_BT)
             for j, i in enumerate(idx):
                 out[i] = lp_BT[j, : len(rows[i]) - 1].clone()
         return out
 
-    def _routing(self, b: Batch, load: moe.Load | None = None, *, count: bool = True, compare: bool = False):
+    def _routing(self, b: Batch, load: moe.Load | None = None, *, count: bool = True,
+                 compare: list[TrainingRow] | None = None):
         """The routing of a sparse model's forward over ``b``: the rows' recorded experts replayed
         (when the step's request asks); into ``load``, the experts' token counts (``count``) and, on
-        the forward at the rollout's weights (``compare``: the one ``mismatch_kl`` is measured on),
-        how often the trainer's routers would have chosen otherwise. Nothing for a dense model."""
+        the forward at the rollout's weights (``compare``: ``b``'s rows, given for the forward
+        ``mismatch_kl`` is measured on), how often the trainer's routers would have chosen otherwise
+        in the rows sampled at the trainer's version — as ``mismatch_kl``, older rows are left out.
+        Nothing for a dense model."""
         if self.route_shape is None:
             return contextlib.nullcontext()
-        return moe.replaying(b.routes_BTLK, b.attn_BT, replay=self._replay, load=load, count=count, compare=compare)
+        same = None if compare is None or self._version is None else torch.tensor(
+            [all(v == self._version for v, m in zip(r.policy_versions, r.loss_mask) if m) for r in compare])
+        return moe.replaying(b.routes_BTLK, b.attn_BT, replay=self._replay, load=load, count=count, compare_B=same)
 
     # ---- data parallelism: each helper is the single-process computation when not sharded ----
     def _weights(self, rows: list[TrainingRow], agg: str) -> tuple[torch.Tensor, float]:
