@@ -155,7 +155,7 @@ def check_native_kernels() -> Check:
         return Check("kernels", False, f"the decode step keeps torch's operations: {found}",
                      f"{APT} gcc" if native.compiler() is None else "", required=False)
     return Check("kernels", True, f"the decode step's attention, norms and activations run in C loops "
-                 f"{found.where} (compiler {native.compiler()})", required=False)
+                 f"({found.isa}) {found.where} (compiler {native.compiler()})", required=False)
 
 
 def job_needs(cfg) -> dict:

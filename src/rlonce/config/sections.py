@@ -177,7 +177,7 @@ class EngineConfig(Section):
     """torch: the engine's fast path (``rlonce.engine.fast``). Decode steps and prefills of
     Llama-family models (``llama``, ``qwen2``) run through rlonce's own written-out forward (the
     same weights and arithmetic, without transformers' per-call overhead), its float32 work besides
-    the matrix products in small AVX-512 C loops built once per machine with the system's C
+    the matrix products in small C loops (AVX-512, or AVX2 with FMA) built once per machine with the system's C
     compiler (or torch's operations where they cannot build) — each engine first checks, on its
     own model, that this path's logits and cached keys equal transformers' forward within the
     documented tolerance, and otherwise runs transformers' (``rlonce doctor`` shows the check).

@@ -3,7 +3,7 @@
 * ``decode``: a Llama-family model's decode step and prefill written out as their plain tensor
   operations, without transformers' per-call work;
 * ``native`` (``step.c``): that step's rotary positions and attention, RMSNorm and
-  ``silu(gate) * up`` in AVX-512 C loops, built once per machine;
+  ``silu(gate) * up`` in C loops (AVX-512, or AVX2 with FMA), built once per machine;
 * ``solo``: a lone row decodes with ``torch.compile`` over a static cache (``engine.compile_solo``,
   off by default);
 * ``parity``: logits and cached keys of a prefill and decode steps against transformers' forward,

@@ -4,7 +4,8 @@ per machine.
 The torch engine's decode step attends one query per row and head against that row's cache: on
 the embedded model 96 products of 3×32 by 32×N a layer, where torch's batched matmul spends most of
 its time per matrix. ``step.c`` does rotary positions, scores, mask, softmax and weighted values
-for a row and key/value head in one AVX-512 loop, its rows split over the calling thread's OpenMP
+for a row and key/value head in one loop (AVX-512, or AVX2 with FMA where the CPU has no AVX-512:
+``-march=native`` picks), its rows split over the calling thread's OpenMP
 team (torch's own GNU runtime, when gcc builds it); and RMSNorm and the MLP's ``silu(gate) * up``,
 each one call where torch makes several (``docs/performance.md`` has the timings). It is C through
 ``ctypes`` rather than a torch extension so that it builds in under a second with the system's C
@@ -24,7 +25,7 @@ first builds racing leave one whole library (the last rename wins); its SHA-256 
 (``step-<key>.sha256``), and a loader hashes the very file it then loads through
 ``/proc/self/fd`` (no path to swap in between): a library that does not match is rebuilt. That
 catches a truncated or damaged file, not a forged pair written by someone with our uid — who
-could replace the Python code as well. No compiler, no AVX-512, or a failed build: ``kernel()``
+could replace the Python code as well. No compiler, neither AVX-512 nor AVX2, or a failed build: ``kernel()``
 says why and the engine keeps torch's operations (``engine.fast_path = false`` turns the whole fast
 path off).
 """
@@ -58,6 +59,8 @@ HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 """What every build passes the compiler, besides ``-fopenmp`` (gcc beside torch's GNU OpenMP) and the files."""
 NO_COMPILER = "no C compiler (cc, gcc or clang) on PATH"
+ISA = {512: "avx512", 256: "avx2"}
+"""``rl_ready()``'s answer → the instructions ``step.c`` was compiled with (0: neither, no loops)."""
 
 _lock = threading.Lock()
 _built: dict[str, object] = {}
@@ -107,6 +110,8 @@ class Kernels:
         self.silu_mul.restype = None
         self.where = where
         """How this process got them: built into the cache, loaded from it, or built privately (why)."""
+        self.isa = ISA[so.rl_ready()]
+        """The vector instructions they were compiled for: ``avx512`` or ``avx2``."""
 
 
 def kernel() -> Kernels | str:
@@ -305,8 +310,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _ready(so: ctypes.CDLL, where: str) -> Kernels | str:
-    if not so.rl_ready():
-        return "this CPU has no AVX-512 (the loops are written for it)"
+    if so.rl_ready() not in ISA:
+        return "this CPU has neither AVX-512 nor AVX2 with FMA (the loops are written for them)"
     return Kernels(so, where)
 
 
