@@ -105,7 +105,8 @@ class TorchEngine:
         position the engine ran for it (``Generation.routes``); None for a dense model."""
         self._rec = None
         """While a batch runs on a sparse model: the routers' record of the last forward."""
-        self.solo = Solo(self.model, self._cache_kw) if compile_solo and self.route_shape is None else None
+        self.solo = Solo(self.model, self._cache_kw) if compile_solo and self.route_shape is None \
+            and not forward.forced_off() else None
         """A batch down to one row decodes compiled over a static cache (``rlonce.engine.fast.solo``)."""
         self.prefixes = kvcache.PrefixStore(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._kv_bytes = prefill.kv_bytes_per_token(model)
@@ -121,6 +122,8 @@ class TorchEngine:
         not inherited). The worker hands back its OpenMP team when idle (``rlonce.model.omp``)."""
         self._worker = threading.Thread(target=self._serve, name="rlonce-torch-engine", daemon=True)
         self._worker.start()
+        omp.release()  # the constructing thread loaded the model and ran the parity check: an OpenMP
+        # team it keeps counts against the cores and makes the worker's helpers sleep between ops
 
     # ---- contract ------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, watch: Watch | None = None) -> Generation:

@@ -88,7 +88,7 @@ class FastDecode:
             o = self._attention(self._norm(x_BH, layer.input_layernorm), a, cached, step)
             x_BH = _residual(x_BH, o.view(x_BH.shape[0], self.heads * self.head_dim), a.o_proj)
             x_BH = _residual(x_BH, self._gated(self._norm(x_BH, layer.post_attention_layernorm), mlp), mlp.down_proj)
-        return self.model.lm_head(self._norm(x_BH, self.inner.norm))
+        return _head(self.model, self._norm(x_BH, self.inner.norm))
 
     def _attention(self, h_BH: torch.Tensor, a, cached, step: dict) -> torch.Tensor:
         """A layer's attention for one new token per row: its query, key and value, the key and
@@ -161,7 +161,7 @@ class FastDecode:
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=a.scaling, enable_gqa=True)
             x = _residual(x, o.transpose(1, 2).reshape(B * t, H * d), a.o_proj)
             x = _residual(x, self._gated(self._norm(x, layer.post_attention_layernorm), mlp), mlp.down_proj)
-        return self.model.lm_head(self._norm(x, self.inner.norm))
+        return _head(self.model, self._norm(x, self.inner.norm))
 
 
 def _attend(q_RGD: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias_R1N: torch.Tensor | None):
@@ -175,15 +175,44 @@ def _attend(q_RGD: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias_
     return torch.bmm(s.softmax(-1).to(values.dtype), values.reshape(R, N, D))
 
 
+FLIP_ROWS = 128
+"""A float32 product of at most this many rows runs as ``W·xᵀ`` (its transpose): MKL runs the weight
+as the left operand faster when the rows are few (``_flipped``)."""
+
+
+def _flipped(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``x·Wᵀ`` runs as ``(W·xᵀ)ᵀ``: float32 rows, at most ``FLIP_ROWS`` of them, outside
+    autocast. On SmolLM2's decode step at 64 rows (AVX2, two threads) the layers' products took 0.87×
+    the time and the LM head's 0.77× (one-off, 2026-12-07; ``docs/performance.md``); same products,
+    other blocking, so the results differ in the last bits."""
+    return (x.dim() == 2 and x.shape[0] <= FLIP_ROWS and x.dtype == w.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu"))
+
+
 def _linear(x: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
+    if _flipped(x, m.weight):
+        y = torch.mm(m.weight, x.t())
+        return (y if m.bias is None else y.add_(m.bias[:, None])).t().contiguous()
     return F.linear(x, m.weight, m.bias)
 
 
 def _residual(x: torch.Tensor, h: torch.Tensor, m: torch.nn.Linear) -> torch.Tensor:
     """``x + m(h)``: one matmul adding into ``x`` where the types allow (no bias, one dtype)."""
+    if m.bias is None and _flipped(h, m.weight) and x.dtype == torch.float32:
+        return torch.add(x, torch.mm(m.weight, h.t()).t())
     if m.bias is None and x.dtype == h.dtype == m.weight.dtype:
         return torch.addmm(x, h, m.weight.t())
     return x + _linear(h, m)
+
+
+def _head(model, h: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits of ``h``: flipped (``_flipped``) where the head is a plain float32
+    ``Linear``, else the model's module (a float32 head under autocast or bfloat16 weights)."""
+    head = model.lm_head
+    if type(head) is torch.nn.Linear and "forward" not in vars(head) and head.bias is None \
+            and _flipped(h, head.weight):
+        return torch.mm(head.weight, h.t()).t().contiguous()
+    return head(h)
 
 
 def _norm(x: torch.Tensor, m) -> torch.Tensor:
