@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack yoro7 yoro7-pack mopd-teachers mopd-tiny system-deps venv venv-dev clean
+.PHONY: quickstart doctor test test-reference lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray smollm2 pack yoro yoro-pack yoro7 yoro7-pack mopd-teachers mopd-tiny system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -80,6 +80,10 @@ TEST_WORKERS ?= 2
 
 test: system-deps venv-dev
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
+
+# the default suite with every engine on the reference forward (engine.fast_path off: docs/performance.md)
+test-reference: system-deps venv-dev
+	RLONCE_FAST_PATH=off $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 doctor: venv
 	$(VENV)/bin/rlonce doctor

@@ -120,6 +120,7 @@ def test_the_written_out_prefill_equals_transformers_forward(lm, which, native_k
         assert torch.allclose(got_keys, want_keys, atol=2e-5)
 
 
+@pytest.mark.fast_path
 def test_the_engine_samples_the_same_with_the_fast_step_and_without(lm):
     """Seeded sampling through the engine: the same tokens, log-probs within float32 rounding of
     each other and of the trainer's recomputation."""
@@ -155,6 +156,7 @@ def test_other_architectures_take_transformers_forward(lm):
     assert len(g.token_ids) == 4
 
 
+@pytest.mark.fast_path
 def test_the_fast_path_is_taken_only_after_its_parity_check_and_one_switch_turns_it_off(lm, monkeypatch):
     """``engine.fast_path``: the engine checks the written-out step against transformers' forward on
     its own model before decoding through it; a step that disagrees (here: RMSNorm off by 0.1 %)
@@ -186,6 +188,7 @@ def test_the_fast_path_is_taken_only_after_its_parity_check_and_one_switch_turns
         eng.close()
 
 
+@pytest.mark.fast_path
 def test_doctor_shows_the_fast_paths_parity_on_the_jobs_model(tmp_path):
     from rlonce.cli.doctor import check_fast_path
     from rlonce.config import load_config
@@ -195,3 +198,52 @@ def test_doctor_shows_the_fast_paths_parity_on_the_jobs_model(tmp_path):
                                        checks[-1].detail), checks[-1].detail
     (off,) = check_fast_path(load_config(None, [f"out={tmp_path / 'run'}", "engine.fast_path=false"]))
     assert off.ok and "engine.fast_path is false" in off.detail
+
+
+def test_few_float32_rows_run_flipped_and_equal_the_plain_product():
+    """``decode._flipped``: at most ``FLIP_ROWS`` float32 rows outside autocast run as ``(W·xᵀ)ᵀ``;
+    the products, the residual add and the LM head equal the plain ones to float32 rounding, and
+    come out contiguous."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    plain, biased = torch.nn.Linear(48, 40, bias=False), torch.nn.Linear(48, 40)
+    x = torch.randn(decode.FLIP_ROWS, 48)
+    assert decode._flipped(x, plain.weight) and decode._flipped(x[:1], plain.weight)
+    assert not decode._flipped(torch.randn(decode.FLIP_ROWS + 1, 48), plain.weight)
+    assert not decode._flipped(x.bfloat16(), plain.weight.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not decode._flipped(x, plain.weight)
+    with torch.inference_mode():
+        for m in (plain, biased):
+            got = decode._linear(x, m)
+            want = F.linear(x.double(), m.weight.double(), None if m.bias is None else m.bias.double())
+            assert got.is_contiguous() and got.dtype == torch.float32
+            assert (got.double() - want).abs().max() < 1e-5
+        r = torch.randn(decode.FLIP_ROWS, 40)
+        got = decode._residual(r, x, plain)
+        want = r.double() + x.double() @ plain.weight.double().T
+        assert got.is_contiguous() and (got.double() - want).abs().max() < 1e-5
+
+        class Tiny(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm_head = torch.nn.Linear(48, 300, bias=False)
+
+        tiny = Tiny()
+        head = decode._head(tiny, x)
+        assert head.is_contiguous() and (head - tiny.lm_head(x)).abs().max() < 1e-5
+
+
+def test_the_environment_turns_the_fast_path_off_for_the_whole_process(lm, monkeypatch):
+    """``RLONCE_FAST_PATH=off`` (``make test-reference``): the reference forward, and no compiled
+    solo, whatever the engine was asked for; the status names the variable."""
+    monkeypatch.setenv(forward.OFF_ENV, "off")
+    ref = forward.stepper(copy.deepcopy(lm.model).eval(), KW)
+    assert isinstance(ref, forward.Generic) and ref.status.endswith("RLONCE_FAST_PATH=off")
+    eng = TorchEngine(copy.deepcopy(lm.model), eos_token_ids=lm.eos_token_ids, pad_token_id=0, compile_solo=True)
+    try:
+        assert isinstance(eng._fwd, forward.Generic) and eng.solo is None
+        assert "RLONCE_FAST_PATH=off" in eng.fast_path
+    finally:
+        eng.close()

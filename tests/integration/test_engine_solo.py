@@ -17,6 +17,8 @@ from rlonce.engine.fast.solo import columns_for
 from rlonce.engine.torch_engine import TorchEngine
 from rlonce.train.trainer import token_logprobs
 
+pytestmark = pytest.mark.fast_path  # compiled solo is part of the fast path
+
 PROMPT = [1, 50, 60, 70, 80, 90]
 
 

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 
 from transformers import DynamicCache
 
 from rlonce.engine import kvcache
 
 log = logging.getLogger(__name__)
+
+OFF_ENV = "RLONCE_FAST_PATH"
+"""``RLONCE_FAST_PATH=off`` (or 0, false) in the environment: every engine of the process runs the
+reference, whatever ``engine.fast_path`` says — for running a whole test suite on the reference
+(``make test-reference``) or ruling the fast path out without editing configs."""
 
 
 class Generic:
@@ -46,6 +52,11 @@ class Generic:
         return out.logits[:, -1]
 
 
+def forced_off() -> bool:
+    """Whether the environment turns the fast path off for this process (``OFF_ENV``)."""
+    return os.environ.get(OFF_ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
 def cache_keyword(model) -> str:
     """The name ``model.forward`` takes its key/value cache by."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -60,6 +71,9 @@ def stepper(model, cache_kw: str, fast: bool = True, native_kernels: bool = True
     ref = Generic(model, cache_kw)
     if not fast:
         ref.status = "reference path (transformers' forward): engine.fast_path is false"
+        return ref
+    if forced_off():
+        ref.status = f"reference path (transformers' forward): {OFF_ENV}={os.environ[OFF_ENV]}"
         return ref
     from rlonce.engine.fast import enable
 
