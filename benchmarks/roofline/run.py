@@ -5,13 +5,21 @@ docs/performance.md ("Roofline") quotes its numbers.
     python benchmarks/roofline/run.py --out DIR [--model smollm2|embedded|FOLDER] [--threads 2]
                                       [--sessions 1 16 64] [--precisions float32 autocast bfloat16]
                                       [--prompt-tokens 64] [--max-tokens 64] [--train-shape 8x256]
-                                      [--repeats 3] [--quick]
+                                      [--repeats 3] [--bf16-repeats N] [--against REV] [--quick]
+
+``--against REV`` measures git revision REV's ``src`` (exported with ``git archive``) and then this
+tree's, each in a child process with the same arguments, one after the other on the same machine:
+``DIR/before`` and ``DIR/after`` hold each one's files, ``DIR`` the two side by side with the ratio
+after / before of each row's achieved FLOP/s (``results.json``, ``results.md``, ``roofline.png``).
 
 Every part runs with ``torch.set_num_threads(--threads)``, the thread count the engine's worker and
 the trainer are given (``runtime.rollout_threads`` / ``train_threads``).
 
-- Peak: ``torch.matmul`` of square matrices (1024, 1536, 2048), float32 and bfloat16, one warm-up
-  and ``--repeats`` + 2 timed products each; 2·n³ FLOPs per product; the best over sizes and repeats.
+- Peak: square products (1024, 1536, 2048) in the layout of every linear layer, ``x·Wᵀ`` with ``W``
+  stored (out, in) (``F.linear``), float32 and bfloat16, one warm-up and ``--repeats`` + 2 timed
+  products each; 2·n³ FLOPs per product; the best over sizes and repeats. (On an AVX2 CPU without
+  bfloat16 units ``torch.matmul`` of two row-major bfloat16 matrices took another path, 20× slower
+  than ``F.linear``: that would be no peak.)
 - Decode: the torch engine as ``EngineSpec.build`` builds it (spec defaults, the model loaded as it
   loads it), at each ``--sessions`` count: that many ``engine.generate`` calls at once
   (``asyncio.gather``), one fixed ``--prompt-tokens`` prompt, per-session seeds, temperature 1,
@@ -55,8 +63,9 @@ PEAK_OF = {"float32": "float32", "autocast": "bfloat16", "bfloat16": "bfloat16"}
 
 
 def peak(sizes: list[int], repeats: int) -> dict:
-    """Best GFLOP/s of ``torch.matmul`` per dtype, and each size's best."""
+    """Best GFLOP/s of ``F.linear`` per dtype, and each size's best."""
     import torch
+    import torch.nn.functional as F
 
     out = {}
     for dtype in ("float32", "bfloat16"):
@@ -65,11 +74,11 @@ def peak(sizes: list[int], repeats: int) -> dict:
             gen = torch.Generator().manual_seed(n)
             a = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
             b = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
-            torch.matmul(a, b)
+            F.linear(a, b)
             best = float("inf")
             for _ in range(repeats):
                 t = time.perf_counter()
-                torch.matmul(a, b)
+                F.linear(a, b)
                 best = min(best, time.perf_counter() - t)
             per[str(n)] = 2 * n**3 / best / 1e9
         out[dtype] = {"gflops": max(per.values()), "by_size": per}
@@ -150,7 +159,7 @@ def decode(path: Path, precision: str, args) -> list[dict]:
     try:
         for n in sessions:
             run(n, max(2, max_tokens // 4))  # warm-up at this batch size
-            runs = [run(n, max_tokens) for _ in range(args.repeats)]
+            runs = [run(n, max_tokens) for _ in range(_repeats(args, precision))]
             took, prefilled = min(runs)
             generated = n * max_tokens
             prefill_ctx = prefilled * (prompt_tokens + 1) / 2
@@ -211,6 +220,11 @@ def train(path: Path, precision: str, n_rows: int, tokens: int, repeats: int) ->
             "tokens_per_s": n_rows * tokens / took, "flops": flops, "gflops": flops / took / 1e9}
 
 
+def _repeats(args, precision: str) -> int:
+    """Timed repeats of a row: ``--bf16-repeats`` for the bfloat16 ones where given."""
+    return args.repeats if precision == "float32" or args.bf16_repeats is None else args.bf16_repeats
+
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -240,7 +254,7 @@ def measure(args) -> dict:
     order = list(PRECISIONS)
     rows = sorted(decoded, key=lambda r: (r["size"], order.index(r["precision"])))
     for precision in args.precisions:
-        rows.append(train(path, precision, n_rows, tokens, args.repeats))
+        rows.append(train(path, precision, n_rows, tokens, _repeats(args, precision)))
     for r in rows:
         r["peak_gflops"] = results["peak"][PEAK_OF[r["precision"]]]["gflops"]
         r["fraction"] = r["gflops"] / r["peak_gflops"]
@@ -313,6 +327,76 @@ def plot(results: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def compare(args, out: Path) -> None:
+    """``--against REV``: REV's ``src`` and then this tree's, each measured by this script in a child
+    process with the same arguments; the two tables side by side with each row's ratio."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from rlonce.telemetry.bench import source_of
+
+    passed = [a for a in sys.argv[1:] if not a.startswith("--against") and a != args.against]
+    passed = [a for i, a in enumerate(passed) if a != "--out" and (i == 0 or passed[i - 1] != "--out")]
+    before, commit = source_of(args.against)
+    here_src = Path(__file__).resolve().parents[2] / "src"
+    try:
+        for arm, src in (("before", before / "src"), ("after", here_src)):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+            print(f"--- {arm}: {'revision ' + commit[:10] if arm == 'before' else 'this tree'} ({src})", flush=True)
+            subprocess.run([sys.executable, __file__, *passed, "--out", str(out / arm)], env=env, check=True)
+    finally:
+        shutil.rmtree(before, ignore_errors=True)
+    both = {arm: json.loads((out / arm / "results.json").read_text()) for arm in ("before", "after")}
+    both["against"] = commit
+    (out / "results.json").write_text(json.dumps(both, indent=1))
+    print(compared_table(both, out))
+    compared_plot(both, out)
+
+
+def _key(r: dict) -> tuple:
+    return r["what"], r["precision"], r["size"]
+
+
+def compared_table(both: dict, out: Path) -> str:
+    from rlonce.telemetry.bench import write_table
+
+    before = {_key(r): r for r in both["before"]["rows"]}
+    head = ["what", "precision", "sessions / rows", "tokens/s before → after", "fraction of peak before → after",
+            "after / before"]
+    rows = []
+    for r in both["after"]["rows"]:
+        b = before.get(_key(r))
+        if b is None:
+            continue
+        rows.append([r["what"], r["precision"], str(r["size"]), f"{b['tokens_per_s']:.0f} → {r['tokens_per_s']:.0f}",
+                     f"{100 * b['fraction']:.1f}% → {100 * r['fraction']:.1f}%",
+                     f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}×"])
+    pk = {arm: both[arm]["peak"] for arm in ("before", "after")}
+    note = (f"\n\nBefore: revision {both['against'][:10]}; after: this tree; {both['after']['model']}, "
+            f"{both['after']['threads']} threads, {both['after']['cpu']}. Each arm's fraction is of the peak it "
+            "measured itself: float32 " + " / ".join(f"{pk[a]['float32']['gflops']:.0f}" for a in pk)
+            + ", bfloat16 " + " / ".join(f"{pk[a]['bfloat16']['gflops']:.0f}" for a in pk)
+            + " GFLOP/s (before / after).")
+    text = write_table(out / "results.md", head, rows) + note
+    (out / "results.md").write_text(text + "\n")
+    return text
+
+
+def compared_plot(both: dict, out: Path) -> None:
+    from rlonce.telemetry.bench import paired_bars
+
+    before = {_key(r): r for r in both["before"]["rows"]}
+    rows = [r for r in both["after"]["rows"] if _key(r) in before]
+    names = [f"{_label(r)}\n{r['precision']}" for r in rows]
+    paired_bars(out / "roofline.png", names,
+                {"before": [100 * before[_key(r)]["fraction"] for r in rows],
+                 "after": [100 * r["fraction"] for r in rows]},
+                ylabel="achieved / matmul peak (%)", log=False,
+                title=f"{both['after']['model']}: fraction of the matmul peak, {both['against'][:10]} → this tree")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -325,6 +409,11 @@ def main() -> None:
     ap.add_argument("--train-shape", default="8x256", help="the RL step's rows, ROWSxTOKENS")
     ap.add_argument("--peak-sizes", nargs="+", type=int, default=[1024, 1536, 2048])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bf16-repeats", type=int, default=None,
+                    help="timed repeats of the autocast and bfloat16 rows (default --repeats): on a CPU without "
+                         "bfloat16 units they take ~10x as long")
+    ap.add_argument("--against", metavar="REV", help="measure git revision REV's src first, then this tree's, "
+                                                       "and write the two side by side")
     ap.add_argument("--quick", action="store_true", help="a smoke run: everything small")
     args = ap.parse_args()
     if args.quick:
@@ -333,6 +422,8 @@ def main() -> None:
         args.peak_sizes, args.repeats = [256, 512], 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.against:
+        return compare(args, out)
     results = measure(args)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results, out))
