@@ -55,6 +55,7 @@ def _steps(model, step, dense: bool, n: int = 5):
     return torch.stack(out), cache.layers[-1].keys.float()
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize("which", ["embedded", "qwen2", "embedded-bf16"])
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("native_kernels", [True, False])
