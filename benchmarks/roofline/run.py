@@ -337,8 +337,7 @@ def compare(args, out: Path) -> None:
 
     from rlonce.telemetry.bench import source_of
 
-    passed = [a for a in sys.argv[1:] if not a.startswith("--against") and a != args.against]
-    passed = [a for i, a in enumerate(passed) if a != "--out" and (i == 0 or passed[i - 1] != "--out")]
+    passed = _without(sys.argv[1:], ("--against", "--out"))
     before, commit = source_of(args.against)
     here_src = Path(__file__).resolve().parents[2] / "src"
     try:
@@ -353,6 +352,19 @@ def compare(args, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(both, indent=1))
     print(compared_table(both, out))
     compared_plot(both, out)
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` less each of ``options`` and its value (``--opt VALUE`` or ``--opt=VALUE``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            out.append(a)
+    return out
 
 
 def _key(r: dict) -> tuple:
