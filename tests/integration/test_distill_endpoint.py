@@ -141,7 +141,8 @@ def test_a_run_builds_an_endpoint_teacher_that_only_scores(lm, tmp_path):
     assert isinstance(teacher, EndpointTeacher) and not hasattr(teacher, "lm")  # nothing loaded
     assert (teacher.base_url, teacher.model, teacher.timeout, teacher.concurrency) == (url, "big", 5.0, 3)
     assert said == [f"teacher {url} for {label}: an endpoint (its tokenizer cannot be checked; it must be the "
-                    "student's)"]
+                    "student's)", f"teacher endpoint {url} did not answer a scoring request before the run "
+                    "(ConnectError); its groups are infrastructure failures until it does"]
     assert isinstance(distill.wrap(label, object()), DistillExecutor)
     with pytest.raises(ConfigError, match="is an endpoint: it scores the student's tokens but samples nothing"):
         distill.engine_for(label)
@@ -179,3 +180,25 @@ def test_an_endpoint_teachers_key_comes_from_the_environment_and_a_missing_one_i
         EndpointTeacher.from_config(d, d.teacher)
     monkeypatch.setenv("RLONCE_TEST_KEY", "sekret")
     assert EndpointTeacher.from_config(d, d.teacher).api_key == "sekret"
+
+
+def test_an_endpoint_that_refuses_the_runs_top_k_is_refused_before_the_run_in_one_line(lm, served, tmp_path):
+    """``rlonce serve`` (as vLLM without --max-logprobs) serves at most 20 alternatives: a run asking
+    for 21 is a one-line ConfigError when it builds, not a run whose every group fails; 20 is fine."""
+    from rlonce.config import ConfigError, load_config
+    from rlonce.distill.executor import Distillation
+    from rlonce.rollout.builders import rollout_spec
+    from rlonce.rollout.sources import build_sources, check_sources
+
+    def build(*over):
+        cfg = load_config(None, [f"distill.teacher={served}/v1", "distill.teacher_model=embedded", *over])
+        said = []
+        return Distillation.build(cfg, build_sources(check_sources(cfg), rollout_spec(cfg, lm)), lm, tmp_path,
+                                  say=said.append), said
+
+    with pytest.raises(ConfigError) as e:
+        build("distill.topk=21")
+    msg = str(e.value)
+    assert "\n" not in msg and "HTTP 400" in msg and "over 20" in msg and "--max-logprobs 21" in msg, msg
+    distill, said = build("distill.topk=20")
+    assert len(said) == 1 and isinstance(next(iter(distill.teachers.values())), EndpointTeacher)  # answered

@@ -192,3 +192,31 @@ def test_a_group_whose_teacher_fails_is_an_infrastructure_failure_never_trained(
     assert ok.ledger["s"].retained == 4 and ok.ledger["s"].infra_failed == 0 and len(ok.rows) == 4
     for r in ok.rows:  # the honest endpoint's -1.0 on every trained token, 0.0 elsewhere
         assert r.teacher_logprobs == [-1.0 if m else 0.0 for m in r.loss_mask] and sum(r.loss_mask) > 0
+
+
+@pytest.mark.parametrize("mode", [m for m in BROKEN if m != "slow"])
+def test_the_preflight_refuses_a_broken_endpoint_in_one_line_before_the_run(endpoint, mode):
+    """``EndpointTeacher.preflight`` (what ``Distillation.build`` asks of each endpoint teacher): an
+    endpoint whose reply is broken is a one-line ConfigError naming it before any group runs."""
+    from rlonce.config import ConfigError
+
+    url = f"{endpoint}/{mode}/v1"
+    with pytest.raises(ConfigError, match=re.escape(url)) as e:
+        EndpointTeacher(url, "teacher", timeout=5, concurrency=1).preflight([1, 2, 3])
+    msg = str(e.value)
+    assert "\n" not in msg and ("HTTP 500" if mode == "500" else "malformed reply") in msg, msg
+
+
+def test_the_preflight_passes_an_honest_endpoint_and_only_says_a_silent_one(endpoint):
+    """An honest endpoint passes; one that does not answer (no server, or past the timeout) is not
+    refused — it may still be starting; its groups are infrastructure failures until it answers."""
+    from rlonce.config import ConfigError
+
+    assert EndpointTeacher(f"{endpoint}/ok/v1", "teacher", timeout=5, concurrency=1).preflight([1, 2, 3]) is None
+    assert EndpointTeacher(f"{endpoint}/topk/v1", "teacher", timeout=5, concurrency=1, topk=2,
+                           vocab=10).preflight([1, 2, 3]) is None
+    with pytest.raises(ConfigError, match="1 entries at position 1 where prompt_logprobs 2 asked for 2"):
+        EndpointTeacher(f"{endpoint}/ok/v1", "teacher", timeout=5, concurrency=1, topk=2).preflight([1, 2, 3])
+    for url, timeout in [(f"http://127.0.0.1:{_closed_port()}/v1", 5), (f"{endpoint}/slow/v1", 0.5)]:
+        line = EndpointTeacher(url, "teacher", timeout=timeout, concurrency=1).preflight([1, 2, 3])
+        assert line.startswith(f"teacher endpoint {url} did not answer a scoring request before the run"), line

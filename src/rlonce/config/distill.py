@@ -65,7 +65,8 @@ class DistillConfig(Section):
     loss adds ``topk_weight`` times KL(teacher ‖ student) over those k tokens and the rest of the
     vocabulary as one bin (``rlonce.algo.losses.topk_kl``): it reaches tokens the student rarely
     samples, which the sampled reverse KL cannot. Scored over the whole vocabulary at the row's
-    temperature. An endpoint teacher is asked for ``prompt_logprobs`` = k."""
+    temperature. An endpoint teacher is asked for ``prompt_logprobs`` = k (once before the run:
+    a server whose limit is lower stops it with one line; vLLM's ``--max-logprobs`` is 20 by default)."""
     topk_weight: float = Field(1.0, ge=0, le=1000)
     """Weight of the top-k term in the loss (with ``topk`` > 0)."""
     prefix: PrefixMode = "none"

@@ -41,7 +41,7 @@ import os
 
 import httpx
 
-from rlonce.core.records import Sequence
+from rlonce.core.records import Sequence, TrainingRow
 from rlonce.distill.teachers import Scored, assign, scoring_rows
 from rlonce.engine.base import EngineError
 
@@ -73,6 +73,46 @@ class EndpointTeacher:
                                   "in the environment: export the teacher endpoint's key in it")
         return cls(url, distill.teacher_model, timeout=distill.teacher_timeout_s,
                    concurrency=distill.teacher_concurrency, api_key=key, topk=distill.topk, vocab=vocab)
+
+    def preflight(self, ids: list[int]) -> str | None:
+        """Ask the endpoint to score ``ids`` once, as a run would, before the run starts. A refusal
+        (any answer but a well-formed 200: a ``prompt_logprobs`` over the server's limit, a wrong key,
+        another route) is a one-line ``ConfigError`` now, not a run whose every group is an
+        infrastructure failure. An endpoint that cannot be reached is not refused — it may still be
+        starting, and its groups are infrastructure failures until it answers — the line saying so
+        is returned for the run's log (None when the endpoint answered)."""
+        from rlonce.config import ConfigError
+
+        n = len(ids)
+        row = TrainingRow(list(ids), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n, [0] * n)
+        body = {"model": self.model, "prompt": list(ids), "max_tokens": 1, "temperature": 1.0,
+                "prompt_logprobs": self.topk}
+        buf = bytearray()
+        try:
+            with httpx.Client(timeout=min(self.timeout, 30.0), trust_env=False) as client, client.stream(
+                    "POST", f"{self.base_url}/completions", json=body,
+                    headers={"authorization": f"Bearer {self.api_key}"}) as r:
+                for chunk in r.iter_bytes():
+                    buf += chunk
+                    if len(buf) > reply_bytes(n):
+                        break
+        except httpx.HTTPError as e:
+            return (f"teacher endpoint {self.base_url} did not answer a scoring request before the run "
+                    f"({type(e).__name__}); its groups are infrastructure failures until it does")
+        hint = (f"; it must serve prompt_logprobs = {self.topk} (distill.topk): lower distill.topk, or start vLLM "
+                f"with --max-logprobs {self.topk} (its default is 20)" if self.topk else "")
+        if r.status_code != 200:
+            text = _line(buf[:300].decode("utf-8", "replace"))
+            raise ConfigError(f"teacher endpoint {self.base_url} refused a scoring request before the run: HTTP "
+                              f"{r.status_code}{f' ({text})' if text else ''}{hint}")
+        try:
+            if len(buf) > reply_bytes(n):
+                raise ValueError(f"a reply over {reply_bytes(n)} bytes")
+            read_reply(bytes(buf), row, self.topk, self.vocab)
+        except ValueError as e:
+            raise ConfigError(f"teacher endpoint {self.base_url} answered a scoring request before the run with a "
+                              f"malformed reply: {e}{hint}") from None
+        return None
 
     def _semaphore(self) -> asyncio.Semaphore:
         """This event loop's gate (a run calls ``asyncio.run`` once per phase: each loop gets its own)."""

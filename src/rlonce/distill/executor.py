@@ -30,6 +30,9 @@ from rlonce.errors import ExecutorFailure
 
 log = logging.getLogger(__name__)
 
+PREFLIGHT_TEXT = "Is the teacher listening? 1 + 1 = 2"
+"""What an endpoint teacher is asked to score before the run (``EndpointTeacher.preflight``)."""
+
 
 class DistillExecutor:
     """``inner``'s groups, each sequence's model turns scored by ``teacher`` once they ran."""
@@ -88,10 +91,20 @@ class Distillation:
         keeps the teachers there (its harness pools score; an endpoint teacher needs no actor). An
         endpoint teacher is an ``EndpointTeacher`` keyed by its URL; its tokenizer cannot be
         checked against the student's (the endpoint serves token ids, not its tokenizer): it must
-        serve a model of the student's family."""
+        serve a model of the student's family. Each endpoint scores a short prompt first
+        (``EndpointTeacher.preflight``): one that refuses (a ``distill.topk`` over its limit, a wrong
+        key) is a ``ConfigError`` before the run; one not answering yet is only said."""
         distilled = {k: s for k, s in sources.items() if s.plan.distills}
         if not distilled:
             return None
+        endpoints = {}
+        for label, src in distilled.items():
+            if is_endpoint(url := src.plan.teacher) and url not in endpoints:
+                say(f"teacher {url} for {label}: an endpoint (its tokenizer cannot be checked; it must be the "
+                    "student's)")
+                endpoints[url] = EndpointTeacher.from_config(cfg.distill, url, vocab=len(student_lm.tokenizer))
+                if line := endpoints[url].preflight(student_lm.encode(PREFLIGHT_TEXT)):
+                    say(line)
         actors = getattr(backend, "teacher_engines", None)
         if actors is not None:
             of_source = {label: name for label, (name, _) in actors.items()}
@@ -102,10 +115,7 @@ class Distillation:
         for label, src in distilled.items():
             if is_endpoint(src.plan.teacher):
                 key = of_source[label] = src.plan.teacher
-                if key not in teachers:
-                    say(f"teacher {key} for {label}: an endpoint (its tokenizer cannot be checked; it must be the "
-                        "student's)")
-                    teachers[key] = EndpointTeacher.from_config(cfg.distill, key, vocab=len(student_lm.tokenizer))
+                teachers[key] = endpoints[key]
                 continue
             path = resolve(src.plan.teacher, cache_dir)
             key = of_source[label] = str(path.resolve())
