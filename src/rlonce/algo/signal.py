@@ -90,6 +90,9 @@ class SignalSettings:
     distill_clip: float | None = None
     """Bound on each token's |teacher log-prob − rollout log-prob| in the distillation advantage
     (None: unbounded)."""
+    lr_scale: dict[str, float] = field(default_factory=dict)
+    """Sources by label whose rows take another learning rate: its ratio to ``rl.lr``
+    (``TrainingRow.lr_scale``); the others 1."""
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -318,6 +321,9 @@ def learning_signal(samples: list[Sample], step: int, settings: SignalSettings, 
             for key, x in ((f"distill_kl_sum/{sample.source}", kl), (f"distill_tokens/{sample.source}", n)):
                 stats[key] = stats.get(key, 0) + x
         _apply_row_strategies(rows, flags, settings)
+        if (scale := settings.lr_scale.get(sample.source)) is not None:
+            for r in rows:
+                r.lr_scale = scale
         alive = [sum(r.loss_mask) > 0 for r in rows]
         entry.contexts_dropped += alive.count(False)
         survivors = {owner[k] for k, ok in enumerate(alive) if ok}

@@ -281,6 +281,10 @@ class RLConfig(Section):
     """Learning rate of the RL AdamW."""
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear learning-rate warm-up steps."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up: 'constant' keeps ``lr``; 'cosine' decays it to 10 % over ``steps`` ×
+    ``minibatches`` optimizer steps, as SFT does (sources with their own ``lr`` add optimizer steps,
+    which reach the floor sooner and stay there)."""
     minibatches: int = Field(2, ge=1, le=MAX_PARALLEL)
     """Optimizer steps per RL step: the batch is split into this many mini-batches of whole prompt
     groups (at most one per group)."""

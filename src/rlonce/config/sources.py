@@ -116,6 +116,11 @@ class SourceConfig(TaskConfig):
     model must memorise (a code pack) can take many cheap passes over few demonstrations."""
     sft_detour_p: float | None = Field(None, ge=0, lt=1)
     """Probability of a detour before each look-up in this source's demonstrations (default ``sft.detour_p``)."""
+    lr: float | None = Field(None, gt=0, le=1)
+    """This source's RL learning rate (default ``rl.lr``): its groups go to mini-batches of their own,
+    whose optimizer steps take ``rl.lr``'s schedule scaled by lr / ``rl.lr`` (a lower one where this
+    source's updates erase another's; a higher one where it learns slowly). Sources with another
+    rate add optimizer steps: each rate's groups are split into up to ``rl.minibatches``."""
     teacher: str | None = None
     """This source's distillation teacher (default ``distill.teacher``; forms as there): its tokens are
     scored by it and their advantages carry the reverse KL (docs/distillation.md)."""

@@ -325,6 +325,9 @@ class TrainingRow:
     """With ``distill.topk`` = k: per token where the loss mask is 1, the teacher's k most likely
     tokens there as (token id, log-prob) pairs (``Segment.teacher_topk``); [] where no token was
     scored (a rollout correction that masks a token keeps its pairs)."""
+    lr_scale: float = 1.0
+    """The row's source's learning rate over ``rl.lr`` (``[[sources]] lr``): the trainer never puts
+    rows of two scales in one mini-batch, and steps each at its scale."""
     routes: np.ndarray | None = None
     """A sparse policy's recorded experts at the row's first positions (``Context.routes``), which
     the trainer's forward replays; positions past its length route as the trainer's router says."""
@@ -346,6 +349,8 @@ class TrainingRow:
                 raise RecordError("every trained token needs a rollout log-prob and a policy version")
         _check_candidates(self.candidates, n, "training row")
         _check_temperature(self.temperature, "training row")
+        if isinstance(self.lr_scale, bool) or not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
+            raise RecordError(f"a training row's lr_scale must be a finite number > 0, got {self.lr_scale!r}")
         _check_routes(self.routes, n, "training row")
         if self.teacher_topk is not None:
             if len(self.teacher_topk) != n:

@@ -32,6 +32,7 @@ def signal_settings(algo: AlgoConfig, plans=(), distill_clip: float | None = Non
         length=length, aggregation=algo.aggregation, export_contexts=algo.export_contexts,
         mask_unfinished=algo.mask_unfinished,
         distill={p.label: (p.kl_weight, p.reward_weight) for p in plans if p.distills}, distill_clip=distill_clip,
+        lr_scale={p.label: p.lr_scale for p in plans if p.lr_scale != 1.0},
         penalties=[PenaltySpec(p.rule, p.strategy, dict(p.rule_params), dict(p.strategy_params))
                    for p in algo.penalties],
     )

@@ -53,6 +53,9 @@ class SourcePlan:
     top_p: float
     top_k: int
     render_tools: bool
+    lr_scale: float = 1.0
+    """This source's learning rate over ``rl.lr`` (``[[sources]] lr``): its rows carry it and the
+    trainer's mini-batches keep each scale apart (``rlonce.train.minibatch.scaled_splits``)."""
     teacher: str | None = None
     """The distillation teacher (``[[sources]]``, else ``distill.teacher``; None: no distillation)."""
     kl_weight: float = 0.0
@@ -100,7 +103,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             temperature=h.temperature if s.temperature is None else s.temperature,
             top_p=h.top_p if s.top_p is None else s.top_p, top_k=h.top_k if s.top_k is None else s.top_k,
             render_tools=h.render_tools if s.render_tools is None else s.render_tools,
-            **_distill_plan(cfg, s)))
+            lr_scale=1.0 if s.lr is None else s.lr / cfg.rl.lr, **_distill_plan(cfg, s)))
     return plans
 
 

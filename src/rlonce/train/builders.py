@@ -8,10 +8,12 @@ from rlonce.train.trainer import OptimSettings
 
 
 def optim_settings(r: RLConfig, freeze_router: bool = False) -> OptimSettings:
-    """AdamW for the RL phase: ``rl.optimizer`` names β and ε (``rl.adam_eps`` overrides ε);
+    """AdamW for the RL phase: ``rl.optimizer`` names β and ε (``rl.adam_eps`` overrides ε),
+    ``rl.lr_schedule`` 'cosine' decays over ``steps`` × ``minibatches`` optimizer steps;
     ``freeze_router`` (``model.freeze_router``) keeps a sparse model's routers out of it."""
     adam = OPTIMIZERS[r.optimizer]
     return OptimSettings(lr=r.lr, warmup_steps=r.warmup_steps, weight_decay=r.weight_decay,
+                         total_steps=r.steps * r.minibatches if r.lr_schedule == "cosine" else 0,
                          max_grad_norm=r.max_grad_norm, betas=adam["betas"], eps=r.adam_eps or adam["eps"],
                          freeze_router=freeze_router)
 

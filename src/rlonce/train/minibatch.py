@@ -48,14 +48,35 @@ def minibatch_splits(group_ids: Sequence[str], lengths: Sequence[int], minibatch
     return [sorted(s) for s in splits if s]
 
 
-def rank_splits(group, rows: list[TrainingRow], minibatches: int, seed: int) -> list[list[int]]:
-    """This rank's row indices of each mini-batch: ``minibatch_splits`` over every rank's rows
-    (rank order), restricted to this rank's. Every rank gets as many mini-batches; one may be
-    empty here. ``group``: the data-parallel process group, or None (one process)."""
+def scaled_splits(group_ids: Sequence[str], lengths: Sequence[int], scales: Sequence[float], minibatches: int,
+                  seed: int) -> list[tuple[list[int], float]]:
+    """Mini-batches as ``minibatch_splits`` makes them, each with its learning-rate scale: rows of
+    one scale (``TrainingRow.lr_scale``: their source's ``lr`` over ``rl.lr``) are split among
+    themselves into up to ``minibatches`` mini-batches, scales in ascending order. A group's rows
+    share their source, so its scale. One scale (every source at ``rl.lr``): ``minibatch_splits``
+    with scale 1."""
+    by_scale: dict[float, list[int]] = {}
+    for i, s in enumerate(scales):
+        by_scale.setdefault(float(s), []).append(i)
+    out = []
+    for scale in sorted(by_scale):
+        idx = by_scale[scale]
+        for split in minibatch_splits([group_ids[i] for i in idx], [lengths[i] for i in idx], minibatches, seed):
+            out.append(([idx[j] for j in split], scale))
+    return out
+
+
+def rank_splits(group, rows: list[TrainingRow], minibatches: int, seed: int) -> list[tuple[list[int], float]]:
+    """This rank's row indices of each mini-batch with the mini-batch's learning-rate scale:
+    ``scaled_splits`` over every rank's rows (rank order), restricted to this rank's. Every rank
+    gets as many mini-batches, with the same scales; one may be empty here. ``group``: the
+    data-parallel process group, or None (one process)."""
     if group is None:
-        return minibatch_splits([r.group_id for r in rows], [len(r) for r in rows], minibatches, seed)
-    shards = gather(group, [(r.group_id, len(r)) for r in rows])
+        return scaled_splits([r.group_id for r in rows], [len(r) for r in rows], [r.lr_scale for r in rows],
+                             minibatches, seed)
+    shards = gather(group, [(r.group_id, len(r), r.lr_scale) for r in rows])
     flat = [x for shard in shards for x in shard]
     start = sum(len(s) for s in shards[: dist.get_rank(group)])
-    splits = minibatch_splits([g for g, _ in flat], [n for _, n in flat], minibatches, seed)
-    return [[i - start for i in s if start <= i < start + len(rows)] for s in splits]
+    splits = scaled_splits([g for g, _, _ in flat], [n for _, n, _ in flat], [s for _, _, s in flat], minibatches,
+                           seed)
+    return [([i - start for i in s if start <= i < start + len(rows)], scale) for s, scale in splits]

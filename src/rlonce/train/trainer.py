@@ -270,9 +270,10 @@ class Trainer:
     def _micro_batches(self, rows: list[TrainingRow]) -> list[list[int]]:
         return micro_batches(self.model, rows, self.micro_batch_tokens)
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self, lr_scale: float = 1.0) -> float:
+        """Clip, step at ``lr_at`` times ``lr_scale``, zero the gradients; the norm before clipping."""
         for g in self.optimizer.param_groups:
-            g["lr"] = self.lr_at(self.step)
+            g["lr"] = self.lr_at(self.step) * lr_scale
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -300,8 +301,9 @@ class Trainer:
 
     def rl_step(self, rows: list[TrainingRow], request: RLRequest) -> dict[str, float]:
         """One RL update as ``request`` asks (``rlonce.train.request``, where each setting is
-        explained): an optimizer step on each of its ``minibatches`` mini-batches of ``rows``.
-        Metrics are token-weighted means over the step."""
+        explained): an optimizer step on each of its ``minibatches`` mini-batches of ``rows`` —
+        per learning-rate scale, when sources set their own ``lr`` (``scaled_splits``). Metrics
+        are token-weighted means over the step."""
         self.model.train()
         self._seen: dict[int, torch.Tensor] = {}
         self._replay, self._version = request.routing_replay, request.version
@@ -334,17 +336,18 @@ class Trainer:
         splits = rank_splits(self.group, rows, request.minibatches, request.seed)
         loss_fn = functools.partial(policy_loss, request.objective, **request.params)
         sums: dict[str, float] = {}
-        for k_split, split in enumerate(splits):
+        for k_split, (split, scale) in enumerate(splits):
             measure = k_split == 0 and "old" not in aux and version is not None
             stats = self._rl_minibatch([rows[i] for i in split], loss_fn, request.agg,
                                        aux={k: [v[i] for i in split] for k, v in aux.items()}, kl_coef=request.kl_coef,
                                        pairs=pairs if measure else None, version=version,
-                                       topk_weight=request.topk_weight)
+                                       topk_weight=request.topk_weight, lr_scale=scale)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
         out.update({k: v / len(splits) for k, v in sums.items()})
         self.token_logprobs = [self._seen.get(id(r)) for r in rows]  # rows keep their positions through correction
         out["lr"] = self.lr_at(self.step - 1)
+        out["optimizer_steps"] = float(len(splits))  # more than rl.minibatches where sources set their own lr
         out.update(sum_over_ranks(self.group, {"trained_tokens": float(sum(sum(r.loss_mask) for r in rows))}))
         if version is not None:
             out.update(mismatch_metrics(cat_over_ranks(self.group, [p[0] for p in pairs]),
@@ -355,14 +358,16 @@ class Trainer:
         return out
 
     def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
-                      kl_coef: float, pairs: list | None, version: int | None, topk_weight: float) -> dict:
+                      kl_coef: float, pairs: list | None, version: int | None, topk_weight: float,
+                      lr_scale: float = 1.0) -> dict:
         """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
         metrics (token-weighted, summed over ranks) and the gradient norm. ``aux``: per row of
         ``mb``, π_old ('old') and the correction's weights ('corr') when rollout correction is
         on, the reference log-probs ('ref') when ``kl_coef`` > 0. ``pairs``: where to collect the
         (rollout, trainer) log-probs of ``version``'s tokens from this forward, or None. With
         ``topk_weight`` > 0, rows with the teacher's top-k add ``topk_weight`` times its per-token
-        KL (``rlonce.algo.losses.topk_kl``) under the same weights (metric ``distill_topk_kl``)."""
+        KL (``rlonce.algo.losses.topk_kl``) under the same weights (metric ``distill_topk_kl``).
+        ``lr_scale``: the mini-batch's learning rate over the schedule's (its rows' source ``lr``)."""
         w_BT, ntok = self._weights(mb, agg)
         stats: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         for idx in self._chunks(mb):
@@ -397,7 +402,7 @@ class Trainer:
             for k, v in m.items():
                 stats[k] = stats.get(k, 0.0) + v * share
         stats = sum_over_ranks(self.group, stats)
-        stats["grad_norm"] = self._optimizer_step()
+        stats["grad_norm"] = self._optimizer_step(lr_scale)
         return stats
 
     @torch.no_grad()
