@@ -106,7 +106,9 @@ def reference(model, rows: list[TrainingRow], case: dict) -> list[dict]:
     assert len(splits) == k_splits
     request = dataclasses.replace(case["request"], minibatches=1)
     per_mb = [trainer.rl_step([flat[i] for i in sp], request) for sp in splits]
-    return [{k: sum(m[k] for m in per_mb) / k_splits for k in per_mb[0] if k not in ("lr", "trained_tokens")}]
+    out = {k: sum(m[k] for m in per_mb) / k_splits for k in per_mb[0]
+           if k not in ("lr", "trained_tokens", "optimizer_steps")}
+    return [out | {"optimizer_steps": float(sum(m["optimizer_steps"] for m in per_mb))}]  # a count, not a mean
 
 
 def test_rows_for_rank_assigns_every_row_once_balanced_by_tokens():
