@@ -45,6 +45,8 @@ class Endpoint(BaseHTTPRequestHandler):
             time.sleep(3)
         if mode == "500":
             raw, status = b"Internal Server Error\nTraceback (most recent call last): ...", 500
+        elif mode == "401":
+            raw, status = b'{"error": {"message": "Invalid API key"}}', 401
         elif mode == "notjson":
             raw, status = b'{"choices": [{"prompt_logprobs": [null, {"4": ', 200
         elif mode == "huge":
@@ -205,6 +207,16 @@ def test_the_preflight_refuses_a_broken_endpoint_in_one_line_before_the_run(endp
         EndpointTeacher(url, "teacher", timeout=5, concurrency=1).preflight([1, 2, 3])
     msg = str(e.value)
     assert "\n" not in msg and ("HTTP 500" if mode == "500" else "malformed reply") in msg, msg
+
+
+def test_the_preflight_says_a_refused_key_is_the_keys_fault_and_a_short_top_k_is_the_servers_limit(endpoint):
+    from rlonce.config import ConfigError
+
+    with pytest.raises(ConfigError, match="HTTP 401 .*Invalid API key.*set distill.teacher_api_key_env") as e:
+        EndpointTeacher(f"{endpoint}/401/v1", "teacher", timeout=5, concurrency=1, topk=4).preflight([1, 2, 3])
+    assert "max-logprobs" not in str(e.value)
+    with pytest.raises(ConfigError, match="malformed reply: 1 entries .* start vLLM with --max-logprobs 2"):
+        EndpointTeacher(f"{endpoint}/ok/v1", "teacher", timeout=5, concurrency=1, topk=2).preflight([1, 2, 3])
 
 
 def test_the_preflight_passes_an_honest_endpoint_and_only_says_a_silent_one(endpoint):

@@ -359,7 +359,7 @@ class Trainer:
 
     def _rl_minibatch(self, mb: list[TrainingRow], loss_fn, agg: str, *, aux: dict[str, list[torch.Tensor]],
                       kl_coef: float, pairs: list | None, version: int | None, topk_weight: float,
-                      lr_scale: float = 1.0) -> dict:
+                      lr_scale: float) -> dict:
         """One optimizer step on the mini-batch ``mb``, accumulated micro-batch by micro-batch; its
         metrics (token-weighted, summed over ranks) and the gradient norm. ``aux``: per row of
         ``mb``, π_old ('old') and the correction's weights ('corr') when rollout correction is
