@@ -4,6 +4,7 @@ errors turned into one line that names the key, its bounds or the keys the secti
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from pathlib import Path
@@ -30,6 +31,8 @@ def _parse_value(raw: str):
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """``data`` with the ``key=value`` overrides applied, as a new table (``data`` is left as it was)."""
+    data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. rl.steps=10)")
