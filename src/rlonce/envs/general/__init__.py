@@ -2,6 +2,8 @@
 
 from typing import Literal
 
+from pydantic import Field, field_validator
+
 from rlonce.config.domains import DomainOptions, DomainSpec, Probe
 
 
@@ -9,6 +11,21 @@ class GeneralOptions(DomainOptions):
     rubric_reward: Literal["all", "fraction"] = "all"
     """Reward 1 only when every rubric item passes ('all'), or the share of items passed
     ('fraction'). 'all' by default: a fraction pays for the negative items, which doing nothing passes."""
+    general_templates: list[str] = Field([], max_length=8)
+    """The task templates drawn, in turn (empty: all eight). The easy tier is the two that use one
+    service, ``["balance_question", "resolve_with_comment"]`` (docs/general.md, "Tiers")."""
+
+    @field_validator("general_templates")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        from rlonce.envs.general.tasks import TEMPLATES
+
+        unknown = [n for n in names if n not in TEMPLATES]
+        if unknown:
+            raise ValueError(f"unknown general template(s) {', '.join(unknown)}; templates: {', '.join(TEMPLATES)}")
+        if len(set(names)) != len(names):
+            raise ValueError("general_templates names a template twice; list each once")
+        return names
 
 
 def build(o: GeneralOptions):
@@ -18,6 +35,8 @@ def build(o: GeneralOptions):
     from rlonce.envs.general.env import GeneralEnv
     from rlonce.envs.general.expert import expert_turns
     from rlonce.envs.general.tasks import make_task
+
+    make_task = partial(make_task, templates=tuple(o.general_templates) or None)
 
     def attach(run_dir, judge_for) -> Domain:
         judge, _ = judge_for("general-judge")

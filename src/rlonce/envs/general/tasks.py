@@ -1,9 +1,10 @@
 """General tool-use tasks: eight templates over a seeded office (``world.World``), single- and
 multi-service, each with its rubric items and the reference plan the scripted expert follows.
 
-Task ``i`` of a split uses template ``i % 8`` on the world of a seed drawn from (split, i); the
-held-out split draws from other seeds, so no held-out world is trained on. A task is plain data:
-its seed, template, prompt, services, items and plan; the environment rebuilds the state.
+Task ``i`` of a split uses template ``i % 8`` (of the chosen ones: ``general_templates``) on the
+world of a seed drawn from (split, i); the held-out split draws from other seeds, so no held-out
+world is trained on. A task is plain data: its seed, template, prompt, services, items and plan;
+the environment rebuilds the state.
 """
 
 from __future__ import annotations
@@ -238,9 +239,15 @@ TEMPLATES = {f.__name__: f for f in (invoice_to_ledger, balance_question, reply_
 SPLIT_SALT = {"train": "train", "sft": "train", "heldout": "heldout"}
 
 
-def make_task(split: str, index: int) -> GeneralTask:
-    """Task ``index`` of ``split`` ('sft' draws from the train worlds)."""
-    name = list(TEMPLATES)[index % len(TEMPLATES)]
+SINGLE_SERVICE = ("balance_question", "resolve_with_comment")
+"""The templates that use one service: the easy tier (``general_templates``)."""
+
+
+def make_task(split: str, index: int, templates: tuple[str, ...] | None = None) -> GeneralTask:
+    """Task ``index`` of ``split`` ('sft' draws from the train worlds): template ``index`` modulo
+    ``templates`` (default: all eight, in ``TEMPLATES``' order) on the world of ``(split, index)``."""
+    names = templates or tuple(TEMPLATES)
+    name = names[index % len(names)]
     digest = hashlib.sha256(f"general:{SPLIT_SALT[split]}:{index}".encode()).digest()
     seed = int.from_bytes(digest[:8], "big")
     spec = TEMPLATES[name](World.make(seed), random.Random(seed ^ 0x5EED))
