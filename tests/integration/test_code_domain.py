@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlonce.core.records import FailureCategory, Role, Sequence, Status
-from rlonce.envs.code.build import build_pack
+from rlonce.envs.code.build import Tier, build_pack
 from rlonce.envs.code.env import CodeEnv
 from rlonce.envs.code.interceptor import DENIAL
 from rlonce.envs.code.packages import PackageSpec
@@ -41,6 +41,19 @@ def test_build_is_reproducible_and_tasks_are_well_formed(pack, tmp_path):
     again = tmp_path / "again"
     build_pack(again, [SPEC], 6, seed=3, progress=False)
     assert (again / "tasks.jsonl").read_text() == (pack / "tasks.jsonl").read_text()
+
+
+def test_an_easy_tier_pack_draws_only_its_operators_in_short_functions(tmp_path):
+    from rlonce.envs.code.mutate import function_lengths
+
+    tier = Tier(("binop", "compare"), 6, 3)
+    build_pack(tmp_path, [SPEC], 3, seed=3, progress=False, tier=tier)
+    tasks = load_pack(tmp_path)
+    lengths = function_lengths((MINI / "minicalc" / "__init__.py").read_bytes())
+    assert tasks and all(t.mut.operator in ("binop", "compare") for t in tasks)
+    assert all(lengths[t.mut.function] <= 6 for t in tasks)
+    assert json.loads((tmp_path / "pack.json").read_text())["tier"] == {
+        "operators": ["binop", "compare"], "max_function_lines": 6, "message_lines": 3}
 
 
 def test_validation_gates_drop_the_flaky_test(pack):

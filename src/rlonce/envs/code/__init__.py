@@ -18,6 +18,23 @@ class BuildSettings(DomainOptions):
     """Comma-separated subset of the pinned packages (default: all)."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed of the mutations drawn."""
+    operators: str | None = None
+    """Difficulty: comma-separated mutation operators drawn (default: all). The easy tier's
+    one-token edits: ``binop,compare,off_by_one,bool_op``."""
+    max_function_lines: int | None = Field(None, ge=2, le=10_000)
+    """Difficulty: only mutate inside functions of at most this many lines (default: any site)."""
+    message_lines: int = Field(1, ge=1, le=40)
+    """Difficulty: lines of the failing test's message the problem statement quotes."""
+
+    @field_validator("operators")
+    @classmethod
+    def _operators(cls, operators: str | None) -> str | None:
+        from rlonce.envs.code.mutate import OPERATORS
+
+        unknown = [n for n in operators.split(",") if n not in OPERATORS] if operators else []
+        if unknown:
+            raise ValueError(f"unknown operator(s) {', '.join(unknown)}; operators: {', '.join(OPERATORS)}")
+        return operators
 
     @field_validator("packages")
     @classmethod

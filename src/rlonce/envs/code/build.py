@@ -13,25 +13,38 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rlonce.envs.code.mutate import Mutation, find_mutations
+from rlonce.envs.code.mutate import Mutation, find_mutations, function_lengths, in_tier
 from rlonce.envs.code.packages import PACKAGES, PackageSpec, fetch, testbed
 from rlonce.envs.code.tasks import CodeTask, write_pack
 from rlonce.envs.code.testbed import copy_tree, guards_for, make_sandbox, run_tests
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Which mutation sites a pack draws and how much its problem statements show (the difficulty
+    settings of ``rlonce tasks build code``; the defaults are the full tier)."""
+
+    operators: tuple[str, ...] | None = None
+    """Mutation operators drawn (None: all of ``mutate.OPERATORS``)."""
+    max_function_lines: int | None = None
+    """Only sites inside a function of at most this many lines (None: any site)."""
+    message_lines: int = 1
+    """Lines of the first failing test's message the problem statement quotes."""
 
 
 def _test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def problem_statement(spec: PackageSpec, m: Mutation, failures: dict[str, dict]) -> str:
+def problem_statement(spec: PackageSpec, m: Mutation, failures: dict[str, dict], message_lines: int = 1) -> str:
     first = sorted(failures)[0]
-    msg = failures[first]["message"].strip().splitlines()
-    crash = msg[0][:300] if msg else "(no message)"
+    msg = [line[:300] for line in failures[first]["message"].strip().splitlines()[:message_lines]]
+    crash = "\n    ".join(msg) if msg else "(no message)"
     where = m.function if m.function != "<module>" else Path(m.path).stem
     module = m.path.removeprefix("src/").removesuffix(".py").replace("/", ".").removesuffix(".__init__")
     lines = [
@@ -62,7 +75,9 @@ async def _outcomes(spec: PackageSpec, tree: Path, tb: Path, mutation: Mutation 
 
 
 async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb: Path, max_f2p: int = 25,
-                        max_tries: int | None = None, concurrency: int = 2, bar=None) -> list[CodeTask]:
+                        max_tries: int | None = None, concurrency: int = 2, bar=None,
+                        tier: Tier | None = None) -> list[CodeTask]:
+    tier = tier or Tier()
     tree = fetch(spec, cache)
     t0 = time.perf_counter()
     base = await _outcomes(spec, tree, tb, None)
@@ -71,7 +86,12 @@ async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb
     if not base:
         raise RuntimeError(f"{spec.name}: the test suite produced no report on the unmodified package")
     passing = {k for k, v in base.items() if v["outcome"] == "passed"}
-    sites = [m for path in spec.modules for m in find_mutations(path, (tree / path).read_bytes())]
+    sites = []
+    for path in spec.modules:
+        source = (tree / path).read_bytes()
+        lengths = function_lengths(source)
+        sites += [m for m in find_mutations(path, source)
+                  if in_tier(m, lengths, tier.operators, tier.max_function_lines)]
     random.Random(f"{seed}:{spec.name}").shuffle(sites)
     sites = sites[: max_tries or 6 * n]
     tasks: list[CodeTask] = []
@@ -86,7 +106,7 @@ async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb
         batch = list(enumerate(sites[lo:lo + chunk], start=lo))
         results = await asyncio.gather(*(attempt(m) for _, m in batch))
         for (i, m), res in zip(batch, results):
-            task = _task(spec, tree, m, i, passing, res, max_f2p)
+            task = _task(spec, tree, m, i, passing, res, max_f2p, tier.message_lines)
             if task is not None and len(tasks) < n:
                 tasks.append(task)
                 if bar is not None:
@@ -97,7 +117,7 @@ async def build_package(spec: PackageSpec, n: int, *, seed: int, cache: Path, tb
 
 
 def _task(spec: PackageSpec, tree: Path, m: Mutation, i: int, passing: set[str], res: dict | None,
-          max_f2p: int) -> CodeTask | None:
+          max_f2p: int, message_lines: int = 1) -> CodeTask | None:
     if res is None:
         return None
     failing = {k: v for k, v in res.items() if k in passing and v["outcome"] != "passed"}
@@ -108,14 +128,14 @@ def _task(spec: PackageSpec, tree: Path, m: Mutation, i: int, passing: set[str],
                  and res.get(k, {}).get("outcome") == "passed")
     return CodeTask(
         task_id=f"{spec.name}-{i:04d}-{m.operator}", package=spec.name, version=spec.version,
-        mutation=m.to_dict(), problem=problem_statement(spec, m, failing), f2p=sorted(failing), p2p=p2p,
+        mutation=m.to_dict(), problem=problem_statement(spec, m, failing, message_lines), f2p=sorted(failing), p2p=p2p,
         hidden_files={h: (tree / h).read_text() for h in hidden}, timeout=spec.test_timeout,
         extra={"site": i} | ({"local_spec": asdict(spec)} if spec.local else {}),
     )
 
 
 def build_pack(out: Path, packages: list[PackageSpec], per_package: int, *, seed: int = 0, progress: bool = True,
-               concurrency: int = 2) -> list[CodeTask]:
+               concurrency: int = 2, tier: Tier | None = None) -> list[CodeTask]:
     out = Path(out)
     cache = out / "cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -125,11 +145,11 @@ def build_pack(out: Path, packages: list[PackageSpec], per_package: int, *, seed
     for spec in packages:
         bar.set_postfix(package=spec.name)
         tasks += asyncio.run(build_package(spec, per_package, seed=seed, cache=cache, tb=tb, bar=bar,
-                                           concurrency=concurrency))
+                                           concurrency=concurrency, tier=tier))
     bar.close()
     for t in tasks:
         t.pack_dir = str(out.resolve())
-    write_pack(out, tasks, seed=seed, packages=packages)
+    write_pack(out, tasks, seed=seed, packages=packages, tier=asdict(tier or Tier()))
     return tasks
 
 
@@ -137,5 +157,8 @@ def build_command(out: Path, settings, *, progress: bool = True) -> str:
     """``rlonce tasks build code`` (``PackTools.build``): ``settings.per_package`` tasks from each
     pinned package ``settings.packages`` names (default: all; the settings have checked the names)."""
     names = settings.packages.split(",") if settings.packages else list(PACKAGES)
-    tasks = build_pack(out, [PACKAGES[n] for n in names], settings.per_package, seed=settings.seed, progress=progress)
+    ops = tuple(settings.operators.split(",")) if settings.operators else None
+    tier = Tier(ops, settings.max_function_lines, settings.message_lines)
+    tasks = build_pack(out, [PACKAGES[n] for n in names], settings.per_package, seed=settings.seed, progress=progress,
+                       tier=tier)
     return f"wrote {len(tasks)} tasks from {len(names)} packages to {out}"

@@ -141,6 +141,33 @@ OPERATORS = ("binop", "compare", "off_by_one", "swap_args", "drop_branch", "bool
              "return_none")
 
 
+def function_lengths(source: bytes) -> dict[str, int]:
+    """Lines of every function of ``source`` (decorators left out), by the qualified name a
+    ``Mutation.function`` carries ('Class.method')."""
+    out: dict[str, int] = {}
+    stack: list[tuple[ast.AST, str]] = [(ast.parse(source), "<module>")]
+    while stack:
+        node, fn = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            name = fn
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = child.name if fn == "<module>" else f"{fn}.{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    out[name] = child.end_lineno - child.lineno + 1
+            stack.append((child, name))
+    return out
+
+
+def in_tier(m: Mutation, lengths: dict[str, int], operators: tuple[str, ...] | None,
+            max_function_lines: int | None) -> bool:
+    """Whether a mutation site is one an easier tier draws (``rlonce tasks build code``'s settings):
+    one of ``operators`` (None: any) inside a function of at most ``max_function_lines`` lines
+    (None: any site, module level included)."""
+    if operators is not None and m.operator not in operators:
+        return False
+    return max_function_lines is None or lengths.get(m.function, max_function_lines + 1) <= max_function_lines
+
+
 def find_mutations(path: str, source: bytes) -> list[Mutation]:
     """Every mutation site of ``source`` in a deterministic order (by position, then operator)."""
     tree = ast.parse(source)

@@ -96,9 +96,10 @@ class CodeTask:
         return json.dumps(d)
 
 
-def write_pack(out: Path, tasks: list[CodeTask], *, seed: int, packages: list[PackageSpec]) -> None:
+def write_pack(out: Path, tasks: list[CodeTask], *, seed: int, packages: list[PackageSpec],
+               tier: dict | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"domain": "code", "format": PACK_FORMAT, "seed": seed, "tasks": len(tasks),
+    manifest = {"domain": "code", "format": PACK_FORMAT, "seed": seed, "tasks": len(tasks), "tier": tier or {},
                 "packages": {p.name: {"version": p.version, "sha256": p.sha256} for p in packages}}
     (out / "pack.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "tasks.jsonl").write_text("".join(t.to_json() + "\n" for t in tasks))
