@@ -62,9 +62,18 @@ def test_cli_builds_and_validates_a_generated_pack(tmp_path, capsys):
     assert cli.main(["tasks", "build", "cyber", "--out", str(out), "--targets", "none", "--generated", "1",
                      "--seed", "3", "--quiet"]) == 0
     assert "wrote 8 tasks from 1 targets" in capsys.readouterr().out
-    assert json.loads((out / "pack.json").read_text())["generated"] == {"count": 1, "seed": 3}
+    assert json.loads((out / "pack.json").read_text())["generated"] == {"count": 1, "seed": 3, "handlers": 8}
     assert cli.main(["tasks", "validate", str(out), "--reruns", "1", "--quiet"]) == 0
     assert "8 of 8 tasks validated over 1 targets" in capsys.readouterr().out
+    easy = tmp_path / "easy"  # the easy tier: two handlers a target, each task naming its function
+    assert cli.main(["tasks", "build", "cyber", "--out", str(easy), "--targets", "none", "--generated", "1",
+                     "--seed", "3", "--handlers", "2", "--quiet"]) == 0
+    assert "wrote 2 tasks from 1 targets" in capsys.readouterr().out
+    [target] = json.loads((easy / "pack.json").read_text())["targets"]
+    source = (easy / "targets" / target / f"{target}.c").read_text()
+    table = source.split("handlers[] = {")[1].split("};")[0]
+    tasks = json.loads((easy / "tasks.json").read_text())
+    assert table.count("{ '") == 2 and all(t["function"] in table and t["target"] == target for t in tasks)
     assert cli.main(["tasks", "build", "cyber", "--out", str(tmp_path / "q"), "--targets", "none",
                      "--generated", "0"]) == 2
     assert "builds nothing" in capsys.readouterr().err

@@ -15,6 +15,9 @@ class BuildSettings(DomainOptions):
     """Also generate this many seeded record-parser targets, 8 bugs each (0: the shipped six alone)."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Seed of the generated targets."""
+    handlers: int = Field(8, ge=1, le=12)
+    """Difficulty: record handlers (each with its planted bug) per generated target. Fewer is less
+    C to read before the named function; the easy tier is 2."""
 
     @model_validator(mode="after")
     def _shipped(self):

@@ -65,9 +65,10 @@ async def _describe(pack: Path, name: str, bug: dict) -> tuple[dict | None, str]
 
 
 def build_pack(out: Path, names: list[str] | None = None, *, generated: int = 0, seed: int = 0,
-               progress: bool = True) -> list[dict]:
+               handlers: int = 8, progress: bool = True) -> list[dict]:
     """Build ``names`` (default: every shipped target; ``[]``: none) and ``generated`` targets of
-    ``seed`` (``generate.write_targets``) into the pack ``out``; the tasks written."""
+    ``seed`` with ``handlers`` handlers (and bugs) each (``generate.write_targets``) into the pack
+    ``out``; the tasks written."""
     clang = require_clang()
     out = Path(out)
     names = list(target_names() if names is None else names)
@@ -77,7 +78,7 @@ def build_pack(out: Path, names: list[str] | None = None, *, generated: int = 0,
         dest.mkdir(parents=True, exist_ok=True)
         for f in (f"{name}.c", "bugs.json"):
             shutil.copyfile(TARGETS / name / f, dest / f)
-    names += write_targets(out / "targets", generated, seed)
+    names += write_targets(out / "targets", generated, seed, handlers)
     if not names:
         raise PackError("no targets to build: name shipped targets or ask for generated ones")
     hashes = {}
@@ -87,7 +88,8 @@ def build_pack(out: Path, names: list[str] | None = None, *, generated: int = 0,
         hashes[name] = hashlib.sha256((dest / f"{name}.c").read_bytes()).hexdigest()
     version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     (out / "pack.json").write_text(json.dumps({"domain": "cyber", "clang": version, "flags": FLAGS,
-                                               "targets": hashes, "generated": {"count": generated, "seed": seed}},
+                                               "targets": hashes, "generated": {"count": generated, "seed": seed,
+                                                             "handlers": handlers}},
                                               indent=2) + "\n")
     jobs = [(name, bug) for name in names for bug in json.loads((out / "targets" / name / "bugs.json").read_text())]
 
@@ -114,5 +116,6 @@ def build_command(out: Path, settings, *, progress: bool = True) -> str:
     generated ones."""
     require_clang()
     names = [] if settings.targets == "none" else settings.targets.split(",") if settings.targets else target_names()
-    tasks = build_pack(out, names, generated=settings.generated, seed=settings.seed, progress=progress)
+    tasks = build_pack(out, names, generated=settings.generated, seed=settings.seed, handlers=settings.handlers,
+                       progress=progress)
     return f"wrote {len(tasks)} tasks from {len(names) + settings.generated} targets to {out}"

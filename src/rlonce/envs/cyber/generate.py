@@ -165,11 +165,12 @@ def generate(index: int, seed: int = 0, bugs: int = 8) -> tuple[str, str, list[d
     return name, source, manifest
 
 
-def write_targets(dest: Path, count: int, seed: int = 0) -> list[str]:
-    """Write ``count`` generated targets under ``dest/<name>/`` (``<name>.c``, ``bugs.json``); their names."""
+def write_targets(dest: Path, count: int, seed: int = 0, bugs: int = 8) -> list[str]:
+    """Write ``count`` generated targets of ``bugs`` handlers each under ``dest/<name>/``
+    (``<name>.c``, ``bugs.json``); their names."""
     names = []
     for i in range(count):
-        name, source, manifest = generate(i, seed)
+        name, source, manifest = generate(i, seed, bugs)
         d = Path(dest) / name
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.c").write_text(source)
