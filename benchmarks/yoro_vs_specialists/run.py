@@ -1,0 +1,325 @@
+"""You Only RL Once against specialists (issue 58): one mixed RL stage over every source of a
+config, against one specialist RL stage per source, against SFT alone, at equal RL samples.
+
+    python benchmarks/yoro_vs_specialists/run.py --out DIR [--config CONFIG.toml] [--arms mixed,spec-arith]
+                                                 [--accept-changes] [KEY=VALUE ...]
+
+The arms (each a ``rlonce train`` job, run in a child process of its own):
+
+* ``mixed`` — the config as it is: SFT on every source's demonstrations, a baseline evaluation,
+  then ``rl.steps`` steps of ``rl.tasks_per_step`` groups mixed by the sources' shares, and the
+  final evaluation. Its checkpoints are all kept; ``checkpoints/step-0000`` is the SFT model.
+* ``sft`` — SFT alone: the mixed run's baseline evaluation (the SFT model, before any RL step).
+  It costs nothing beyond the mixed run's first phase.
+* ``spec-<label>`` — one source alone, from the mixed run's SFT checkpoint (no SFT of its own), for
+  the same ``rl.steps`` steps with the source's part of ``rl.tasks_per_step`` (``tasks_per_step ×
+  share / Σ shares``, at least 1): the specialists' RL samples add up to the mixed stage's.
+
+Every held-out comparison is paired on the same tasks and attempts (``rlonce.recipes.evaluate.
+paired_change``): mixed − SFT and specialist − SFT against the mixed run's baseline, mixed −
+specialist between the two final evaluations, each with the standard error of the mean paired
+difference. The specialist's own baseline is the same SFT model evaluated again on its source's
+tasks; it is kept beside the mixed run's as a check that the two evaluations agree.
+
+Restartable across sessions: the config is copied to ``DIR/config.toml`` on the first run, and
+every arm and every later run reads that copy (another config for the same ``DIR`` is refused).
+An arm whose ``summary.json`` exists is done and never run again; an arm with a checkpoint
+resumes from it (``--accept-changes`` when the code changed since it started: recorded in the
+arm's ``provenance.json``); the others start. ``DIR/arms.json`` records each arm's sessions and
+wall time. Whatever has finished is written out after every arm: ``results.json``, ``results.md``
+(the table) and ``yoro_vs_specialists.png``.
+
+``KEY=VALUE`` overrides apply to every arm (``model.name=embedded rl.steps=2`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CONFIG = HERE / "smollm2.toml"
+
+
+# ---- the plan: which arms, and each arm's config ---------------------------------------------
+def _text(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"error: cannot read config {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return tomllib.loads(_text(path))
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"error: {path} is not valid TOML: {e}") from None
+
+
+def recorded_config(out: Path, given: Path) -> Path:
+    """The benchmark's config, copied to ``out/config.toml`` on its first run: every arm (and every
+    later session that resumes it) reads that copy. A different config for the same ``out`` is refused."""
+    kept = out / "config.toml"
+    text = _text(given)
+    if kept.is_file() and kept.read_text() != text:
+        raise SystemExit(f"error: {out} was started with another config (kept in {kept}); resume with "
+                         f"--config {kept}, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    kept.write_text(text)
+    return kept
+
+
+def labels(data: dict) -> list[str]:
+    """The config's source labels, in order (a source's label defaults to its domain's name)."""
+    sources = data.get("sources") or []
+    if len(sources) < 2:
+        raise SystemExit(f"error: a YORO comparison needs a config with two or more [[sources]]; it has {len(sources)}")
+    return [s.get("label", s["name"]) for s in sources]
+
+
+def specialist_tasks(data: dict, overrides: list[str]) -> dict[str, int]:
+    """Each source's groups a step when it trains alone: its part of the mixed stage's
+    ``rl.tasks_per_step`` by share (at least 1), from the config as the overrides leave it."""
+    from rlonce.config.load import validate
+
+    cfg = validate(data, overrides)
+    total = cfg.rl.tasks_per_step
+    shares = {s.source_label: s.share for s in cfg.sources}
+    whole = sum(shares.values())
+    return {k: max(1, round(total * v / whole)) for k, v in shares.items()}
+
+
+def arm_names(data: dict) -> list[str]:
+    return ["mixed", *(f"spec-{k}" for k in labels(data))]
+
+
+def arm_config(arm: str, data: dict, overrides: list[str], out: Path):
+    """The run config of one arm (``mixed`` or ``spec-<label>``)."""
+    from rlonce.config.load import validate
+
+    run_dir = out / arm
+    if arm == "mixed":
+        return validate(data, [*overrides, f"out={run_dir}", "checkpoint.keep=0"])
+    label = arm.removeprefix("spec-")
+    one = {k: v for k, v in data.items() if k != "sources"}
+    source = next(s for s in data["sources"] if s.get("label", s["name"]) == label)
+    # the SFT model is the mixed run's: a specialist trains no demonstrations of its own
+    one["sources"] = [{k: v for k, v in source.items() if k not in ("sft_demos", "sft_epochs")}]
+    tasks = specialist_tasks(data, overrides)[label]
+    return validate(one, [*overrides, f"out={run_dir}", f"model.name={sft_checkpoint(out)}", "sft.demos=0",
+                          f"rl.tasks_per_step={tasks}", "checkpoint.keep=1"])
+
+
+def sft_checkpoint(out: Path) -> Path:
+    return out / "mixed" / "checkpoints" / "step-0000"
+
+
+def arm_state(out: Path, arm: str) -> str:
+    run_dir = out / arm
+    if (run_dir / "summary.json").is_file():
+        return "done"
+    if any((run_dir / "checkpoints").glob("step-*")):
+        return "resumable"
+    return "new"
+
+
+# ---- one arm, in its own process ------------------------------------------------------------
+def child(arm: str, args) -> None:
+    """Runs one arm to its end (resuming it when it has a checkpoint)."""
+    from rlonce.recipes.grpo import run
+
+    data = read_config(args.config)
+    cfg = arm_config(arm, data, args.overrides, args.out)
+    run(cfg, resume=arm_state(args.out, arm) == "resumable", progress=not args.quiet,
+        accept_changes=args.accept_changes)
+
+
+def run_arm(arm: str, args) -> int:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out), "--config", str(args.config),
+           "--child", arm, *(["--accept-changes"] if args.accept_changes else []),
+           *(["--quiet"] if args.quiet else []), *args.overrides]
+    return subprocess.run(cmd).returncode
+
+
+# ---- results --------------------------------------------------------------------------------
+def _summary(out: Path, arm: str) -> dict | None:
+    p = out / arm / "summary.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _change(before: Path, after: Path, label: str) -> dict | None:
+    from rlonce.recipes.evaluate import paired_change
+
+    return paired_change(before, after, source=label)
+
+
+def results(out: Path, data: dict, overrides: list[str]) -> dict:
+    """Everything finished so far, per source: SFT, mixed and specialist held-out success (and
+    mean reward) with the paired changes; the RL sequences each arm trained."""
+    mixed = _summary(out, "mixed")
+    base = out / "mixed" / "eval" / "baseline.jsonl"
+    tasks = specialist_tasks(data, overrides)
+    rows = {}
+    for label in labels(data):
+        row: dict = {"specialist_tasks_per_step": tasks[label]}
+        if base.is_file() and (sft := _rows(base, label)):
+            row["sft"] = _score(sft)
+        if mixed is not None:
+            src = mixed["sources"][label]
+            row["mixed"] = {"success": src["final_success"], "reward": src["final_reward"],
+                            "tasks": src["heldout_tasks"], "sequences_retained": src.get("sequences_retained"),
+                            "sequences_dispatched": src.get("sequences_dispatched")}
+            row["mixed_minus_sft"] = src["heldout_change"]
+        spec = _summary(out, f"spec-{label}")
+        if spec is not None:
+            src = spec["sources"][label]
+            row["specialist"] = {"success": src["final_success"], "reward": src["final_reward"],
+                                 "tasks": src["heldout_tasks"], "sequences_retained": src.get("sequences_retained"),
+                                 "sequences_dispatched": src.get("sequences_dispatched"),
+                                 "own_baseline_success": src["baseline_success"]}
+            row["specialist_minus_sft"] = _change(base, out / f"spec-{label}" / "eval" / "final.jsonl", label)
+            if mixed is not None:
+                row["mixed_minus_specialist"] = _change(out / f"spec-{label}" / "eval" / "final.jsonl",
+                                                        out / "mixed" / "eval" / "final.jsonl", label)
+        rows[label] = row
+    return {"sources": rows, "arms": {a: arm_state(out, a) for a in arm_names(data)},
+            "mixed_wall_seconds": mixed and mixed["wall_seconds"],
+            "specialists_wall_seconds": sum(s["wall_seconds"] for a in arm_names(data)[1:]
+                                            if (s := _summary(out, a)) is not None)}
+
+
+def _rows(path: Path, label: str) -> list[dict]:
+    return [r for line in path.read_text().splitlines() if (r := json.loads(line)).get("source") == label
+            and not r["infra_failed"]]
+
+
+def _score(rows: list[dict]) -> dict:
+    n = len(rows)
+    success = sum(r["passed"] for r in rows) / n
+    return {"success": success, "reward": sum(r["reward"] or 0.0 for r in rows) / n, "tasks": n,
+            "success_se": math.sqrt(success * (1 - success) / n)}
+
+
+def _pm(change: dict | None, key: str = "passed") -> str:
+    if not change:
+        return "—"
+    mean, se = change[f"{key}_change"], change[f"{key}_change_se"]
+    mark = " **≥ 2 SE**" if se > 0 and abs(mean) >= 2 * se else ""
+    return f"{mean:+.3f} ± {se:.3f}{mark}"
+
+
+def _trained(arm: dict) -> str:
+    n = arm.get("sequences_retained")
+    return "—" if n is None else "**0: trained nothing**" if n == 0 else str(n)
+
+
+def _val(row: dict, arm: str) -> str:
+    return f"{row[arm]['success']:.3f}" if arm in row else "—"
+
+
+def table(res: dict) -> str:
+    lines = ["| source | held-out tasks | SFT only | mixed (YORO) | specialist | mixed − SFT | specialist − SFT | "
+             "mixed − specialist | sequences trained: mixed / specialist |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, row in res["sources"].items():
+        n = row.get("sft", {}).get("tasks", "—")
+        trained = " / ".join(_trained(row[a]) if a in row else "—" for a in ("mixed", "specialist"))
+        lines.append(f"| {label} | {n} | {_val(row, 'sft')} | {_val(row, 'mixed')} | {_val(row, 'specialist')} | "
+                     f"{_pm(row.get('mixed_minus_sft'))} | {_pm(row.get('specialist_minus_sft'))} | "
+                     f"{_pm(row.get('mixed_minus_specialist'))} | {trained} |")
+    states = ", ".join(f"{a}: {s}" for a, s in res["arms"].items())
+    return "\n".join(lines) + f"\n\nHeld-out success (passed share). Arms: {states}.\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["sources"])
+    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.6))
+    for i, (arm, colour) in enumerate((("sft", "#999999"), ("specialist", "#4c72b0"), ("mixed", "#dd8452"))):
+        xs = [j + (i - 1) * 0.27 for j in range(len(names))]
+        vals = [res["sources"][k].get(arm, {}).get("success", float("nan")) for k in names]
+        ses = [math.sqrt(v * (1 - v) / res["sources"][k][arm]["tasks"]) if arm in res["sources"][k] else 0.0
+               for k, v in zip(names, vals)]
+        ax.bar(xs, vals, width=0.27, yerr=ses, color=colour, label={"sft": "SFT only", "specialist": "specialist",
+                                                                     "mixed": "mixed (YORO)"}[arm], capsize=2)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("held-out success")
+    ax.set_ylim(0, 1)
+    ax.legend(frameon=False, fontsize=8)
+    ax.set_title("One mixed RL stage vs a specialist per source (bars: binomial SE)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(out: Path, data: dict, overrides: list[str]) -> dict:
+    res = results(out, data, overrides)
+    (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "results.md").write_text(table(res))
+    if any("sft" in r for r in res["sources"].values()):
+        plot(res, out / "yoro_vs_specialists.png")
+    return res
+
+
+# ---- the driver -----------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--arms", default="", help="comma-separated arms (default: mixed, then every spec-<label>)")
+    ap.add_argument("--accept-changes", action="store_true",
+                    help="resume an arm even though the code or config changed since it started")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args)
+        return 0
+    args.config = recorded_config(args.out, args.config)
+    data = read_config(args.config)
+    every = arm_names(data)
+    arms = [a for a in args.arms.split(",") if a] or every
+    unknown = [a for a in arms if a not in every]
+    if unknown:
+        raise SystemExit(f"error: unknown arm(s) {', '.join(unknown)}; this config's arms: {', '.join(every)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    ledger_path = args.out / "arms.json"
+    ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {}
+    for arm in arms:
+        state = arm_state(args.out, arm)
+        if state == "done":
+            print(f"{arm}: done (its summary.json is kept)")
+            continue
+        if arm.startswith("spec-") and not (sft_checkpoint(args.out) / "model.safetensors").is_file():
+            print(f"{arm}: waits for the mixed run's SFT checkpoint ({sft_checkpoint(args.out)}); run arm mixed first")
+            continue
+        print(f"{arm}: {'resuming' if state == 'resumable' else 'starting'}", flush=True)
+        t0 = time.time()
+        rc = run_arm(arm, args)
+        entry = ledger.setdefault(arm, {"sessions": []})
+        entry["sessions"].append({"started": t0, "seconds": time.time() - t0, "exit": rc})
+        entry["state"] = arm_state(args.out, arm)
+        ledger_path.write_text(json.dumps(ledger, indent=2) + "\n")
+        write(args.out, data, args.overrides)
+        if rc != 0:
+            print(f"{arm}: exited {rc}; rerun the same command to resume it")
+            return rc
+    res = write(args.out, data, args.overrides)
+    print(table(res))
+    print(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
