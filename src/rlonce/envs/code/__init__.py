@@ -26,25 +26,18 @@ class BuildSettings(DomainOptions):
     message_lines: int = Field(1, ge=1, le=40)
     """Difficulty: lines of the failing test's message the problem statement quotes."""
 
-    @field_validator("operators")
+    @field_validator("operators", "packages")
     @classmethod
-    def _operators(cls, operators: str | None) -> str | None:
+    def _known(cls, names: str | None, info) -> str | None:
         from rlonce.envs.code.mutate import OPERATORS
-
-        unknown = [n for n in operators.split(",") if n not in OPERATORS] if operators else []
-        if unknown:
-            raise ValueError(f"unknown operator(s) {', '.join(unknown)}; operators: {', '.join(OPERATORS)}")
-        return operators
-
-    @field_validator("packages")
-    @classmethod
-    def _pinned(cls, packages: str | None) -> str | None:
         from rlonce.envs.code.packages import PACKAGES
 
-        unknown = [n for n in packages.split(",") if n not in PACKAGES] if packages else []
+        known, noun, what = ((OPERATORS, "operator", "operators") if info.field_name == "operators"
+                             else (PACKAGES, "package", "pinned packages"))
+        unknown = [n for n in names.split(",") if n not in known] if names else []
         if unknown:
-            raise ValueError(f"unknown package(s) {', '.join(unknown)}; pinned packages: {', '.join(PACKAGES)}")
-        return packages
+            raise ValueError(f"unknown {noun}(s) {', '.join(unknown)}; {what}: {', '.join(known)}")
+        return names
 
 
 class ProbeSettings(DomainOptions):

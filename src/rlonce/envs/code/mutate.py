@@ -80,8 +80,8 @@ def _between(off: _Offsets, a, b, token: str):
     return lo + len(text[:m.start()].encode()), lo + len(text[:m.end()].encode()), m.group(0)
 
 
-def _sites(tree: ast.AST, off: _Offsets):
-    """Yield (operator, start, end, original, replacement, node, function) over the tree."""
+def _scoped(tree: ast.AST):
+    """Yield (node, qualified name of its scope) over the tree; a def or class is its own scope."""
     stack: list[tuple[ast.AST, str]] = [(tree, "<module>")]
     while stack:
         node, fn = stack.pop()
@@ -90,6 +90,12 @@ def _sites(tree: ast.AST, off: _Offsets):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = child.name if fn == "<module>" else f"{fn}.{child.name}"
             stack.append((child, name))
+        yield node, fn
+
+
+def _sites(tree: ast.AST, off: _Offsets):
+    """Yield (operator, start, end, original, replacement, node, function) over the tree."""
+    for node, fn in _scoped(tree):
         yield from _node_sites(node, fn, off)
 
 
@@ -144,18 +150,8 @@ OPERATORS = ("binop", "compare", "off_by_one", "swap_args", "drop_branch", "bool
 def function_lengths(source: bytes) -> dict[str, int]:
     """Lines of every function of ``source`` (decorators left out), by the qualified name a
     ``Mutation.function`` carries ('Class.method')."""
-    out: dict[str, int] = {}
-    stack: list[tuple[ast.AST, str]] = [(ast.parse(source), "<module>")]
-    while stack:
-        node, fn = stack.pop()
-        for child in ast.iter_child_nodes(node):
-            name = fn
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = child.name if fn == "<module>" else f"{fn}.{child.name}"
-                if not isinstance(child, ast.ClassDef):
-                    out[name] = child.end_lineno - child.lineno + 1
-            stack.append((child, name))
-    return out
+    return {fn: node.end_lineno - node.lineno + 1 for node, fn in _scoped(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def in_tier(m: Mutation, lengths: dict[str, int], operators: tuple[str, ...] | None,
