@@ -77,10 +77,12 @@ def recorded_config(out: Path, given: Path) -> Path:
 
 def labels(data: dict) -> list[str]:
     """The config's source labels, in order (a source's label defaults to its domain's name)."""
-    sources = data.get("sources") or []
+    from rlonce.config.load import validate
+
+    sources = validate(data).sources
     if len(sources) < 2:
         raise SystemExit(f"error: a YORO comparison needs a config with two or more [[sources]]; it has {len(sources)}")
-    return [s.get("label", s["name"]) for s in sources]
+    return [s.source_label for s in sources]
 
 
 def specialist_tasks(data: dict, overrides: list[str]) -> dict[str, int]:
@@ -108,7 +110,7 @@ def arm_config(arm: str, data: dict, overrides: list[str], out: Path):
         return validate(data, [*overrides, f"out={run_dir}", "checkpoint.keep=0"])
     label = arm.removeprefix("spec-")
     one = {k: v for k, v in data.items() if k != "sources"}
-    source = next(s for s in data["sources"] if s.get("label", s["name"]) == label)
+    source = data["sources"][labels(data).index(label)]
     # the SFT model is the mixed run's: a specialist trains no demonstrations of its own
     one["sources"] = [{k: v for k, v in source.items() if k not in ("sft_demos", "sft_epochs")}]
     tasks = specialist_tasks(data, overrides)[label]

@@ -103,8 +103,8 @@ class EndpointTeacher:
                 f"with --max-logprobs {self.topk} (its default is 20)" if self.topk else "")
         if r.status_code != 200:
             text = _line(buf[:300].decode("utf-8", "replace"))
-            why = {401: "; set distill.teacher_api_key_env to the variable holding its key",
-                   403: "; set distill.teacher_api_key_env to the variable holding its key"}.get(r.status_code, hint)
+            why = ("; set distill.teacher_api_key_env to the variable holding its key"
+                   if r.status_code in (401, 403) else hint)
             raise ConfigError(f"teacher endpoint {self.base_url} refused a scoring request before the run: HTTP "
                               f"{r.status_code}{f' ({text})' if text else ''}{why}")
         try:
