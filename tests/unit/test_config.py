@@ -189,7 +189,7 @@ def test_every_numeric_field_states_bounds_and_a_description():
     from rlonce.config import bounds
 
     fields = _numeric_fields()
-    assert len(fields) == 129  # heldout_fraction twice: code and cyber
+    assert len(fields) == 134  # heldout_fraction twice: code and cyber
     unbounded = [k for k, info in fields if not bounds(info) and "entropy_band" not in k]
     assert unbounded == []
     undocumented = [k for k, info in fields if not info.description]

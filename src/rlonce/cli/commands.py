@@ -72,6 +72,7 @@ def _run(cfg, resume: bool, args) -> int:
             print(f"  {label}: {src['baseline_success']:.3f} -> {src['final_success']:.3f} on {src['heldout_tasks']} "
                   f"held-out tasks{paired}{reward} (share {src['share']:.2f}, trained {src['trained_share']:.2f} "
                   f"of the retained sequences, {src.get('groups_retained', 0)} groups)")
+    _say_rft(summary.get("rft"))
     _say_untrained(summary)
     _say_grading(summary.get("grading") or {})
     _say_distill(summary)
@@ -93,6 +94,17 @@ def _say_distill(summary: dict) -> None:
         paired = f"; after - teacher {vs['passed_change']:+.3f} ± {vs['passed_change_se']:.3f} paired" if vs else ""
         print(f"  distill {label}: teacher {src['teacher_success']:.3f}, student {src['baseline_success']:.3f} -> "
               f"{src['final_success']:.3f}, recovery {rec} (student after / teacher{paired})")
+
+
+def _say_rft(rft: dict | None) -> None:
+    """What RFT trained on, before the baseline evaluation (whose numbers include it); loud when nothing."""
+    if not rft:
+        return
+    kept = sum(c["kept"] for c in rft.values())
+    print(f"  RFT before the baseline: fine-tuned on {kept} of the model's own passing attempts ("
+          + "; ".join(f"{k} {c['kept']} from {c['tasks_passed']} of {c['tasks']} tasks" for k, c in rft.items()) + ")")
+    if not kept:
+        print("WARNING: RFT kept no attempt (the model passed no training task): it fine-tuned on nothing")
 
 
 def _say_untrained(summary: dict) -> None:

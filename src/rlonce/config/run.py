@@ -17,6 +17,7 @@ from rlonce.config.sections import (
     EngineConfig,
     HarnessConfig,
     ModelConfig,
+    RFTConfig,
     RLConfig,
     RolloutConfig,
     RuntimeConfig,
@@ -186,6 +187,8 @@ class RunConfig(Section):
     """Harness arms, turn and token budgets, sampling."""
     sft: SFTConfig = SFTConfig()
     """Supervised fine-tuning on scripted-expert demonstrations before RL."""
+    rft: RFTConfig = RFTConfig()
+    """Rejection-sampling fine-tuning on the model's own passing attempts, after SFT (off by default)."""
     rl: RLConfig = RLConfig()
     """GRPO: steps, groups per step and their size, sync concurrency, the RL optimizer."""
     rollout: RolloutConfig = RolloutConfig()

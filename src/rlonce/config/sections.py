@@ -261,6 +261,24 @@ class SFTConfig(Section):
     """Most detours in a row before a look-up."""
 
 
+class RFTConfig(Section):
+    """Rejection-sampling fine-tuning (RFT; STaR, Zelikman et al. 2022; Yuan et al. 2023) between SFT
+    and RL: the model after SFT attempts training tasks, and its own passing attempts are its
+    next demonstrations. Where GRPO's groups rarely hold a success, this trains on the few there are."""
+
+    tasks: int = Field(0, ge=0, le=MAX_STEPS)
+    """Training tasks of every source its model attempts (0: no RFT; ``[[sources]] rft_tasks`` sets a
+    source's own)."""
+    samples: int = Field(4, ge=1, le=1024)
+    """Seeded attempts at each task, at the source's sampling temperature."""
+    keep: int = Field(1, ge=1, le=1024)
+    """Most passing attempts kept per task, distinct in their sampled tokens (the first ones)."""
+    epochs: int = Field(1, ge=1, le=1000)
+    """Passes over the kept attempts."""
+    lr: float | None = Field(None, gt=0, le=1)
+    """Peak learning rate (default ``sft.lr``); batch size and warm-up are ``sft``'s."""
+
+
 OPTIMIZERS = {"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "adamw-gpt3": {"betas": (0.9, 0.95), "eps": 1e-8},
               "adamw-mimo": {"betas": (0.95, 0.95), "eps": 1e-8}, "adamw-m1": {"betas": (0.9, 0.95), "eps": 1e-15}}
 """Named AdamW settings, each named after its source: torch's defaults; GPT-3's (Brown et al. 2020,

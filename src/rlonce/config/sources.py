@@ -116,6 +116,8 @@ class SourceConfig(TaskConfig):
     model must memorise (a code pack) can take many cheap passes over few demonstrations."""
     sft_detour_p: float | None = Field(None, ge=0, lt=1)
     """Probability of a detour before each look-up in this source's demonstrations (default ``sft.detour_p``)."""
+    rft_tasks: int | None = Field(None, ge=0, le=MAX_STEPS)
+    """Training tasks of this source the model attempts for RFT (default ``rft.tasks``; 0: none)."""
     lr: float | None = Field(None, gt=0, le=1)
     """This source's RL learning rate (default ``rl.lr``): its groups go to mini-batches of their own,
     whose optimizer steps take ``rl.lr``'s schedule scaled by lr / ``rl.lr`` (a lower one where this

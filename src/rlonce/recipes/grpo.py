@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import random
 import shutil
 import time
@@ -38,6 +39,9 @@ from rlonce.model import loader, omp
 from rlonce.recipes import provenance
 from rlonce.recipes.context import RunContext, build_context
 from rlonce.recipes.evaluate import heldout_success, keep_rows, outside_success, paired_change, write_rows
+from rlonce.recipes.rft import attempt as rft_attempt
+from rlonce.recipes.rft import describe as rft_describe
+from rlonce.recipes.rft import plan_rft
 from rlonce.recipes.rl import rl_phase, settle
 from rlonce.recipes.sft import source_demonstrations, train_sft
 from rlonce.rollout.builders import build_orchestrator
@@ -48,15 +52,17 @@ from rlonce.sandbox.bwrap import find_bwrap
 from rlonce.telemetry import rollouts
 from rlonce.telemetry.metrics import JsonlWriter, read_jsonl
 from rlonce.telemetry.report import write_report
-from rlonce.telemetry.step import per_source_success
+from rlonce.telemetry.step import per_source_success, write_trajectories
 from rlonce.telemetry.trackers import TrackedMetrics, Trackers
 from rlonce.train import checkpoint
 from rlonce.train.backend import TrainerBackend, TrainerStateError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RunState:
-    phase: str = "sft"  # sft -> rl -> done
+    phase: str = "sft"  # sft -> rft (when a source has rft_tasks) -> rl -> done
     rl_step: int = 0
     data_position: int = 0
     """Tasks drawn from the sources' train streams so far (all sources)."""
@@ -79,6 +85,8 @@ class RunState:
     """The final evaluation, once done (phase 'done'): a run resumed after it only writes it out."""
     teacher_per_source: dict | None = None
     """Distillation: each distilled source's teacher on the same held-out tasks ({"success", "reward"})."""
+    rft: dict | None = None
+    """RFT's count of every attempt, per source (``rlonce.recipes.rft.select``), once it ran."""
 
 
 class Job:
@@ -189,9 +197,9 @@ class Job:
             self.provenance = provenance.record(self.cfg, self.config_json, model_dir)
             provenance.write(self.out, self.provenance)
             keep = 0
-            for name in ("metrics.jsonl", "ledger.jsonl"):
+            for name in ("metrics.jsonl", "ledger.jsonl", "rft.json"):
                 (self.out / name).unlink(missing_ok=True)
-            for name in ("trajectories", "tensorboard", "rollouts"):
+            for name in ("trajectories", "tensorboard", "rollouts", "rft"):
                 shutil.rmtree(self.out / name, ignore_errors=True)
         trackers = Trackers(self.cfg, self.out, self.config_json, resume_step=keep if resume else None)
         lines = self.state.records or {}
@@ -221,6 +229,38 @@ class Job:
         if self.backend is not None:  # started before SFT: it takes the SFT weights
             self.backend.close()
             self.backend = self.engine = None
+        self.state.phase = self.after_sft()
+        self.save_checkpoint()
+
+    def after_sft(self) -> str:
+        return "rft" if any(p.rft_tasks for p in self.plans) else "rl"
+
+    def rft(self) -> None:
+        """Rejection-sampling fine-tuning (``rlonce.recipes.rft``): the model's own passing attempts
+        at each source's first ``rft_tasks`` training tasks, fine-tuned on; every attempt counted in
+        ``RUN/rft.json``, the kept ones in ``RUN/rft/step-0000.jsonl``. A source with nothing to keep
+        says so; a run with nothing to keep says so loudly and goes on to RL from the SFT weights."""
+        plan = plan_rft(self.cfg)
+        self.ensure_engine()
+        self.threads("rollout")
+        found = asyncio.run(rft_attempt(self.sources, self.engine, plan, concurrency=self.cfg.eval.concurrency,
+                                        progress=self.progress))
+        for label, (_, counts) in found.items():
+            self._say(rft_describe(label, counts))
+            if not counts["kept"]:
+                log.warning("RFT kept no attempt of source %s (%d of %d attempts passed): it fine-tunes on "
+                            "nothing from this source", label, counts["passed"], counts["attempts"])
+        kept = [s for seqs, _ in found.values() for s in seqs]
+        self.backend.close()  # the engine that RL starts takes the weights RFT leaves
+        self.backend = self.engine = None
+        self.threads("train")
+        if kept:
+            train_sft(self.ctx.lm.model, kept, plan.sft, seed=plan.seed, progress=self.progress)
+        else:
+            log.warning("RFT TRAINED NOTHING: no attempt of any source was kept; RL starts from the SFT weights")
+        self.state.rft = {label: counts for label, (_, counts) in found.items()}
+        checkpoint.write_json(self.out / "rft.json", self.state.rft)
+        write_trajectories(self.out / "rft", 0, kept, self.ctx.lm.decode)  # what it trained on, token by token
         self.state.phase = "rl"
         self.save_checkpoint()
 
@@ -328,7 +368,10 @@ class Job:
                 self._say(f"SFT on {demos} expert demonstrations")
                 self.sft()
             else:
-                st.phase = "rl"
+                st.phase = self.after_sft()
+        if st.phase == "rft":
+            self._say("RFT: the model's own passing attempts at training tasks, fine-tuned on")
+            self.rft()
         try:
             return self._run_from_baseline()
         finally:
@@ -377,6 +420,7 @@ class Job:
             "heldout_infra_failed": final["infra_failed"],
             "rl_steps": st.rl_step,
             "steps_trained_nothing": steps_trained_nothing(ledger),
+            "rft": st.rft,
             "policy_version": st.version,
             "wall_seconds": wall,
             "model": cfg.model.name,

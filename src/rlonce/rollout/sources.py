@@ -45,6 +45,8 @@ class SourcePlan:
     sft_demos: int
     sft_epochs: int
     sft_detour_p: float
+    rft_tasks: int
+    """Training tasks the model attempts for RFT (``rlonce.recipes.rft``; 0: none)."""
     difficulty_window: int
     dispatch_cap: float
     temperature: float
@@ -99,6 +101,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             during_tasks=min(cfg.eval.during_tasks, s.heldout_tasks or MAX_STEPS), sft_demos=demos,
             sft_epochs=cfg.sft.epochs if s.sft_epochs is None else s.sft_epochs,
             sft_detour_p=cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p,
+            rft_tasks=cfg.rft.tasks if s.rft_tasks is None else s.rft_tasks,
             difficulty_window=s.difficulty_window, dispatch_cap=s.dispatch_cap or r.sync_dispatch_cap,
             temperature=h.temperature if s.temperature is None else s.temperature,
             top_p=h.top_p if s.top_p is None else s.top_p, top_k=h.top_k if s.top_k is None else s.top_k,
