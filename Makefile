@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: quickstart doctor test test-reference lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray bench-yoro smollm2 pack yoro yoro-pack yoro7 yoro7-pack mopd-teachers mopd-tiny system-deps venv venv-dev clean
+.PHONY: quickstart doctor test test-reference lint test-slow test-faults test-view visual test-gpu test-agents agents bench bench-trl bench-ray bench-yoro bench-transfer smollm2 pack yoro yoro-pack yoro7 yoro7-pack mopd-teachers mopd-tiny system-deps venv venv-dev clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
@@ -138,6 +138,9 @@ bench-ray: system-deps venv-dev
 # Restartable: run it again to resume (each finished arm is kept; --accept-changes after code changes).
 bench-yoro: system-deps $(VENV)/.installed-smollm2
 	$(PY) benchmarks/yoro_vs_specialists/run.py --out runs/bench/yoro_vs_specialists
+
+bench-transfer: system-deps $(VENV)/.installed-smollm2
+	$(PY) benchmarks/harness_transfer/run.py --out runs/bench/harness_transfer
 
 bench-trl: system-deps $(VENV)/.installed-bench
 	$(PY) benchmarks/vs_trl/run.py --out runs/bench/vs_trl --with-filtering --fast

@@ -37,44 +37,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import time
-import tomllib
 from pathlib import Path
+
+from rlonce.telemetry.restartable import drive, launch_child, read_config, recorded_config, run_state
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "smollm2.toml"
 
 
 # ---- the plan: which arms, and each arm's config ---------------------------------------------
-def _text(path: Path) -> str:
-    try:
-        return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"error: cannot read config {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def read_config(path: Path) -> dict:
-    try:
-        return tomllib.loads(_text(path))
-    except tomllib.TOMLDecodeError as e:
-        raise SystemExit(f"error: {path} is not valid TOML: {e}") from None
-
-
-def recorded_config(out: Path, given: Path) -> Path:
-    """The benchmark's config, copied to ``out/config.toml`` on its first run: every arm (and every
-    later session that resumes it) reads that copy. A different config for the same ``out`` is refused."""
-    kept = out / "config.toml"
-    text = _text(given)
-    if kept.is_file() and kept.read_text() != text:
-        raise SystemExit(f"error: {out} was started with another config (kept in {kept}); resume with "
-                         f"--config {kept}, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    kept.write_text(text)
-    return kept
-
-
 def labels(data: dict) -> list[str]:
     """The config's source labels, in order (a source's label defaults to its domain's name)."""
     from rlonce.config.load import validate
@@ -122,13 +94,15 @@ def sft_checkpoint(out: Path) -> Path:
     return out / "mixed" / "checkpoints" / "step-0000"
 
 
+def waits_for(out: Path, arm: str) -> str | None:
+    """What a specialist waits for before it can start: the mixed run's SFT model."""
+    if arm.startswith("spec-") and not (sft_checkpoint(out) / "model.safetensors").is_file():
+        return f"the mixed run's SFT checkpoint ({sft_checkpoint(out)}); run arm mixed first"
+    return None
+
+
 def arm_state(out: Path, arm: str) -> str:
-    run_dir = out / arm
-    if (run_dir / "summary.json").is_file():
-        return "done"
-    if any((run_dir / "checkpoints").glob("step-*")):
-        return "resumable"
-    return "new"
+    return run_state(out / arm)
 
 
 # ---- one arm, in its own process ------------------------------------------------------------
@@ -140,13 +114,6 @@ def child(arm: str, args) -> None:
     cfg = arm_config(arm, data, args.overrides, args.out)
     run(cfg, resume=arm_state(args.out, arm) == "resumable", progress=not args.quiet,
         accept_changes=args.accept_changes)
-
-
-def run_arm(arm: str, args) -> int:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(args.out), "--config", str(args.config),
-           "--child", arm, *(["--accept-changes"] if args.accept_changes else []),
-           *(["--quiet"] if args.quiet else []), *args.overrides]
-    return subprocess.run(cmd).returncode
 
 
 # ---- results --------------------------------------------------------------------------------
@@ -295,28 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in every]
     if unknown:
         raise SystemExit(f"error: unknown arm(s) {', '.join(unknown)}; this config's arms: {', '.join(every)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    ledger_path = args.out / "arms.json"
-    ledger = json.loads(ledger_path.read_text()) if ledger_path.is_file() else {}
-    for arm in arms:
-        state = arm_state(args.out, arm)
-        if state == "done":
-            print(f"{arm}: done (its summary.json is kept)")
-            continue
-        if arm.startswith("spec-") and not (sft_checkpoint(args.out) / "model.safetensors").is_file():
-            print(f"{arm}: waits for the mixed run's SFT checkpoint ({sft_checkpoint(args.out)}); run arm mixed first")
-            continue
-        print(f"{arm}: {'resuming' if state == 'resumable' else 'starting'}", flush=True)
-        t0 = time.time()
-        rc = run_arm(arm, args)
-        entry = ledger.setdefault(arm, {"sessions": []})
-        entry["sessions"].append({"started": t0, "seconds": time.time() - t0, "exit": rc})
-        entry["state"] = arm_state(args.out, arm)
-        ledger_path.write_text(json.dumps(ledger, indent=2) + "\n")
-        write(args.out, data, args.overrides)
-        if rc != 0:
-            print(f"{arm}: exited {rc}; rerun the same command to resume it")
-            return rc
+    rc = drive(args.out, arms, state=lambda a: arm_state(args.out, a), launch=launch_child(Path(__file__), args),
+               write=lambda: write(args.out, data, args.overrides), waits=lambda a: waits_for(args.out, a))
+    if rc:
+        return rc
     res = write(args.out, data, args.overrides)
     print(table(res))
     print(f"wrote {args.out / 'results.json'}, {args.out / 'results.md'}")
