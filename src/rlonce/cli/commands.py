@@ -366,6 +366,22 @@ def _audit(args) -> int:
     return status
 
 
+def _compare(args) -> int:
+    """``rlonce compare BEFORE AFTER``: per source, success before and after on the attempts both
+    scored, the paired change and its standard error (``rlonce.recipes.evaluate.paired_change``)."""
+    from rlonce.recipes.evaluate import compare
+
+    rows = compare(Path(args.before), Path(args.after))
+    print(f"{'source':<16} {'attempts':>8} {'before':>7} {'after':>7}  {'paired change ± SE':<20} reward change ± SE")
+    for r in rows:
+        mean, se = r["passed_change"], r["passed_change_se"]
+        mark = "  (≥ 2 SE)" if se > 0 and abs(mean) >= 2 * se else ""
+        print(f"{r['source']:<16} {r['attempts']:>8} {r['before']:>7.3f} {r['after']:>7.3f}  "
+              f"{mean:+.3f} ± {se:.3f}{mark:<10} "
+              f"{r['reward_change']:+.3f} ± {r['reward_change_se']:.3f}")
+    return 0
+
+
 def _grade(args) -> int:
     from rlonce.cli.grade_commands import grade
 
@@ -386,6 +402,7 @@ def _view(args) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "quickstart": _quickstart, "train": _train, "distill": _distill, "eval": _eval, "serve": _serve, "tasks": _tasks,
     "probe": _probe,
-    "config": _config_show, "doctor": _doctor, "audit": _audit, "view": _view, "grade": _grade, "domains": _domains,
+    "config": _config_show, "doctor": _doctor, "audit": _audit, "compare": _compare, "view": _view, "grade": _grade,
+    "domains": _domains,
 }
 """Each verb's handler; ``rlonce.cli.parser`` defines the same verbs."""

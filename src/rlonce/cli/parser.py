@@ -359,6 +359,14 @@ def _add_audit(sub) -> None:
     a.add_argument("run", metavar="RUN_DIR", help="the run directory (a train/quickstart --out)")
 
 
+def _add_compare(sub) -> None:
+    c = sub.add_parser("compare", help="paired held-out change between two evaluations of the same tasks, per "
+                       "source, with its standard error")
+    c.add_argument("before", metavar="BEFORE.jsonl", help="an evaluation's attempts (RUN/eval/baseline.jsonl, an "
+                   "`rlonce eval` --out's eval/eval.jsonl, ...)")
+    c.add_argument("after", metavar="AFTER.jsonl", help="another evaluation of the same tasks (RUN/eval/final.jsonl)")
+
+
 def _add_view(sub) -> None:
     v = sub.add_parser("view", help="a local web page to debug a run: steps, groups, sequences, tokens, plots")
     v.add_argument("run", metavar="RUN_DIR", help="the run directory (a train/quickstart --out)")
@@ -395,8 +403,8 @@ def _parser(domains: bool | list[str] = True) -> argparse.ArgumentParser:
                       help="on-policy distillation (MOPD2) of a student from per-source teachers: a config with "
                            "distill.teacher or [[sources]] teachers (docs/distillation.md)")
     for add in (_add_quickstart, _add_train, distill, _add_eval, _add_serve, partial(_add_tasks, domains=known),
-                partial(_add_probe, domains=known), _add_grade, _add_config, _add_doctor, _add_audit, _add_view,
-                _add_domains):
+                partial(_add_probe, domains=known), _add_grade, _add_config, _add_doctor, _add_audit, _add_compare,
+                _add_view, _add_domains):
         add(sub)
     return ap
 

@@ -66,6 +66,37 @@ def write_rows(path: Path, rows: list[dict], **extra) -> None:
             f.write(json.dumps({**extra, **r}) + "\n")
 
 
+def compare(before: Path, after: Path) -> list[dict]:
+    """Per source of ``after`` (then "all" when there are several), the paired change from ``before``
+    with the two success rates over the attempts both scored. A file that is missing or not an
+    evaluation's attempts is a one-line ``ConfigError``."""
+    scored = {p: _scored_attempts(p) for p in (before, after)}
+    sources = sorted({k[0] for k in scored[after]}, key=str)
+    out = []
+    for label in [*sources, *(["all"] if len(sources) > 1 else [])]:
+        ch = paired_change(before, after, None if label == "all" else label)
+        if ch is None:
+            continue
+        both = [k for k in scored[before].keys() & scored[after].keys() if label == "all" or k[0] == label]
+        out.append({"source": "—" if label is None else label, **ch,
+                    "before": sum(scored[before][k] for k in both) / len(both),
+                    "after": sum(scored[after][k] for k in both) / len(both)})
+    if not out:
+        raise ConfigError(f"{before} and {after} share no scored attempt (same source, arm and task): compare two "
+                          "evaluations of the same held-out tasks")
+    return out
+
+
+def _scored_attempts(path: Path) -> dict[tuple, bool]:
+    """An evaluation file's scored attempts: (source, arm, task) → passed."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return {(r.get("source"), r["arm"], r["task_id"]): bool(r["passed"]) for r in rows if not r["infra_failed"]}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path} is not an evaluation's attempts ({type(e).__name__}: {e}); pass an eval "
+                          "JSONL file such as RUN/eval/baseline.jsonl or RUN/eval/final.jsonl") from None
+
+
 def paired_change(before: Path, after: Path, source: str | None = None) -> dict | None:
     """Mean per-attempt reward and pass change from ``before`` to ``after`` over the attempts both
     scored (same source, arm and task; with ``source``, that source's only), with the standard
