@@ -227,10 +227,16 @@ class Job:
         train_sft(self.ctx.lm.model, demos, self.cfg.sft, seed=self.cfg.runtime.seed, progress=self.progress,
                   epochs=epochs)
         if self.backend is not None:  # started before SFT: it takes the SFT weights
-            self.backend.close()
-            self.backend = self.engine = None
+            self.drop_backend()
         self.state.phase = self.after_sft()
         self.save_checkpoint()
+
+    def drop_backend(self) -> None:
+        """Close the trainer backend and its engine, and free them now: an engine's caches live in
+        reference cycles that only a full collection frees, and the next engine allocates its own."""
+        self.backend.close()
+        self.backend = self.engine = None
+        gc.collect()
 
     def after_sft(self) -> str:
         return "rft" if any(p.rft_tasks for p in self.plans) else "rl"
@@ -251,8 +257,7 @@ class Job:
                 log.warning("RFT kept no attempt of source %s (%d of %d attempts passed): it fine-tunes on "
                             "nothing from this source", label, counts["passed"], counts["attempts"])
         kept = [s for seqs, _ in found.values() for s in seqs]
-        self.backend.close()  # the engine that RL starts takes the weights RFT leaves
-        self.backend = self.engine = None
+        self.drop_backend()  # the engine that RL starts takes the weights RFT leaves
         self.threads("train")
         if kept:
             train_sft(self.ctx.lm.model, kept, plan.sft, seed=plan.seed, progress=self.progress)
