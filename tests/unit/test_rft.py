@@ -5,6 +5,7 @@ import pytest
 
 from rlonce.config import ConfigError, load_config
 from rlonce.core.records import Context, FailureCategory, Role, Segment, Sequence, Status
+from rlonce.recipes.audit import audit
 from rlonce.recipes.rft import describe, plan_rft, select
 from rlonce.rollout.sources import plan_sources
 
@@ -65,3 +66,28 @@ def test_bad_rft_settings_are_one_line_errors(bad):
     with pytest.raises(ConfigError) as e:
         load_config(None, [bad])
     assert bad.split("=")[0] in str(e.value) and "\n" not in str(e.value)
+
+
+def test_audit_checks_that_rfts_counts_balance_and_its_kept_attempts_are_on_record(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text("{}")
+    assert next(v for v in audit(tmp_path) if v.name == "rft").note == "no RFT"
+    counts = {"attempts": 12, "infra_failed": 1, "passed": 4, "suspected": 1, "duplicates": 1, "over_keep": 0,
+              "tasks": 3, "tasks_passed": 1, "kept": 2}
+    (tmp_path / "rft.json").write_text(json.dumps({"toolfind": counts}))
+    (tmp_path / "rft").mkdir()
+    kept = [{"task_id": f"t{i}", "status": "submitted", "reward": 1.0} for i in range(2)]
+    (tmp_path / "rft" / "step-0000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    v = next(v for v in audit(tmp_path) if v.name == "rft")
+    assert v.ok and v.checked == 1
+    (tmp_path / "rft.json").write_text(json.dumps({"toolfind": {**counts, "duplicates": 0}}))  # one pass unaccounted
+    v = next(v for v in audit(tmp_path) if v.name == "rft")
+    assert v.violations == ["source toolfind: 12 attempts = 1 infrastructure + 4 passed + 7 failed, and 4 passed = 2 "
+                            "kept + 1 left out: the counts do not balance"]
+    (tmp_path / "rft.json").write_text(json.dumps({"toolfind": counts}))
+    kept[1] = {"task_id": "t1", "status": "limits", "reward": 0.0}
+    (tmp_path / "rft" / "step-0000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept[:2] + kept[:1]))
+    v = next(v for v in audit(tmp_path) if v.name == "rft")
+    assert v.violations == ["rft.json kept 2 attempts but rft/step-0000.jsonl holds 3",
+                            "kept attempts that did not pass: t1"]

@@ -18,6 +18,9 @@ Each check reads what the run wrote — ``rollouts/`` (every trained row, ``rlon
 - **checkpoints**: every checkpoint was written under the run's config and code (or a resume's,
   as ``provenance.json`` records).
 - **mismatch**: steps whose train/inference KL stands far above the run's median are listed.
+- **rft**: RFT's count of every attempt balances per source (passed or failed or an infrastructure
+  failure; each pass kept or left out for a reason), and the kept attempts on record
+  (``rft/step-0000.jsonl``) are as many, each submitted and rewarded.
 
 The exit status is 1 when any check fails.
 """
@@ -85,7 +88,7 @@ def audit(run_dir: Path) -> list[Verdict]:
                                               "trained token", tokens.note]))
     return [tokens, check_trained(ledger), check_dispatch_age(stored), check_ledger_balance(ledger),
             check_ledger_chain(ledger), check_retained(stored, ledger), check_groups_once(stored),
-            check_advantages(stored, config), check_checkpoints(run_dir), check_mismatch(run_dir)]
+            check_advantages(stored, config), check_checkpoints(run_dir), check_mismatch(run_dir), check_rft(run_dir)]
 
 
 def check_tokens(stored: dict) -> Verdict:
@@ -130,6 +133,32 @@ def check_trained(ledger: list[dict]) -> Verdict:
                             f"dispatched, {why_untrained(total)}")
     elif not steps:
         v.note = "no RL step"
+    return v
+
+
+def check_rft(run_dir: Path) -> Verdict:
+    """RFT's ledger (``rft.json``, ``rlonce.recipes.rft.select``) balances, and what it kept is on record."""
+    v = Verdict("rft")
+    path = run_dir / "rft.json"
+    if not path.is_file():
+        v.note = "no RFT"
+        return v
+    counts = json.loads(path.read_text())
+    v.checked = len(counts)
+    for label, c in counts.items():
+        failed = c["attempts"] - c["infra_failed"] - c["passed"]
+        left = c["duplicates"] + c["over_keep"] + c["suspected"]
+        if failed < 0 or c["kept"] + left != c["passed"] or c["tasks_passed"] > min(c["kept"], c["tasks"]):
+            v.violations.append(f"source {label}: {c['attempts']} attempts = {c['infra_failed']} infrastructure "
+                                f"+ {c['passed']} passed + {failed} failed, and {c['passed']} passed = {c['kept']} "
+                                f"kept + {left} left out: the counts do not balance")
+    rows = read_jsonl(run_dir / "rft" / "step-0000.jsonl")
+    kept = sum(c["kept"] for c in counts.values())
+    if len(rows) != kept:
+        v.violations.append(f"rft.json kept {kept} attempts but rft/step-0000.jsonl holds {len(rows)}")
+    bad = [r["task_id"] for r in rows if r.get("status") != "submitted" or not (r.get("reward") or 0) > 0]
+    if bad:
+        v.violations.append(f"kept attempts that did not pass: {', '.join(bad[:SHOWN])}")
     return v
 
 
