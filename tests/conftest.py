@@ -94,6 +94,23 @@ def lm(embedded_dir):
     return load(embedded_dir)
 
 
+@pytest.fixture(scope="session")
+def script_module():
+    """Loads a script that is not a package module (``benchmarks/<name>/run.py``) as a module named
+    ``name``, registered in ``sys.modules`` (its dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    def load(path: Path, name: str):
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """Every test starts at one torch thread: a job an earlier test ran in this worker leaves its

@@ -32,7 +32,6 @@ smoke run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -40,7 +39,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from rlonce.telemetry.restartable import drive, launch_child, read_config, recorded_config, run_state
+from rlonce.telemetry import restartable
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "smollm2.toml"
@@ -121,7 +120,7 @@ def evaluations(bench: Bench) -> list[tuple[str, bool]]:
 def arm_state(out: Path, arm: str) -> str:
     if (out / arm / "heldout.json").is_file():
         return "done"
-    return "resumable" if run_state(out / arm) != "new" else "new"
+    return "resumable" if restartable.run_state(out / arm) != "new" else "new"
 
 
 # ---- one arm, in its own process ------------------------------------------------------------
@@ -130,10 +129,10 @@ def child(arm: str, args) -> None:
     from rlonce.config.load import validate
     from rlonce.recipes.grpo import evaluate_model, run
 
-    data, bench, overrides = split(read_config(args.config), args.overrides)
+    data, bench, overrides = split(restartable.read_config(args.config), args.overrides)
     cfg = arm_config(arm, data, overrides, args.out)
     run_dir = args.out / arm
-    if (state := run_state(run_dir)) != "done":
+    if (state := restartable.run_state(run_dir)) != "done":
         run(cfg, resume=state == "resumable", progress=not args.quiet, accept_changes=args.accept_changes)
     steps = json.loads((run_dir / "summary.json").read_text())["rl_steps"]
     done = {}
@@ -277,28 +276,17 @@ def write(out: Path, bench: Bench, data: dict, overrides: list[str]) -> dict:
 
 # ---- the driver -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    ap.add_argument("--arms", default="", help="comma-separated arms (default: multi-sS and one-sS of every seed)")
-    ap.add_argument("--accept-changes", action="store_true",
-                    help="resume an arm even though the code or config changed since it started")
-    ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
+    args = restartable.parser(__doc__, DEFAULT_CONFIG, "multi-sS and one-sS of every seed").parse_args(argv)
     if args.child:
         child(args.child, args)
         return 0
-    args.config = recorded_config(args.out, args.config)
-    data, bench, overrides = split(read_config(args.config), args.overrides)
+    args.config = restartable.recorded_config(args.out, args.config)
+    data, bench, overrides = split(restartable.read_config(args.config), args.overrides)
     trained_arms(data, overrides)
-    every = arm_names(bench)
-    arms = [a for a in args.arms.split(",") if a] or every
-    if unknown := [a for a in arms if a not in every]:
-        raise SystemExit(f"error: unknown arm(s) {', '.join(unknown)}; this config's arms: {', '.join(every)}")
-    rc = drive(args.out, arms, state=lambda a: arm_state(args.out, a), launch=launch_child(Path(__file__), args),
-               write=lambda: write(args.out, bench, data, overrides))
+    arms = restartable.chosen_arms(args.arms, arm_names(bench))
+    rc = restartable.drive(args.out, arms, state=lambda a: arm_state(args.out, a),
+                           launch=restartable.launch_child(Path(__file__), args),
+                           write=lambda: write(args.out, bench, data, overrides))
     if rc:
         return rc
     res = write(args.out, bench, data, overrides)

@@ -34,13 +34,12 @@ wall time. Whatever has finished is written out after every arm: ``results.json`
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
-from rlonce.telemetry.restartable import drive, launch_child, read_config, recorded_config, run_state
+from rlonce.telemetry import restartable
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CONFIG = HERE / "smollm2.toml"
@@ -102,7 +101,7 @@ def waits_for(out: Path, arm: str) -> str | None:
 
 
 def arm_state(out: Path, arm: str) -> str:
-    return run_state(out / arm)
+    return restartable.run_state(out / arm)
 
 
 # ---- one arm, in its own process ------------------------------------------------------------
@@ -110,7 +109,7 @@ def child(arm: str, args) -> None:
     """Runs one arm to its end (resuming it when it has a checkpoint)."""
     from rlonce.recipes.grpo import run
 
-    data = read_config(args.config)
+    data = restartable.read_config(args.config)
     cfg = arm_config(arm, data, args.overrides, args.out)
     run(cfg, resume=arm_state(args.out, arm) == "resumable", progress=not args.quiet,
         accept_changes=args.accept_changes)
@@ -242,28 +241,16 @@ def write(out: Path, data: dict, overrides: list[str]) -> dict:
 
 # ---- the driver -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    ap.add_argument("--arms", default="", help="comma-separated arms (default: mixed, then every spec-<label>)")
-    ap.add_argument("--accept-changes", action="store_true",
-                    help="resume an arm even though the code or config changed since it started")
-    ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
+    args = restartable.parser(__doc__, DEFAULT_CONFIG, "mixed, then every spec-<label>").parse_args(argv)
     if args.child:
         child(args.child, args)
         return 0
-    args.config = recorded_config(args.out, args.config)
-    data = read_config(args.config)
-    every = arm_names(data)
-    arms = [a for a in args.arms.split(",") if a] or every
-    unknown = [a for a in arms if a not in every]
-    if unknown:
-        raise SystemExit(f"error: unknown arm(s) {', '.join(unknown)}; this config's arms: {', '.join(every)}")
-    rc = drive(args.out, arms, state=lambda a: arm_state(args.out, a), launch=launch_child(Path(__file__), args),
-               write=lambda: write(args.out, data, args.overrides), waits=lambda a: waits_for(args.out, a))
+    args.config = restartable.recorded_config(args.out, args.config)
+    data = restartable.read_config(args.config)
+    arms = restartable.chosen_arms(args.arms, arm_names(data))
+    rc = restartable.drive(args.out, arms, state=lambda a: arm_state(args.out, a),
+                           launch=restartable.launch_child(Path(__file__), args),
+                           write=lambda: write(args.out, data, args.overrides), waits=lambda a: waits_for(args.out, a))
     if rc:
         return rc
     res = write(args.out, data, args.overrides)

@@ -2,7 +2,6 @@
 demonstrations and groups, the paired tables by hand, and the whole benchmark on the embedded model
 (a held-out built-in arm and mini-swe-agent over HTTP; slow suite), run again without rerunning an arm."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -48,12 +47,8 @@ outside_timeout = 120
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("transfer_bench", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["transfer_bench"] = mod  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
+def bench(script_module):
+    return script_module(PATH, "transfer_bench")
 
 
 def test_every_trained_arm_gets_the_controls_demonstrations_and_groups(bench, tmp_path):

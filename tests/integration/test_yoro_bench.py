@@ -1,7 +1,6 @@
 """``benchmarks/yoro_vs_specialists/run.py`` (issue 58): the arms' configs, the paired table by
 hand, and the whole benchmark on the embedded model (about 20 s), run again without rerunning an arm."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -43,11 +42,8 @@ max_context = 256
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("yoro_bench", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(script_module):
+    return script_module(PATH, "yoro_bench")
 
 
 def test_each_specialist_gets_its_share_of_the_groups_and_no_sft_of_its_own(bench, tmp_path):

@@ -9,6 +9,7 @@ an arm that is done is never run again, one that stopped part-way resumes (the a
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -43,6 +44,30 @@ def recorded_config(out: Path, given: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)
     return kept
+
+
+def parser(doc: str, default_config: Path, arms_help: str) -> argparse.ArgumentParser:
+    """The command line every restartable experiment takes: ``--out``, ``--config``, ``--arms``,
+    ``--accept-changes``, ``--quiet`` and ``KEY=VALUE`` overrides (``--child ARM`` runs one arm)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", type=Path, default=default_config)
+    ap.add_argument("--arms", default="", help=f"comma-separated arms (default: {arms_help})")
+    ap.add_argument("--accept-changes", action="store_true",
+                    help="resume an arm even though the code or config changed since it started")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return ap
+
+
+def chosen_arms(given: str, every: list[str]) -> list[str]:
+    """``--arms`` (comma-separated; empty: every arm, in order), refused with the known arms named
+    when it names one that is not."""
+    arms = [a for a in given.split(",") if a] or every
+    if unknown := [a for a in arms if a not in every]:
+        raise SystemExit(f"error: unknown arm(s) {', '.join(unknown)}; this config's arms: {', '.join(every)}")
+    return arms
 
 
 def run_state(run_dir: Path) -> str:
