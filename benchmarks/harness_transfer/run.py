@@ -105,7 +105,8 @@ def arm_config(arm: str, data: dict, overrides: list[str], out: Path):
 
     kind, seed = arm.rsplit("-s", 1)
     base = validate(data, overrides)
-    arms = trained_arms(data, overrides) if kind == "multi" else trained_arms(data, overrides)[:1]
+    arms = trained_arms(data, overrides)
+    arms = arms if kind == "multi" else arms[:1]
     n = len(arms)
     return validate(data, [*overrides, f"out={out / arm}", f"runtime.seed={seed}", f"harness.arms={json.dumps(arms)}",
                            f"sft.demos={base.sft.demos * n}", f"rl.tasks_per_step={base.rl.tasks_per_step * n}",
@@ -159,11 +160,12 @@ def _eval_file(out: Path, arm: str, name: str, harness: str) -> Path:
 def _success(path: Path) -> dict | None:
     if not path.is_file():
         return None
-    rows = [r for line in path.read_text().splitlines() if not (r := json.loads(line))["infra_failed"]]
+    every = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = [r for r in every if not r["infra_failed"]]
     n = len(rows)
     s = sum(r["passed"] for r in rows) / n if n else 0.0
     return {"success": s, "tasks": n, "success_se": math.sqrt(s * (1 - s) / n) if n else 0.0,
-            "infra_failed": sum(1 for line in path.read_text().splitlines() if json.loads(line)["infra_failed"])}
+            "infra_failed": len(every) - n}
 
 
 def _paired(a: Path, b: Path) -> dict | None:
