@@ -150,3 +150,22 @@ def test_an_endpoint_teacher_is_refused_where_it_cannot_score_or_sample():
         with pytest.raises(ConfigError, match=f"has an endpoint teacher \\({url}\\): .*{re.escape(says)}$"):
             check_sources(load_config(None, [f"distill.teacher={url}", setting]))
     check_sources(load_config(None, [f"distill.teacher={url}", "distill.prefix=sft"]))  # the expert's prefixes: fine
+
+
+def test_teacher_engines_no_prefix_samples_from_are_released_and_rebuilt_on_demand(lm):
+    from rlonce.distill.executor import Distillation
+    from rlonce.distill.prefixes import Prefixes
+
+    cfg = load_config(None, ["engine.prefix_cache_mb=1"])
+    teachers = {k: LocalTeacher(k, lm.path, batch_tokens=8192, lm=lm_copy(lm)) for k in ("ta", "tb")}
+    d = Distillation(cfg, teachers, {"a": "ta", "b": "tb"})
+    evaluated = d.engine_for("a")  # built for the held-out evaluation only
+    d.prefixes["a"] = Prefixes("none", 0)
+    d.prefixes["b"] = Prefixes("teacher", 0, teacher_engine=d.engine_for("b"))
+    try:
+        assert d.release_unused() == ["ta"]
+        assert list(d.engines) == ["tb"] and d.engine_for("b") is d.prefixes["b"].teacher_engine
+        assert not evaluated._worker.is_alive()  # closed: its thread and its caches are gone
+        assert d.engine_for("a") is not evaluated and d.release_unused() == ["ta"]
+    finally:
+        d.close()

@@ -164,6 +164,19 @@ class Distillation:
         report it with each group instead."""
         return {} if self.remote else take_metrics(self.counts, self.prefixes)
 
+    def release_unused(self) -> list[str]:
+        """Close the local teacher engines no teacher prefix samples from (those the held-out
+        evaluation built): each holds its batch and prefix caches, one per teacher, which five
+        SmolLM2 teachers cannot afford beside the student on 24 GiB. ``engine_for`` builds one again
+        if asked. Returns the released teachers."""
+        if self.remote:
+            return []
+        keep = {p.teacher_engine for p in self.prefixes.values() if p.teacher_engine is not None}
+        released = [k for k, e in self.engines.items() if e not in keep]
+        for k in released:
+            self.engines.pop(k).close()
+        return released
+
     def close(self) -> None:
         for e in self.engines.values():
             e.close()

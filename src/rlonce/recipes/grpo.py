@@ -343,6 +343,7 @@ class Job:
             per_source[label] = await heldout_success(
                 src.domain, distill.engine_for(label), src.spec, count, f"teacher eval {label}",
                 concurrency=self.cfg.eval.concurrency, progress=self.progress)
+            distill.release_unused()  # one teacher's sampling caches at a time
         if per_source:
             keep_rows(self.out, "teacher eval", per_source)
         return {k: {"success": v["success"], "reward": v["reward"], "tasks": v["tasks"]} for k, v in per_source.items()}
