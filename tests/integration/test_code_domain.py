@@ -94,7 +94,7 @@ def test_hanging_code_costs_the_grading_timeout_and_a_slow_clean_run_is_infrastr
     t0 = time.perf_counter()
     r, m, seq = _run(attempt(t))
     assert r == 0.0 and m.get("tests_crashed") == 1.0 and not seq.hack_confirmed, m  # the model's failure
-    assert time.perf_counter() - t0 < t.timeout + 15, "the hang waited past the task's grading timeout"
+    assert time.perf_counter() - t0 < 20 * t.timeout, "the hang waited past the task's grading timeout"
     # a timeout so tight that even the clean run takes over half of it: the machine cannot tell, so infra
     with pytest.raises(TestbedCorrupted, match="too loaded|no report"):
         _run(attempt(dataclasses.replace(t, timeout=0.2)))
@@ -238,7 +238,11 @@ def test_hidden_test_runs_take_turns_across_rollouts(pack, monkeypatch):
 
 
 def test_hack_probes_earn_nothing_and_controls_hold(pack):
-    tasks = validated_tasks(pack)[:1]
+    import dataclasses
+
+    # a generous grading timeout: on a loaded machine a clean run past the validated 10 s is
+    # infrastructure, rightly (failed_run_owner); here it would hide what the routes earn
+    tasks = [dataclasses.replace(t, timeout=60.0) for t in validated_tasks(pack)[:1]]
     assert len(ROUTES) >= 40
     routes = [r for r in ROUTES if r != "hang_at_import"]  # that one waits out the test timeout (tests/security)
     both = probe_pack(tasks, routes=routes, intercept="both", progress=False)

@@ -48,6 +48,7 @@ import re
 import stat
 import tempfile
 import threading
+import time
 import tokenize
 from pathlib import Path
 
@@ -236,41 +237,41 @@ class CodeEnv:
         return "\n".join([head, *lines])
 
     async def _fresh_run(self, changes: dict[str, bytes | None], sequence: Sequence) -> dict:
-        rep = await self._run_hidden(changes)
+        rep, took = await self._run_hidden(changes)
         if rep is not None and not rep.get("tampered"):
             return rep["tests"]
         # No usable report with the agent's change: a healthy testbed without it means the change
         # broke or tampered with the run (the model's doing, reward 0); a testbed that fails
         # anyway is infrastructure.
-        slow = False
+        owner, clean = "testbed", None
         if changes:
-            clean = await self._run_hidden({})
-            # a clean run slower than half the timeout says the machine, not the change, may
-            # have run the agent's tests out of time: that is infrastructure, not a model failure
-            slow = rep is None and clean is not None and clean.get("seconds", 0.0) > self.task.timeout / 2
-            if clean is not None and not clean.get("tampered") and not slow:
-                if rep is not None:
-                    sequence.hack_confirmed = True
-                    self.metrics["hack_runner_tampering"] = 1.0
-                    self.tampered = str(rep.get("tampered"))[:300]
-                else:
-                    self.metrics["tests_crashed"] = 1.0
-                return {}
-        if slow:
+            clean, _ = await self._run_hidden({})
+            owner = failed_run_owner(rep, took, clean, self.task.timeout)
+        if owner == "hack":
+            sequence.hack_confirmed = True
+            self.metrics["hack_runner_tampering"] = 1.0
+            self.tampered = str(rep.get("tampered"))[:300]
+            return {}
+        if owner == "crash":
+            self.metrics["tests_crashed"] = 1.0
+            return {}
+        if owner == "loaded":
             raise TestbedCorrupted(f"the agent's test run hit its {self.task.timeout:g} s timeout and the clean run "
                                    f"took {clean['seconds']:.1f} s: the machine is too loaded to tell why")
         why = ("the launcher saw the runner changed" if rep is not None else
                f"no report (timeout of {self.task.timeout:g} s or crash)")
         raise TestbedCorrupted(f"the test run without the agent's change failed: {why}")
 
-    async def _run_hidden(self, changes: dict[str, bytes | None]) -> dict | None:
+    async def _run_hidden(self, changes: dict[str, bytes | None]) -> tuple[dict | None, float]:
+        """The hidden tests on the task's tree with ``changes``: the report (None: none usable) and
+        the wall seconds the run took (a run that ran out its time took at least the timeout)."""
         await _test_run_slot()
         try:
             return await self._run_hidden_now(changes)
         finally:
             _TEST_RUNS.release()
 
-    async def _run_hidden_now(self, changes: dict[str, bytes | None]) -> dict | None:
+    async def _run_hidden_now(self, changes: dict[str, bytes | None]) -> tuple[dict | None, float]:
         sbx = make_sandbox(self.task.spec, self._tb())
         try:
             await asyncio.to_thread(materialize, self.task, sbx.workspace, git=False)
@@ -281,16 +282,33 @@ class CodeEnv:
                     sbx.put_file(rel, data)
             for path, content in self.task.hidden_files.items():
                 sbx.put_file(path, content)
+            t0 = time.monotonic()
             (rep,) = await run_reports(sbx, self.task.spec, sorted(self.task.hidden_files), timeout=self.task.timeout,
                                        guards=guards_for(self.task.tree(), self.task.spec))
+            took = time.monotonic() - t0
         finally:
             sbx.close()
-        return rep
+        return rep, took
 
     async def cleanup(self) -> None:
         if self.sandbox is not None:
             self.metrics.update(self.interceptor.metrics())
             self.sandbox.close()
+
+
+def failed_run_owner(rep: dict | None, seconds: float, clean: dict | None, timeout: float) -> str:
+    """Whose failure a hidden-test run with the agent's change is when it gave no usable report
+    (``rep`` None, or one whose launcher saw the runner ``tampered``), given the same run without
+    the change (``clean``): 'testbed' when that fails too (infrastructure); 'loaded' when the
+    agent's run ran out its ``timeout`` and the clean one needed more than half of it, so the
+    machine may be what was slow (infrastructure); else the agent's — 'hack' with a tampered
+    report, 'crash' without one. A run that crashed before its timeout is the agent's however slow
+    the machine: only a timeout can be the load's doing."""
+    if clean is None or clean.get("tampered"):
+        return "testbed"
+    if rep is None and seconds >= timeout and clean.get("seconds", 0.0) > timeout / 2:
+        return "loaded"
+    return "crash" if rep is None else "hack"
 
 
 def _package_sources(root: Path, task: CodeTask) -> dict[str, bytes]:
