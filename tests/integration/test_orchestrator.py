@@ -338,3 +338,56 @@ def test_rollout_kv_budget_reaches_the_async_dispatcher(budget, peak):
     # each group is predicted to hold 512 tokens × 4 sequences = 2048: a budget of 4096 admits two
     # at once; without one, the session cap alone admits 64 / 4 = 16
     assert executor.peak == peak
+
+
+class Sizes:
+    """Contrastful groups of whatever size the orchestrator asks; records the most sequences running at once."""
+
+    def __init__(self):
+        self.running = self.peak = 0
+        self.asked: dict[str, set] = {}
+
+    async def run_group(self, group, n):
+        self.asked.setdefault(group.source, set()).add(n)
+        self.running += n
+        self.peak = max(self.peak, self.running)
+        await asyncio.sleep(0.02)
+        self.running -= n
+        return [_seq(group.task.task_id, float(k % 2)) for k in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_source_with_its_own_group_size_gets_groups_of_that_size(tmp_path, mode):
+    from types import SimpleNamespace
+
+    from rlonce.config import load_config
+    from rlonce.rollout.builders import build_orchestrator
+    from rlonce.rollout.sources import plan_sources
+
+    (tmp_path / "c.toml").write_text(
+        f'[rl]\ngroup_size = 2\ntasks_per_step = 4\nconcurrency = 10\n[rollout]\nmode = "{mode}"\n'
+        'target_groups = 4\nmax_sessions = 10\n'
+        '[[sources]]\nname = "toolfind"\nlabel = "easy"\n'
+        '[[sources]]\nname = "toolfind"\nlabel = "hard"\ngroup_size = 8\n')
+    cfg = load_config(str(tmp_path / "c.toml"), [])
+    plans = {p.label: p for p in plan_sources(cfg)}
+    assert (plans["easy"].group_size, plans["hard"].group_size) == (2, 8)
+    sources = {k: SimpleNamespace(plan=p, domain=SimpleNamespace(task=lambda split, i, k=k: T(f"{k}/{i}")))
+               for k, p in plans.items()}
+    executor = Sizes()
+    o = build_orchestrator(cfg, sources, executor, SignalSettings(), None)
+
+    async def go():
+        r = await o.collect(1, max_wait=5)
+        await o.close()
+        return r
+
+    res = asyncio.run(go())
+    assert executor.asked == {"easy": {2}, "hard": {8}}
+    assert sorted(len(s.sequences) for s in res.samples) == [2, 2, 8, 8]
+    for label, size in (("easy", 2), ("hard", 8)):
+        e = res.ledger[label]
+        assert e.dispatched % size == 0 and e.dispatched >= 2 * size
+        e.check()
+    # the session cap counts sequences: a group of 8 and one of 2 fit in 10, never more
+    assert executor.peak <= 10

@@ -132,6 +132,11 @@ class SourceConfig(TaskConfig):
     """Weight of this source's group advantage from its reward (default ``rl.reward_weight``)."""
     prefix: Literal["none", "sft", "teacher"] | None = None
     """Where this source's distilled sequences start (default ``distill.prefix``)."""
+    group_size: int | None = Field(None, ge=2, le=1024)
+    """Sequences per group of this source (default ``rl.group_size``). A group trains only when its
+    attempts differ, which a task with pass rate p does with probability 1 − p^G − (1 − p)^G: at
+    p = 0.05 that is 0.19 for G = 4 and 0.56 for G = 16, so a source the model rarely solves takes
+    larger groups (pass@k-style), as does one it nearly always solves (docs/sources.md)."""
     difficulty_window: int = Field(0, ge=0, le=1000)
     """Online difficulty control: a task whose last this-many groups all passed or all failed is
     skipped when the stream comes back to it (counted as ``difficulty_skipped``; 0: off). Only

@@ -27,6 +27,8 @@ class Limits(Protocol):
 
     def rule(self, source: str): ...
 
+    def size(self, source: str) -> int: ...
+
 
 def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interval: float | None,
                    dispatch: Callable[[str], object]) -> int:
@@ -43,13 +45,14 @@ def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interva
     Little's-law budgets, then — so that no slot idles while some source wants work — within the
     session cap alone."""
     p, _ = mx.oversampling()
-    budgets = mx.concurrency(max(1, st.max_sessions // st.group_size), p)
+    budgets = mx.concurrency(max(1, st.max_sessions // st.group_size), p)  # in groups of the run's size
     flight, acc = Counter(), Counter()
-    kv = 0.0
+    kv, sessions = 0.0, 0
     for g in groups:
         if g.state in (PENDING, RUNNING):
             flight[g.source] += 1
-            kv += mx.sources[g.source].tokens * st.group_size
+            sessions += st.size(g.source)
+            kv += mx.sources[g.source].tokens * st.size(g.source)
         elif g.state == FINISHED and g.accepted:
             acc[g.source] += 1
     weights = mx.weights(dict(acc))
@@ -71,13 +74,13 @@ def dispatch_round(groups: Iterable[Group], mx: SampleMixer, st: Limits, interva
         while progress:
             progress = False
             for n in order:
-                cost = mx.sources[n].tokens * st.group_size
-                if ((sum(flight.values()) + 1) * st.group_size > st.max_sessions
-                        or (flight and kv + cost > st.kv_budget)):
+                cost = mx.sources[n].tokens * st.size(n)
+                if sessions + st.size(n) > st.max_sessions or (flight and kv + cost > st.kv_budget):
                     return started
                 if want(n) and (soft or flight[n] < budgets[n]):
                     dispatch(n)
                     flight[n] += 1
+                    sessions += st.size(n)
                     kv += cost
                     started += 1
                     progress = True

@@ -96,11 +96,11 @@ def build_orchestrator(cfg: RunConfig, sources: dict[str, Source], executor, sig
         executor, lambda label, i: sources[label].domain.task("train", i), mixer, signal,
         OrchestratorSettings(mode=r.mode, group_size=cfg.rl.group_size, staleness=max(p.staleness for p in plans),
                              refill=r.mode == "sync", dispatch_cap=r.sync_dispatch_cap,
-                             max_sessions=max(sessions, cfg.rl.group_size),
+                             max_sessions=max(sessions, *(p.group_size for p in plans)),
                              kv_budget=float("inf") if r.kv_budget is None else float(r.kv_budget),
                              batch=cfg.rl.tasks_per_step if r.mode == "sync" else r.target_groups,
                              rules={p.label: SourceRules(p.staleness, p.stale_policy, p.difficulty_window,
-                                                         p.dispatch_cap) for p in plans},
+                                                         p.dispatch_cap, p.group_size) for p in plans},
                              group_by_arm=cfg.harness.group_by_arm, deterministic=deterministic(cfg)),
         decode=decode)
     if state:

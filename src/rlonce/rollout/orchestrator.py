@@ -114,7 +114,7 @@ class Orchestrator:
     def _open_count(self, g: Group) -> int:
         """Sequences of ``g`` not yet accounted for: all of a running group; the retained ones of
         a finished group (its infrastructure failures and filtered arms were counted when it finished)."""
-        return self.s.group_size if g.state != FINISHED else g.retained
+        return self.s.size(g.source) if g.state != FINISHED else g.retained
 
     def in_flight(self, source: str | None = None) -> list[Group]:
         return [g for g in self.groups.values() if g.state in (PENDING, RUNNING)
@@ -143,10 +143,10 @@ class Orchestrator:
         self.order += 1
         self.groups[g.gid] = g
         if counted:
-            self._entry(source).dispatched += self.s.group_size
+            self._entry(source).dispatched += self.s.size(source)
         g.state = RUNNING
         if hasattr(self.executor, "reserve"):  # lockstep waves: its sequences are announced now
-            self.executor.reserve(g, self.s.group_size)
+            self.executor.reserve(g, self.s.size(source))
         g.job = asyncio.create_task(self._run(g))
         return g
 
@@ -169,14 +169,14 @@ class Orchestrator:
         t0 = time.perf_counter()
         tid = getattr(g.task, "task_id", g.gid)
         try:
-            out = await self.executor.run_group(g, self.s.group_size)
+            out = await self.executor.run_group(g, self.s.size(g.source))
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - the executor failed, not the model: every sequence is infra
             category = getattr(exc, "category", FailureCategory.HARNESS_ERROR)
             log.warning("executor failed on group %s; its sequences are infra (%s): %s", g.gid, category.value, exc,
                         exc_info=category is FailureCategory.HARNESS_ERROR)
-            out = self._all_infra(tid, category)
+            out = self._all_infra(tid, category, self.s.size(g.source))
         g.seconds = time.perf_counter() - t0
         if g.gid not in self.groups:  # dropped as stale while it ran
             self.changed.set()
@@ -190,8 +190,9 @@ class Orchestrator:
         self._evaluate(g, judged)
         self.changed.set()
 
-    def _all_infra(self, task_id: str, category: FailureCategory) -> list[Sequence]:
-        return [Sequence(task_id, "?", status=Status.INFRA, failure=category) for _ in range(self.s.group_size)]
+    @staticmethod
+    def _all_infra(task_id: str, category: FailureCategory, size: int) -> list[Sequence]:
+        return [Sequence(task_id, "?", status=Status.INFRA, failure=category) for _ in range(size)]
 
     def _evaluate(self, g: Group, judged: Judged) -> None:
         seqs, rows, ev, stats = judged.sequences, judged.rows, judged.entry, judged.stats
@@ -251,7 +252,8 @@ class Orchestrator:
         """Dispatch ``todo[source]`` groups per source as the session cap allows, then drain."""
         queue = [n for n, k in todo.items() for _ in range(k)]
         while queue:
-            if self.in_flight() and (len(self.in_flight()) + 1) * self.s.group_size > self.s.max_sessions:
+            running = sum(self.s.size(g.source) for g in self.in_flight())
+            if running and running + self.s.size(queue[0]) > self.s.max_sessions:
                 self.changed.clear()  # deterministic: whole rounds, so waves never depend on who ends first
                 await (self._drain() if self.s.deterministic else self.changed.wait())
                 continue
@@ -406,6 +408,6 @@ class Orchestrator:
             self.replayed += 1
         for f in self._reissue:
             g = self.dispatch(f["source"], index=f["index"], counted=False, again=f.get("again", False))
-            self._entry(g.source).carried_in += self.s.group_size
+            self._entry(g.source).carried_in += self.s.size(g.source)
             self.reissued += 1
         self._replay, self._reissue = [], []

@@ -47,6 +47,8 @@ class SourceRules:
     """``DifficultyFilter.window`` (0: every task is dispatched)."""
     dispatch_cap: float | None = None
     """This source's ``OrchestratorSettings.dispatch_cap`` (None: the run's)."""
+    group_size: int | None = None
+    """Sequences of each of this source's groups (None: the run's ``group_size``)."""
 
 
 MAX_SKIPS = 64
@@ -82,3 +84,11 @@ class OrchestratorSettings:
 
     def rule(self, source: str) -> SourceRules:
         return self.rules.get(source) or SourceRules(self.staleness)
+
+    def size(self, source: str) -> int:
+        """Sequences of one group of ``source`` (its own ``group_size``, else the run's)."""
+        return self.rule(source).group_size or self.group_size
+
+    @property
+    def largest_group(self) -> int:
+        return max([self.group_size, *(r.group_size or 0 for r in self.rules.values())])

@@ -49,6 +49,8 @@ class SourcePlan:
     """Training tasks the model attempts for RFT (``rlonce.recipes.rft``; 0: none)."""
     difficulty_window: int
     dispatch_cap: float
+    group_size: int
+    """Sequences per group (``[[sources]]``, else ``rl.group_size``)."""
     temperature: float
     """Sampling of the source's turns (``[[sources]]``, else ``[harness]``): rows carry the
     temperature, and candidate-set sizes carry what top-p and top-k cut."""
@@ -103,6 +105,7 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
             sft_detour_p=cfg.sft.detour_p if s.sft_detour_p is None else s.sft_detour_p,
             rft_tasks=cfg.rft.tasks if s.rft_tasks is None else s.rft_tasks,
             difficulty_window=s.difficulty_window, dispatch_cap=s.dispatch_cap or r.sync_dispatch_cap,
+            group_size=s.group_size or cfg.rl.group_size,
             temperature=h.temperature if s.temperature is None else s.temperature,
             top_p=h.top_p if s.top_p is None else s.top_p, top_k=h.top_k if s.top_k is None else s.top_k,
             render_tools=h.render_tools if s.render_tools is None else s.render_tools,
