@@ -88,7 +88,3 @@ class OrchestratorSettings:
     def size(self, source: str) -> int:
         """Sequences of one group of ``source`` (its own ``group_size``, else the run's)."""
         return self.rule(source).group_size or self.group_size
-
-    @property
-    def largest_group(self) -> int:
-        return max([self.group_size, *(r.group_size or 0 for r in self.rules.values())])
