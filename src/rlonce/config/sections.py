@@ -358,5 +358,6 @@ class RolloutConfig(Section):
     kv_budget: int | None = Field(None, ge=1, le=10**12)
     """async: predicted KV tokens the dispatcher may keep in flight. Each running group counts
     its source's mean context tokens (measured as its groups end; 512 before the first) times
-    its size (``rl.group_size``, or its source's ``group_size``); a new group starts only while the sum stays within this, though one group
-    always may. Unset: no budget (``max_sessions`` alone caps admission). Not read in sync mode."""
+    its size (``rl.group_size``, or its source's ``group_size``); a new group starts only while
+    the sum stays within this, though one group always may. Unset: no budget (``max_sessions``
+    alone caps admission). Not read in sync mode."""
