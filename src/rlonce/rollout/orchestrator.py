@@ -185,8 +185,8 @@ class Orchestrator:
             judged = out if isinstance(out, Judged) else self.judge(tid, g.source, g.dispatch_step, out, self.decode)
         except Exception as exc:  # noqa: BLE001 - our bug in judging must not leave the group running forever
             log.error("judging group %s failed: %s", g.gid, note_internal(exc), exc_info=True)
-            judged = self.judge(tid, g.source, g.dispatch_step, self._all_infra(tid, FailureCategory.INTERNAL_ERROR),
-                                self.decode)
+            lost = self._all_infra(tid, FailureCategory.INTERNAL_ERROR, self.s.size(g.source))
+            judged = self.judge(tid, g.source, g.dispatch_step, lost, self.decode)
         self._evaluate(g, judged)
         self.changed.set()
 
