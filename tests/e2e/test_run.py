@@ -531,3 +531,18 @@ def test_a_run_with_model_graders_reports_what_they_did(tmp_path):
     assert abs(sum(shares) - 1) < 1e-9 and all(0 <= x <= 1 for x in shares)
     assert summary["grading"]["judge_calls"] == rec["judge_calls"] and summary["grading"]["grading/hack_rate"] == 0.0
     assert "Hack audit" in (out / "report.html").read_text()
+
+
+def test_an_evaluate_only_run_evaluates_once_and_keeps_it_as_final(tmp_path):
+    out = tmp_path / "eval-only"
+    cfg = load_config(REPO / "configs" / "tiny_mixed.toml", [f"out={out}", "sft.demos=0", "rl.steps=0",
+                                                              "eval.heldout_tasks=4"])
+    summary = run(cfg, progress=False)
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if "heldout_success" in r]
+    assert len(evals) == 2 and not any("reward_mean" in r for r in read_jsonl(out / "metrics.jsonl"))
+    assert (out / "eval" / "final.jsonl").read_bytes() == (out / "eval" / "baseline.jsonl").read_bytes()
+    assert len(read_jsonl(out / "eval" / "final.jsonl")) == 8  # toolfind's 4 and arith's own 4, each once
+    assert summary["final_success"] == summary["baseline_success"]
+    assert summary["rl_steps"] == 0
+    ch = summary["heldout_change"]
+    assert (ch["attempts"], ch["passed_change"], ch["passed_change_se"], ch["reward_change"]) == (8, 0.0, 0.0, 0.0)

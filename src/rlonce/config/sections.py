@@ -289,7 +289,7 @@ RENAMED_OPTIMIZERS = {"adamw-seeds": "adamw-gpt3"}
 
 class RLConfig(Section):
     steps: int = Field(40, ge=0, le=MAX_STEPS)
-    """GRPO steps (0: only the baseline and final evaluations)."""
+    """GRPO steps (0: only the baseline evaluation, which is also kept as the final one)."""
     tasks_per_step: int = Field(8, ge=1, le=MAX_PARALLEL)
     """sync: contrastful groups (tasks) a step trains on; it dispatches this many, then refills
     the ones filtering dropped (``rollout.sync_dispatch_cap``)."""

@@ -386,8 +386,9 @@ class Job:
     def _run_from_baseline(self) -> dict:
         cfg, st = self.cfg, self.state
         self.ensure_engine()
+        baseline = None
         if st.baseline_success is None:
-            ev = self.evaluate("baseline eval")
+            ev = baseline = self.evaluate("baseline eval")
             st.baseline_success, st.baseline_per_arm = ev["success"], ev["per_arm"]
             st.baseline_reward = ev["reward"]
             st.baseline_per_source = {k: v["success"] for k, v in ev["per_source"].items()}
@@ -406,7 +407,12 @@ class Job:
             st.phase, st.final = "rl", None
         if st.final is None:  # (a checkpoint from before ``final`` was kept evaluates again)
             asyncio.run(rl_phase(self))
-            st.final = self.evaluate("final eval")
+            if baseline is not None and cfg.rl.steps == 0:  # the same weights: evaluating again only costs time
+                shutil.copyfile(self.out / "eval" / "baseline.jsonl", self.out / "eval" / "final.jsonl")
+                st.final = baseline
+                self._say("rl.steps = 0: the final evaluation is the baseline's (the weights did not change)")
+            else:
+                st.final = self.evaluate("final eval")
             st.phase = "done"
             self.save_checkpoint()  # then the records: a run killed past here resumes to write them once
         final = st.final
