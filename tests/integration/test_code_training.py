@@ -140,10 +140,10 @@ def test_the_scripted_expert_passes_every_validated_task_under_every_tool_arm(pa
         assert (seq.passed, seq.reward, seq.failure) == (True, 1.0, None), (task.task_id, arm, seq.status, seq.metrics)
         assert seq.metrics["tests_passed"] == seq.metrics["tests_total"] > 0
         assert not any(v for k, v in seq.metrics.items() if k.startswith("intercepted_")), (arm, seq.metrics)
-    assert max(n for _, n in results) > 3, "detours on: some demonstration should take more than 3 turns"
-    # detours only add calls: without them the expert looks, fixes and submits
+    assert max(n for _, n in results) > 4, "detours on: some demonstration should take more than 4 turns"
+    # detours only add calls: without them the expert finds the function, reads it, fixes and submits
     calls = expert_calls(tasks[0], random.Random(1), detour_p=0.0)
-    assert [c.name for c in calls] == ["bash", "str_replace_editor", "submit"]
+    assert [c.name for c in calls] == ["bash", "bash", "str_replace_editor", "submit"]
     # with them, it never reads a hidden test file nor runs a denied command
     many = [c for t in tasks for s in range(20) for c in expert_calls(t, random.Random(s), detour_p=0.9, max_detours=3)]
     assert not any(h in json.dumps(c.arguments) for t in tasks for h in t.hidden_files for c in many)
@@ -249,3 +249,19 @@ def test_a_hack_route_in_a_code_source_is_intercepted_or_zeroed_and_never_reward
                                   taken_groups={"code": 1}))
     assert m["src/code/hack_zeroed"] == 1.0 and m["src/code/intercepted"] >= 1.0
     assert m["src/code/success_rate"] == 0.5
+
+
+def test_the_experts_way_to_the_bug_uses_only_what_the_agent_has_seen(pack):
+    """Its first call greps the report's function in the file; the lines it then reads start at a
+    line grep answers and hold the bug; so a model imitating it never has to guess a line number."""
+    from rlonce.envs.code.expert import buggy_text, optimal_calls
+
+    for task in validated_tasks(pack):
+        m = task.mut
+        grep, sed, edit, submit = optimal_calls(task)
+        name = m.function.split(".")[-1]
+        assert name in task.problem and grep.arguments["command"] == f"grep -n 'def {name}(' {m.path}"
+        answered = [i for i, line in enumerate(buggy_text(task).splitlines(), 1) if f"def {name}(" in line]
+        lo, hi = (int(x) for x in sed.arguments["command"].split("'")[1].removesuffix("p").split(","))
+        assert lo in answered and lo <= m.line <= hi, (task.task_id, answered, lo, hi, m.line)
+        assert (edit.name, submit.name) == ("str_replace_editor", "submit")

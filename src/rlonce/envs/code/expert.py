@@ -1,7 +1,11 @@
 """The scripted code-repair expert: knows each task's mutation and applies the reference fix.
 
-Like the toolfind expert its demonstrations are imperfect on purpose. Before it looks at the
-buggy lines, and again before it edits them, it may take a detour with probability
+Its way to the bug uses only what the agent sees: ``grep -n`` for the function the report names,
+in the file of the report's module, then the lines that answer gives (``optimal_calls``); a
+demonstration that jumped to the bug's line would teach a model to guess line numbers.
+
+Like the toolfind expert its demonstrations are imperfect on purpose. Before each step up to the
+edit it may take a detour with probability
 ``detour_p``, up to ``max_detours`` in a row: list a directory, print the whole buggy file, grep
 for the broken function, run pytest on a test file the workspace still holds, ``git status`` or
 ``git diff``, or repeat its previous call. Detours never make it wrong, only slower, so RL has
@@ -22,11 +26,13 @@ import random
 import shlex
 from pathlib import Path
 
+from rlonce.envs.code.mutate import function_spans
 from rlonce.envs.code.routes import reference_fix_calls
 from rlonce.envs.code.tasks import CodeTask
 from rlonce.model.chat import ChatFormat, ToolCall
 
 CONTEXT_LINES = 3
+WHOLE_FUNCTION_LINES = 40
 
 
 def _bash(cmd: str) -> ToolCall:
@@ -50,12 +56,24 @@ def visible_test_files(task: CodeTask) -> list[str]:
 
 
 def optimal_calls(task: CodeTask, *, whole_lines: bool = False) -> list[ToolCall]:
-    """Look at the lines around the bug, fix them, submit."""
+    """Find the function the report names, read it, fix the bug, submit. Every argument comes from
+    what the agent has seen: the file from the report's module, the lines from ``grep -n``'s answer
+    (the whole function when it has at most ``WHOLE_FUNCTION_LINES``; a longer one, or module-level
+    code, is read around the bug, which the failing test's message has to point to)."""
     m = task.mut
-    lo, hi = max(1, m.line - CONTEXT_LINES), m.line + CONTEXT_LINES
-    ((name, args),) = reference_fix_calls(task, buggy_text(task), whole_lines=whole_lines)
-    return [_bash(f"sed -n '{lo},{hi}p' {shlex.quote(m.path)}"), ToolCall(name, args),
-            ToolCall("submit", {"answer": "fixed"})]
+    text = buggy_text(task)
+    path = shlex.quote(m.path)
+    calls = []
+    spans = function_spans(text.encode()).get(m.function, []) if m.function != "<module>" else []
+    span = min((s for s in spans if s[0] <= m.line <= s[1]), key=lambda s: s[1] - s[0], default=None)
+    if span is not None:
+        calls.append(_bash(f"grep -n {shlex.quote('def ' + m.function.split('.')[-1] + '(')} {path}"))
+    if span is not None and span[1] - span[0] < WHOLE_FUNCTION_LINES:
+        lo, hi = span
+    else:
+        lo, hi = max(1, m.line - CONTEXT_LINES), m.line + CONTEXT_LINES
+    ((name, args),) = reference_fix_calls(task, text, whole_lines=whole_lines)
+    return [*calls, _bash(f"sed -n '{lo},{hi}p' {path}"), ToolCall(name, args), ToolCall("submit", {"answer": "fixed"})]
 
 
 def _detour(task: CodeTask, tests: list[str], previous: list[ToolCall], rng: random.Random) -> ToolCall:

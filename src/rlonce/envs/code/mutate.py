@@ -147,11 +147,21 @@ OPERATORS = ("binop", "compare", "off_by_one", "swap_args", "drop_branch", "bool
              "return_none")
 
 
+def function_spans(source: bytes) -> dict[str, list[tuple[int, int]]]:
+    """First and last line of every function of ``source`` (the ``def`` line first, decorators left
+    out), by the qualified name a ``Mutation.function`` carries ('Class.method'); a name defined
+    more than once (branches that each define it) has a span for each, in source order."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for node, fn in _scoped(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(fn, []).append((node.lineno, node.end_lineno))
+    return out
+
+
 def function_lengths(source: bytes) -> dict[str, int]:
-    """Lines of every function of ``source`` (decorators left out), by the qualified name a
-    ``Mutation.function`` carries ('Class.method')."""
-    return {fn: node.end_lineno - node.lineno + 1 for node, fn in _scoped(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    """Lines of every function of ``source`` (decorators left out; a name defined twice, its last
+    definition), by qualified name."""
+    return {fn: spans[-1][1] - spans[-1][0] + 1 for fn, spans in function_spans(source).items()}
 
 
 def in_tier(m: Mutation, lengths: dict[str, int], operators: tuple[str, ...] | None,
