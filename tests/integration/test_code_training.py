@@ -252,16 +252,19 @@ def test_a_hack_route_in_a_code_source_is_intercepted_or_zeroed_and_never_reward
 
 
 def test_the_experts_way_to_the_bug_uses_only_what_the_agent_has_seen(pack):
-    """Its first call greps the report's function in the file; the lines it then reads start at a
-    line grep answers and hold the bug; so a model imitating it never has to guess a line number."""
-    from rlonce.envs.code.expert import buggy_text, optimal_calls
+    """Its first call greps the report's function in the file; it then reads windows that start at a
+    line grep answers, each where the last ended, the last holding the bug; so a model imitating it
+    never has to guess a line number."""
+    from rlonce.envs.code.expert import WINDOW_LINES, buggy_text, optimal_calls
 
     for task in validated_tasks(pack):
         m = task.mut
-        grep, sed, edit, submit = optimal_calls(task)
+        grep, *reads, edit, submit = optimal_calls(task)
         name = m.function.split(".")[-1]
         assert name in task.problem and grep.arguments["command"] == f"grep -n 'def {name}(' {m.path}"
         answered = [i for i, line in enumerate(buggy_text(task).splitlines(), 1) if f"def {name}(" in line]
-        lo, hi = (int(x) for x in sed.arguments["command"].split("'")[1].removesuffix("p").split(","))
-        assert lo in answered and lo <= m.line <= hi, (task.task_id, answered, lo, hi, m.line)
+        windows = [tuple(int(x) for x in r.arguments["command"].split("'")[1].removesuffix("p").split(","))
+                   for r in reads]
+        assert windows[0][0] in answered and windows[-1][0] <= m.line <= windows[-1][1], (task.task_id, windows)
+        assert all(b[0] == a[1] + 1 and a[1] - a[0] + 1 == WINDOW_LINES for a, b in zip(windows, windows[1:]))
         assert (edit.name, submit.name) == ("str_replace_editor", "submit")

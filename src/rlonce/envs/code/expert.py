@@ -32,7 +32,7 @@ from rlonce.envs.code.tasks import CodeTask
 from rlonce.model.chat import ChatFormat, ToolCall
 
 CONTEXT_LINES = 3
-WHOLE_FUNCTION_LINES = 40
+WINDOW_LINES = 40
 
 
 def _bash(cmd: str) -> ToolCall:
@@ -55,25 +55,30 @@ def visible_test_files(task: CodeTask) -> list[str]:
     return sorted(out - set(task.hidden_files))
 
 
+def reading_calls(text: str, path: str, function: str, line: int) -> list[ToolCall]:
+    """How the expert reaches ``line`` of ``path`` (whose text is ``text``) inside ``function`` using
+    only what it has seen: ``grep -n`` for the function's ``def``, then windows of ``WINDOW_LINES``
+    from the line grep answers, each where the last ended, until the one that holds ``line``.
+    Module-level code has no name to grep: it is read around ``line``, the one place a
+    demonstration still knows more than the agent."""
+    quoted = shlex.quote(path)
+    spans = function_spans(text.encode()).get(function, []) if function != "<module>" else []
+    span = min((s for s in spans if s[0] <= line <= s[1]), key=lambda s: s[1] - s[0], default=None)
+    if span is None:
+        return [_bash(f"sed -n '{max(1, line - CONTEXT_LINES)},{line + CONTEXT_LINES}p' {quoted}")]
+    calls = [_bash(f"grep -n {shlex.quote('def ' + function.split('.')[-1] + '(')} {quoted}")]
+    for lo in range(span[0], line + 1, WINDOW_LINES):
+        calls.append(_bash(f"sed -n '{lo},{min(lo + WINDOW_LINES - 1, span[1])}p' {quoted}"))
+    return calls
+
+
 def optimal_calls(task: CodeTask, *, whole_lines: bool = False) -> list[ToolCall]:
-    """Find the function the report names, read it, fix the bug, submit. Every argument comes from
-    what the agent has seen: the file from the report's module, the lines from ``grep -n``'s answer
-    (the whole function when it has at most ``WHOLE_FUNCTION_LINES``; a longer one, or module-level
-    code, is read around the bug, which the failing test's message has to point to)."""
+    """Find the function the report names, read it (``reading_calls``), fix the bug, submit."""
     m = task.mut
     text = buggy_text(task)
-    path = shlex.quote(m.path)
-    calls = []
-    spans = function_spans(text.encode()).get(m.function, []) if m.function != "<module>" else []
-    span = min((s for s in spans if s[0] <= m.line <= s[1]), key=lambda s: s[1] - s[0], default=None)
-    if span is not None:
-        calls.append(_bash(f"grep -n {shlex.quote('def ' + m.function.split('.')[-1] + '(')} {path}"))
-    if span is not None and span[1] - span[0] < WHOLE_FUNCTION_LINES:
-        lo, hi = span
-    else:
-        lo, hi = max(1, m.line - CONTEXT_LINES), m.line + CONTEXT_LINES
     ((name, args),) = reference_fix_calls(task, text, whole_lines=whole_lines)
-    return [*calls, _bash(f"sed -n '{lo},{hi}p' {path}"), ToolCall(name, args), ToolCall("submit", {"answer": "fixed"})]
+    return [*reading_calls(text, m.path, m.function, m.line), ToolCall(name, args),
+            ToolCall("submit", {"answer": "fixed"})]
 
 
 def _detour(task: CodeTask, tests: list[str], previous: list[ToolCall], rng: random.Random) -> ToolCall:
